@@ -1,0 +1,49 @@
+# conch: `make serve` and `make test` work on a fresh machine (no venv, no Redis).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.conch-installed
+HTTP_PORT ?= 8000
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: serve test lint format bench install redis-server perf-analyzer clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+# Debian's redis-server, installed only when it is missing.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || [ -x /usr/sbin/redis-server ] || { \
+	  echo "installing redis-server with apt-get" >&2; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
+perf-analyzer:
+	@bench/perf-analyzer-setup >/dev/null
+
+# Serve functions/ on http://127.0.0.1:$(HTTP_PORT): uses $$REDIS_URL, else a Redis answering
+# on 127.0.0.1:6379, else starts a private redis-server (installing it if needed).
+serve: $(STAMP)
+	@if [ -z "$$REDIS_URL" ] && ! $(BIN)/python -c 'import sys; from conch.redis_server import answers, DEFAULT_URL; sys.exit(not answers(DEFAULT_URL))'; then \
+	  $(MAKE) --no-print-directory redis-server; fi
+	$(BIN)/conch serve --model-repository functions --http-port $(HTTP_PORT)
+
+test: $(STAMP) redis-server
+	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check platform repo_sync functions tests bench
+	$(BIN)/ruff format --check platform repo_sync functions tests bench
+
+format: $(STAMP)
+	$(BIN)/ruff format platform repo_sync functions tests bench
+	$(BIN)/ruff check --fix platform repo_sync functions tests bench
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

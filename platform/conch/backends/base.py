@@ -1,0 +1,148 @@
+"""The small interface every backend implements.
+
+A backend loads one version of one model for one instance and executes batches of
+requests. Backends that take a stacked tensor (onnxruntime, pytorch, tensorrt) extend
+``TensorBackend``, which does the concatenating and splitting once for all of them;
+backends that want the batch as a list of requests (python) implement ``execute``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import ConchError, Internal, InvalidArgument
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One model instance, as Triton names them: ``<group>_<index>``."""
+
+    name: str
+    kind: str  # "CPU" | "GPU" | "MODEL"
+    device_id: int = 0
+
+
+@dataclass
+class ModelSpec:
+    """What a backend needs to load one version of a model."""
+
+    name: str
+    version: int
+    path: Path  # <repository>/<model>
+    config: Any  # inference.ModelConfig, completed
+
+    @property
+    def version_dir(self) -> Path:
+        return self.path / str(self.version)
+
+    @property
+    def model_file(self) -> Path:
+        return self.version_dir / self.config.default_model_filename
+
+
+@dataclass
+class BackendRequest:
+    """One request inside a batch: its tensors by name and the outputs it wants."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[str]
+    request_id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+# A backend answers each request with its output tensors or with the error for it.
+BackendResult = dict[str, np.ndarray] | ConchError
+
+
+class Backend(ABC):
+    backend_name: ClassVar[str]
+    platforms: ClassVar[tuple[str, ...]] = ()
+    default_filename: ClassVar[str]
+
+    def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
+        self.spec = spec
+        self.instance = instance
+
+    @classmethod
+    def auto_complete(
+        cls, config: Any, model_file: Path | None, *, default_max_batch_size: int
+    ) -> None:
+        """Fill in what the config leaves out from the model itself (Triton's auto-complete).
+
+        Raise ``ModelLoadError`` when the config contradicts the model.
+        """
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load the model; raise ``ModelLoadError`` with the reason when it cannot be."""
+
+    @abstractmethod
+    def execute(self, requests: list[BackendRequest]) -> list[BackendResult]:
+        """Run a batch; one result per request, in order."""
+
+    def unload(self) -> None:
+        """Release what ``load`` took."""
+
+
+class TensorBackend(Backend):
+    """A backend that runs one stacked tensor per input.
+
+    Requests whose non-batch dimensions agree are concatenated along the batch
+    dimension, run once and split back; others run in their own group.
+    """
+
+    @abstractmethod
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        """Run the model once on stacked inputs."""
+
+    def execute(self, requests: list[BackendRequest]) -> list[BackendResult]:
+        results: list[BackendResult | None] = [None] * len(requests)
+        if self.spec.config.max_batch_size <= 0:
+            groups = [[i] for i in range(len(requests))]
+        else:
+            keyed: dict[tuple, list[int]] = {}
+            for i, req in enumerate(requests):
+                key = tuple(
+                    (name, arr.dtype.str, arr.shape[1:]) for name, arr in sorted(req.inputs.items())
+                )
+                keyed.setdefault(key, []).append(i)
+            groups = list(keyed.values())
+        for group in groups:
+            wanted = sorted({name for i in group for name in requests[i].outputs})
+            try:
+                if len(group) == 1:
+                    stacked = requests[group[0]].inputs
+                else:
+                    names = requests[group[0]].inputs.keys()
+                    stacked = {
+                        n: np.concatenate([requests[i].inputs[n] for i in group]) for n in names
+                    }
+                out = self.run(stacked, wanted)
+            except ConchError as exc:
+                for i in group:
+                    results[i] = exc
+                continue
+            except Exception as exc:  # the backend's own failure fails this group only
+                err = Internal(f"model '{self.spec.name}' failed to execute: {exc}")
+                for i in group:
+                    results[i] = err
+                continue
+            if len(group) == 1:
+                results[group[0]] = out
+                continue
+            rows = [
+                next(iter(requests[i].inputs.values())).shape[0] if requests[i].inputs else 0
+                for i in group
+            ]
+            splits = np.cumsum(rows)[:-1]
+            parts = {n: np.split(arr, splits) for n, arr in out.items()}
+            for k, i in enumerate(group):
+                results[i] = {n: parts[n][k] for n in requests[i].outputs if n in parts}
+        return [
+            r if r is not None else InvalidArgument("request produced no result") for r in results
+        ]

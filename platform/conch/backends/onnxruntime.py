@@ -1,0 +1,381 @@
+"""ONNX models on onnxruntime (Triton's ``onnxruntime`` backend, platform ``onnxruntime_onnx``).
+
+Config tensor names are the ONNX graph's names. CPU instances use the
+CPUExecutionProvider; GPU instances need ``onnxruntime-gpu`` (``conch[gpu]``) and a
+visible NVIDIA GPU, and may put TensorRT first through the config's
+``optimization.execution_accelerators``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import model_config_pb2
+from ..errors import InvalidArgument, ModelLoadError
+from .base import InstanceSpec, ModelSpec, TensorBackend
+
+log = logging.getLogger(__name__)
+
+# ONNX tensor type strings, as onnxruntime reports them, -> Triton config data types.
+ONNX_TO_CONFIG: dict[str, str] = {
+    "tensor(bool)": "TYPE_BOOL",
+    "tensor(uint8)": "TYPE_UINT8",
+    "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32",
+    "tensor(uint64)": "TYPE_UINT64",
+    "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16",
+    "tensor(int32)": "TYPE_INT32",
+    "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16",
+    "tensor(float)": "TYPE_FP32",
+    "tensor(double)": "TYPE_FP64",
+    "tensor(bfloat16)": "TYPE_BF16",
+    "tensor(string)": "TYPE_STRING",
+}
+
+# Threads per CPU session when the config does not say (Triton's parameter
+# ``intra_op_thread_count``). onnxruntime's own default is one thread per core, which
+# oversubscribes a worker that runs several instances or processes on few cores.
+DEFAULT_INTRA_OP_THREADS = 1
+
+
+def _ort() -> Any:
+    import onnxruntime
+
+    return onnxruntime
+
+
+@functools.cache
+def _visible_gpu_count() -> int:
+    """CUDA devices the driver shows this process (honours CUDA_VISIBLE_DEVICES)."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    return 0
+
+
+def gpu_available() -> tuple[bool, str]:
+    """Whether a KIND_GPU instance can load here, and if not, why."""
+    if "CUDAExecutionProvider" not in _ort().get_available_providers():
+        return False, (
+            "onnxruntime has no CUDAExecutionProvider here "
+            "(install conch[gpu] on a machine with an NVIDIA GPU)"
+        )
+    if _visible_gpu_count() == 0:
+        return False, "no NVIDIA GPU is visible to this process (driver, CUDA_VISIBLE_DEVICES)"
+    return True, ""
+
+
+def _is_variable(dim: Any) -> bool:
+    return dim is None or isinstance(dim, str) or dim < 0
+
+
+def _to_dims(shape: list[Any]) -> list[int]:
+    return [-1 if _is_variable(d) else int(d) for d in shape]
+
+
+def _type_name(value: int) -> str:
+    return model_config_pb2().DataType.Name(value)
+
+
+def _type_value(name: str) -> int:
+    return model_config_pb2().DataType.Value(name)
+
+
+def _io(
+    session: Any, model: str
+) -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list[Any]]]]:
+    """The model's (name, config type, shape) for inputs and outputs."""
+
+    def one(arg: Any, what: str) -> tuple[str, str, list[Any]]:
+        if arg.type not in ONNX_TO_CONFIG:
+            raise ModelLoadError(
+                f"model '{model}': {what} '{arg.name}' has ONNX type {arg.type}, "
+                "which has no Triton data type"
+            )
+        return arg.name, ONNX_TO_CONFIG[arg.type], list(arg.shape or [])
+
+    return (
+        [one(a, "input") for a in session.get_inputs()],
+        [one(a, "output") for a in session.get_outputs()],
+    )
+
+
+def _check_and_fill(config: Any, session: Any, *, fill: bool, default_max_batch_size: int) -> None:
+    """Fill missing config inputs/outputs from the model (``fill``) and check existing ones."""
+    model = config.name
+    inputs, outputs = _io(session, model)
+    tensors = inputs + outputs
+    can_batch = all(shape and _is_variable(shape[0]) for _, _, shape in tensors)
+
+    if config.max_batch_size > 0 and not can_batch:
+        fixed = next(
+            (name, shape) for name, _, shape in tensors if not shape or not _is_variable(shape[0])
+        )
+        first = "has no dimensions" if not fixed[1] else f"has first dimension {fixed[1][0]}"
+        raise ModelLoadError(
+            f"model '{model}': max_batch_size is {config.max_batch_size} but the model cannot "
+            f"batch: tensor '{fixed[0]}' {first}, not a variable batch dimension; "
+            "set max_batch_size: 0"
+        )
+    if fill and config.max_batch_size == 0 and can_batch and default_max_batch_size > 0:
+        # Triton's rule: a model whose every input and output starts with a variable
+        # dimension batches. An existing entry whose dims already cover the full shape
+        # says the author meant max_batch_size 0, so keep it.
+        full_rank = any(
+            len(entry.dims) == len(shape)
+            for entries, model_io in ((config.input, inputs), (config.output, outputs))
+            for entry in entries
+            for name, _, shape in model_io
+            if entry.name == name and entry.dims and not entry.HasField("reshape")
+        )
+        if not full_rank:
+            config.max_batch_size = default_max_batch_size
+
+    batched = config.max_batch_size > 0
+    for what, entries, model_io in (
+        ("input", config.input, inputs),
+        ("output", config.output, outputs),
+    ):
+        by_name = {name: (dtype, shape) for name, dtype, shape in model_io}
+        for entry in entries:
+            if entry.name not in by_name:
+                raise ModelLoadError(
+                    f"model '{model}': config {what} '{entry.name}' is not a {what} of the ONNX "
+                    f"model (it has {sorted(by_name)})"
+                )
+            dtype, shape = by_name[entry.name]
+            if entry.data_type == 0 and fill:
+                entry.data_type = _type_value(dtype)
+            elif _type_name(entry.data_type) != dtype:
+                raise ModelLoadError(
+                    f"model '{model}': {what} '{entry.name}' field data_type is "
+                    f"{_type_name(entry.data_type)} but the model has {dtype}"
+                )
+            want = _to_dims(shape[1:] if batched else shape)
+            if not entry.dims and fill and not entry.HasField("reshape"):
+                _set_dims(entry, want)
+                continue
+            have = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
+            field = "reshape.shape" if entry.HasField("reshape") else "dims"
+            ok = len(have) == len(want) and all(
+                m == -1 or h == m for h, m in zip(have, want, strict=True)
+            )
+            if not ok:
+                batch = (
+                    f" after the batch dimension (max_batch_size {config.max_batch_size})"
+                    if batched
+                    else ""
+                )
+                raise ModelLoadError(
+                    f"model '{model}': {what} '{entry.name}' field {field} is {have} but the "
+                    f"model's shape{batch} is {want}"
+                )
+        present = {entry.name for entry in entries}
+        for name, dtype, shape in model_io:
+            if name in present:
+                continue
+            if not fill:
+                if what == "input":
+                    raise ModelLoadError(
+                        f"model '{model}': the ONNX model has input '{name}', which the config "
+                        "does not list"
+                    )
+                continue
+            entry = entries.add()
+            entry.name = name
+            entry.data_type = _type_value(dtype)
+            _set_dims(entry, _to_dims(shape[1:] if batched else shape))
+
+
+def _set_dims(entry: Any, dims: list[int]) -> None:
+    """Config dims for a model shape; a scalar is ``dims: [1]`` reshaped to ``[]``, as in Triton."""
+    if dims:
+        entry.dims.extend(dims)
+    else:
+        entry.dims.append(1)
+        entry.reshape.SetInParent()
+
+
+def _open_for_inspection(model_file: Path, model: str) -> Any:
+    ort = _ort()
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 1
+    try:
+        return ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ModelLoadError(
+            f"model '{model}': onnxruntime cannot open {model_file}: {exc}"
+        ) from None
+
+
+def _int_parameter(config: Any, key: str, default: int) -> int:
+    if key not in config.parameters:
+        return default
+    raw = config.parameters[key].string_value
+    try:
+        return int(raw)
+    except ValueError:
+        raise ModelLoadError(
+            f"model '{config.name}': parameters '{key}' must be an integer, got '{raw}'"
+        ) from None
+
+
+class OnnxRuntimeBackend(TensorBackend):
+    backend_name = "onnxruntime"
+    platforms = ("onnxruntime_onnx",)
+    default_filename = "model.onnx"
+
+    gpu_available = staticmethod(gpu_available)
+
+    def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
+        super().__init__(spec, instance)
+        self.session: Any = None
+        self._string_inputs: set[str] = set()
+        self._string_outputs: set[str] = set()
+        self._output_names: list[str] = []
+
+    @classmethod
+    def auto_complete(
+        cls, config: Any, model_file: Path | None, *, default_max_batch_size: int
+    ) -> None:
+        if model_file is None or not model_file.exists():
+            raise ModelLoadError(f"model '{config.name}': model file {model_file} not found")
+        session = _open_for_inspection(model_file, config.name)
+        _check_and_fill(config, session, fill=True, default_max_batch_size=default_max_batch_size)
+
+    def _providers(self) -> list[Any]:
+        config = self.spec.config
+        if self.instance.kind != "GPU":
+            return ["CPUExecutionProvider"]
+        ok, reason = gpu_available()
+        if not ok:
+            raise ModelLoadError(f"model '{self.spec.name}' asks for KIND_GPU but {reason}")
+        device = self.instance.device_id
+        if device >= _visible_gpu_count():
+            raise ModelLoadError(
+                f"model '{self.spec.name}' instance '{self.instance.name}' asks for GPU {device} "
+                f"but {_visible_gpu_count()} GPU(s) are visible"
+            )
+        providers: list[Any] = []
+        accel = config.optimization.execution_accelerators.gpu_execution_accelerator
+        for acc in accel:
+            if acc.name != "tensorrt":
+                log.warning(
+                    "model '%s': gpu_execution_accelerator '%s' is not supported, ignored",
+                    self.spec.name,
+                    acc.name,
+                )
+                continue
+            if "TensorrtExecutionProvider" not in _ort().get_available_providers():
+                log.warning(
+                    "model '%s' asks for TensorRT but onnxruntime has no "
+                    "TensorrtExecutionProvider here; using CUDA",
+                    self.spec.name,
+                )
+                continue
+            opts: dict[str, Any] = {"device_id": device}
+            params = dict(acc.parameters)
+            if params.get("precision_mode", "").upper() == "FP16":
+                opts["trt_fp16_enable"] = True
+            if "max_workspace_size_bytes" in params:
+                opts["trt_max_workspace_size"] = int(params["max_workspace_size_bytes"])
+            providers.append(("TensorrtExecutionProvider", opts))
+        providers.append(("CUDAExecutionProvider", {"device_id": device}))
+        providers.append("CPUExecutionProvider")
+        return providers
+
+    def load(self) -> None:
+        ort = _ort()
+        config = self.spec.config
+        model_file = self.spec.model_file
+        if not model_file.exists():
+            raise ModelLoadError(f"model '{self.spec.name}': model file {model_file} not found")
+        providers = self._providers()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = _int_parameter(
+            config, "intra_op_thread_count", DEFAULT_INTRA_OP_THREADS
+        )
+        opts.inter_op_num_threads = _int_parameter(config, "inter_op_thread_count", 1)
+        level = config.optimization.graph.level
+        opts.graph_optimization_level = {
+            -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        try:
+            session = ort.InferenceSession(str(model_file), opts, providers=providers)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"model '{self.spec.name}' version {self.spec.version}: onnxruntime cannot load "
+                f"{model_file}: {exc}"
+            ) from None
+        if self.instance.kind == "GPU" and not any(
+            p in session.get_providers()
+            for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+        ):
+            raise ModelLoadError(
+                f"model '{self.spec.name}' asks for KIND_GPU but onnxruntime fell back to "
+                f"{session.get_providers()} (CUDA libraries missing?)"
+            )
+        _check_and_fill(config, session, fill=False, default_max_batch_size=0)
+        self._string_inputs = {a.name for a in session.get_inputs() if a.type == "tensor(string)"}
+        self._string_outputs = {a.name for a in session.get_outputs() if a.type == "tensor(string)"}
+        self._output_names = [a.name for a in session.get_outputs()]
+        self.session = session
+
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        feed = {}
+        for name, arr in inputs.items():
+            if name in self._string_inputs:
+                arr = _bytes_to_str(arr, name)
+            feed[name] = arr
+        names = list(outputs) or self._output_names
+        values = self.session.run(names, feed)
+        result = {}
+        for name, value in zip(names, values, strict=True):
+            if name in self._string_outputs:
+                value = _str_to_bytes(np.asarray(value))
+            result[name] = value
+        return result
+
+    def unload(self) -> None:
+        self.session = None
+
+
+def _bytes_to_str(arr: np.ndarray, name: str) -> np.ndarray:
+    """BYTES tensors (object arrays of bytes) -> what onnxruntime takes for tensor(string)."""
+    flat = arr.ravel()
+    out = np.empty(flat.shape, dtype=object)
+    try:
+        for i, item in enumerate(flat):
+            out[i] = item.decode("utf-8") if isinstance(item, bytes | bytearray) else str(item)
+    except UnicodeDecodeError:
+        raise InvalidArgument(
+            f"input '{name}' is tensor(string) in the model, which takes UTF-8 text only"
+        ) from None
+    return out.reshape(arr.shape)
+
+
+def _str_to_bytes(arr: np.ndarray) -> np.ndarray:
+    flat = arr.ravel()
+    out = np.empty(flat.shape, dtype=object)
+    for i, item in enumerate(flat):
+        out[i] = item if isinstance(item, bytes) else str(item).encode("utf-8")
+    return out.reshape(arr.shape)
+
+
+__all__ = ["DEFAULT_INTRA_OP_THREADS", "ONNX_TO_CONFIG", "OnnxRuntimeBackend", "gpu_available"]

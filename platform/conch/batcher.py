@@ -1,0 +1,315 @@
+"""The dynamic batcher: one drain loop per model instance, inside the worker.
+
+It follows Triton's ``dynamic_batching``: a batch is cut when it holds
+``max_batch_size`` rows, or when the oldest request in it has waited
+``max_queue_delay_microseconds`` since the gateway enqueued it; a batch that has
+reached a preferred size goes at once. Without ``dynamic_batching`` every request runs
+alone, as under Triton's default scheduler. Nothing is held in worker memory beyond
+the batch being formed (and the rows that overflowed it, which lead the next batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from . import broker, tensors
+from .backends import Backend, BackendRequest
+from .errors import ConchError, Internal, InvalidArgument, NotFound
+from .wire import BadMessage, InferMessage, Reply
+
+log = logging.getLogger(__name__)
+
+REPLY_TTL_S = 60
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int  # rows; 1 when the model does not batch dynamically
+    max_queue_delay: float  # seconds, measured from the oldest request's enqueue time
+    preferred: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: Any) -> BatchPolicy:
+        if config.max_batch_size > 0 and config.HasField("dynamic_batching"):
+            db = config.dynamic_batching
+            preferred = tuple(
+                sorted(p for p in db.preferred_batch_size if 0 < p <= config.max_batch_size)
+            )
+            return cls(config.max_batch_size, db.max_queue_delay_microseconds / 1e6, preferred)
+        return cls(1, 0.0)
+
+    def ready(self, rows: int) -> bool:
+        """A batch this size need not wait for more."""
+        return rows >= self.max_batch_size or rows in self.preferred
+
+    def cut(self, rows: list[int]) -> int:
+        """How many of the queued requests (with these row counts) form the batch."""
+        total, n = 0, 0
+        for r in rows:
+            if total + r > self.max_batch_size and n:
+                break
+            total, n = total + r, n + 1
+        if total > self.max_batch_size or not self.preferred or total in self.preferred:
+            return n
+        # Prefer the largest preferred size that a prefix of the queue makes exactly.
+        best, acc = 0, 0
+        for k, r in enumerate(rows[:n], 1):
+            acc += r
+            if acc in self.preferred:
+                best = k
+        return best or n
+
+
+@dataclass
+class Item:
+    tag: str
+    msg: InferMessage
+    rows: int
+    attempts: int
+
+
+@dataclass
+class InFlight:
+    """Tags this worker holds, so a heartbeat can keep them from being restored."""
+
+    tags: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, tags: list[str]) -> None:
+        with self.lock:
+            self.tags.update(tags)
+
+    def discard(self, tags: list[str]) -> None:
+        with self.lock:
+            self.tags.difference_update(tags)
+
+    def snapshot(self) -> list[str]:
+        with self.lock:
+            return list(self.tags)
+
+
+class Batcher(threading.Thread):
+    """Drains one model's queue into one model instance."""
+
+    def __init__(
+        self,
+        *,
+        client: redis.Redis,
+        model: str,
+        backends: dict[int, Backend],
+        policy: BatchPolicy,
+        inflight: InFlight,
+        max_attempts: int = 3,
+        idle_poll: float = 1.0,
+        on_batch: Callable[[str, int, int], None] | None = None,
+        name: str = "",
+    ) -> None:
+        super().__init__(name=name or f"batcher-{model}", daemon=True)
+        self.client = client
+        self.model = model
+        self.backends = backends
+        self.policy = policy
+        self.inflight = inflight
+        self.max_attempts = max_attempts
+        self.idle_poll = idle_poll
+        self.on_batch = on_batch
+        self.drain = broker.Drain(client, model)
+        self.stopping = threading.Event()
+        self._carry: list[Item] = []
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._once()
+            except redis.RedisError as exc:
+                log.warning("%s: Redis error (%s); retrying", self.name, exc)
+                time.sleep(0.5)
+            except Exception:
+                log.exception("%s: unexpected error in the batch loop", self.name)
+                time.sleep(0.1)
+        self._hand_back(self._carry)
+        self._carry = []
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _once(self) -> None:
+        items, self._carry = self._carry, []
+        if not items:
+            items = self._take(self.policy.max_batch_size)
+            if not items:
+                self.drain.wait(self.idle_poll)
+                return
+        rows = sum(i.rows for i in items)
+        while rows < self.policy.max_batch_size and not self.policy.ready(rows):
+            more = self._take(self.policy.max_batch_size - rows)
+            if more:
+                items += more
+                rows += sum(i.rows for i in more)
+                continue
+            left = min(i.msg.enqueued for i in items) + self.policy.max_queue_delay - time.time()
+            if left <= 0 or self.stopping.is_set():
+                break
+            self.drain.wait(left)
+        n = self.policy.cut([i.rows for i in items])
+        batch, self._carry = items[:n], items[n:]
+        self.execute(batch)
+
+    # -- taking messages --------------------------------------------------------------
+    def _take(self, count: int) -> list[Item]:
+        popped = self.drain.pop(count)
+        if not popped:
+            return []
+        self.inflight.add([tag for tag, _, _ in popped])
+        items: list[Item] = []
+        now = time.time()
+        pipe = self.client.pipeline(transaction=False)
+        done: list[str] = []
+        for tag, raw, attempts in popped:
+            try:
+                _, payload, _ = broker.decode(raw)
+                msg = InferMessage.from_dict(payload)
+            except BadMessage as exc:
+                log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
+                broker.dead_letter(pipe, tag, raw, str(exc))
+                done.append(tag)
+                continue
+            if msg.deadline and now > msg.deadline:
+                log.info(
+                    "%s: dropping request %s, its deadline passed in the queue", self.name, msg.id
+                )
+                done.append(tag)
+                continue
+            if attempts > self.max_attempts:
+                reason = (
+                    f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
+                    f"attempts: each one ended with its worker dying"
+                )
+                log.error("%s: %s (id %s)", self.name, reason, msg.id)
+                broker.dead_letter(pipe, tag, raw, reason)
+                self._reply(pipe, msg, Reply(msg.id, error=Internal(reason)))
+                done.append(tag)
+                continue
+            rows = (
+                msg.inputs[0][2][0]
+                if msg.inputs and msg.inputs[0][2] and self.policy.max_batch_size > 1
+                else 1
+            )
+            items.append(Item(tag, msg, max(1, rows), attempts))
+        if done:
+            broker.ack(pipe, done)
+            pipe.execute()
+            self.inflight.discard(done)
+        return items
+
+    def _hand_back(self, items: list[Item]) -> None:
+        """Return held, unexecuted requests to the head of their queue (warm shutdown)."""
+        if not items:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for item in reversed(items):
+            pipe.rpush(
+                broker.priority_key(self.drain.queue, item.msg.priority),
+                broker.envelope(
+                    item.msg.to_dict(),
+                    task_id=item.tag,
+                    queue=self.drain.queue,
+                    priority=item.msg.priority,
+                    reply_to=item.msg.reply_to,
+                ),
+            )
+        pipe.lpush(broker.wake_key(self.drain.queue), "1")
+        broker.ack(pipe, [i.tag for i in items])
+        pipe.execute()
+        self.inflight.discard([i.tag for i in items])
+
+    # -- running a batch --------------------------------------------------------------
+    def execute(self, batch: list[Item]) -> None:
+        started = time.time()
+        replies: dict[str, Reply] = {}
+        by_version: dict[int, list[Item]] = {}
+        for item in batch:
+            by_version.setdefault(item.msg.version, []).append(item)
+        for version, items in by_version.items():
+            backend = self.backends.get(version)
+            if backend is None:
+                err = NotFound(
+                    f"Request for unknown model version: '{self.model}' version {version} is not loaded here"
+                )
+                for item in items:
+                    replies[item.tag] = Reply(item.msg.id, error=err)
+                continue
+            self._run(backend, items, replies, started)
+        pipe = self.client.pipeline(transaction=False)
+        for item in batch:
+            self._reply(pipe, item.msg, replies[item.tag])
+        tags = [i.tag for i in batch]
+        broker.ack(pipe, tags)
+        pipe.execute()
+        self.inflight.discard(tags)
+        if self.on_batch is not None:
+            self.on_batch(self.model, len(batch), sum(i.rows for i in batch))
+
+    def _run(
+        self, backend: Backend, items: list[Item], replies: dict[str, Reply], started: float
+    ) -> None:
+        requests: list[BackendRequest] = []
+        runnable: list[Item] = []
+        for item in items:
+            try:
+                inputs = {
+                    name: tensors.to_numpy(dt, shape, raw)
+                    for name, dt, shape, raw in item.msg.inputs
+                }
+            except ConchError as exc:
+                replies[item.tag] = Reply(item.msg.id, error=exc)
+                continue
+            except Exception as exc:
+                replies[item.tag] = Reply(
+                    item.msg.id, error=InvalidArgument(f"bad input tensor: {exc}")
+                )
+                continue
+            requests.append(BackendRequest(inputs, item.msg.outputs, item.msg.id, item.msg.params))
+            runnable.append(item)
+        if not runnable:
+            return
+        t0 = time.perf_counter_ns()
+        try:
+            results = backend.execute(requests)
+        except ConchError as exc:
+            results = [exc] * len(requests)
+        except Exception as exc:
+            log.exception("%s: backend failed", self.name)
+            results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
+        compute_ns = time.perf_counter_ns() - t0
+        rows = sum(i.rows for i in runnable)
+        for item, result in zip(runnable, results, strict=True):
+            timing = {"queue": int((started - item.msg.enqueued) * 1e9), "compute": compute_ns}
+            if isinstance(result, ConchError):
+                replies[item.tag] = Reply(item.msg.id, error=result, timing=timing)
+                continue
+            try:
+                outputs = []
+                for name in item.msg.outputs:
+                    datatype, raw = tensors.from_numpy(result[name])
+                    outputs.append((name, datatype, tuple(result[name].shape), raw))
+            except Exception as exc:
+                replies[item.tag] = Reply(
+                    item.msg.id,
+                    error=Internal(f"model '{self.model}' returned a bad output: {exc}"),
+                )
+                continue
+            replies[item.tag] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
+
+    def _reply(self, pipe: redis.client.Pipeline, msg: InferMessage, reply: Reply) -> None:
+        if msg.reply_to:
+            pipe.rpush(msg.reply_to, reply.pack())
+            pipe.expire(msg.reply_to, REPLY_TTL_S)

@@ -1,0 +1,282 @@
+"""Model queues on Redis, in Celery's message format and kombu's key layout.
+
+Each model has one Celery queue (a Redis list, with kombu's priority sub-lists), so
+Celery tooling, KEDA's list-length trigger and kombu's visibility-timeout restore keep
+working. The worker does not use kombu's one-message consumer: ``Drain.pop`` takes up
+to a whole batch in one Lua script that also records every message in kombu's
+``unacked`` hash and index, so a message is never out of the list without being
+registered in flight (kombu's own pop-then-register is two steps; celery#7950).
+
+A small "wake" list per queue lets idle workers block (BLPOP) instead of polling: the
+gateway pushes a token with every message and each pop resets the tokens to the number
+of messages still waiting, so tokens never drift far from the truth. A message that
+arrives without a token (a kombu restore, a plain Celery producer) is found by the
+drain's periodic poll.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgpack
+import redis
+
+from .wire import BadMessage
+
+TASK_NAME = "conch.infer"
+QUEUE_PREFIX = "conch.model."
+PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
+PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's default steps; 0 is the highest on Redis
+UNACKED = "unacked"  # kombu's default keys, so its restore_visible sees our messages
+UNACKED_INDEX = "unacked_index"
+ATTEMPTS = "conch.attempts"
+DEADLETTER = "conch.deadletter"
+WAKE_SUFFIX = ".wake"
+WAKE_CAP = 8
+
+# Online requests, async jobs and offline chunks map onto kombu's priority steps.
+PRIORITY_ONLINE = 0
+PRIORITY_ASYNC = 3
+PRIORITY_BULK = 9
+
+_ORIGIN = f"conch-gateway@{socket.gethostname()}:{os.getpid()}"
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def queue_name(model: str) -> str:
+    return QUEUE_PREFIX + model
+
+
+def priority_keys(queue: str) -> list[str]:
+    """kombu's sub-lists of one queue, highest priority first."""
+    return [queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
+
+
+def priority_key(queue: str, priority: int) -> str:
+    step = max(p for p in PRIORITY_STEPS if p <= max(0, priority))
+    return queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}"
+
+
+def wake_key(queue: str) -> str:
+    return queue + WAKE_SUFFIX
+
+
+def envelope(
+    payload: dict, *, task_id: str, queue: str, priority: int, reply_to: str | None
+) -> str:
+    """A Celery protocol-2 message whose single argument is our msgpack payload."""
+    body = msgpack.packb([[payload], {}, _EMBED], use_bin_type=True)
+    return json.dumps(
+        {
+            "body": base64.b64encode(body).decode("ascii"),
+            "content-encoding": "binary",
+            "content-type": "application/x-msgpack",
+            "headers": {
+                "lang": "py",
+                "task": TASK_NAME,
+                "id": task_id,
+                "shadow": None,
+                "eta": None,
+                "expires": None,
+                "group": None,
+                "group_index": None,
+                "retries": 0,
+                "timelimit": [None, None],
+                "root_id": task_id,
+                "parent_id": None,
+                "argsrepr": "",
+                "kwargsrepr": "",
+                "origin": _ORIGIN,
+                "ignore_result": True,
+            },
+            "properties": {
+                "correlation_id": task_id,
+                "reply_to": reply_to or "",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": priority,
+                "body_encoding": "base64",
+                "delivery_tag": task_id,
+            },
+        },
+        separators=(",", ":"),
+    )
+
+
+def publish(
+    client: redis.Redis,
+    model: str,
+    payload: dict,
+    *,
+    task_id: str,
+    priority: int,
+    reply_to: str | None,
+) -> None:
+    """Put one request on its model's queue and wake one idle worker."""
+    queue = queue_name(model)
+    raw = envelope(payload, task_id=task_id, queue=queue, priority=priority, reply_to=reply_to)
+    pipe = client.pipeline(transaction=False)
+    pipe.lpush(priority_key(queue, priority), raw)
+    pipe.lpush(wake_key(queue), "1")
+    pipe.ltrim(wake_key(queue), 0, WAKE_CAP - 1)
+    pipe.execute()
+
+
+def queue_depth(client: redis.Redis, model: str) -> int:
+    pipe = client.pipeline(transaction=False)
+    for key in priority_keys(queue_name(model)):
+        pipe.llen(key)
+    return sum(pipe.execute())
+
+
+@dataclass
+class Delivery:
+    """One popped message: its kombu delivery tag, decoded payload and attempt count."""
+
+    tag: str
+    payload: dict
+    attempts: int
+    redelivered: bool
+
+
+def decode(raw: bytes | str) -> tuple[str, dict, bool]:
+    """Celery envelope -> (delivery tag, our payload, redelivered). Never unpickles."""
+    try:
+        msg = json.loads(raw)
+        props = msg["properties"]
+        tag = props["delivery_tag"]
+        if msg.get("content-type") != "application/x-msgpack":
+            raise BadMessage(f"content type {msg.get('content-type')!r} is not accepted")
+        body = msg["body"]
+        if props.get("body_encoding") == "base64":
+            body = base64.b64decode(body, validate=True)
+        elif isinstance(body, str):
+            body = body.encode("latin-1")
+        args, _kwargs, _embed = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        payload = args[0]
+        if not isinstance(payload, dict):
+            raise BadMessage("task argument is not a map")
+        redelivered = bool(props.get("delivery_info", {}).get("redelivered"))
+        return str(tag), payload, redelivered
+    except BadMessage:
+        raise
+    except Exception as exc:
+        raise BadMessage(f"not a conch message: {exc}") from None
+
+
+# KEYS: wake, unacked, unacked_index, attempts, then the priority sub-lists in order.
+# ARGV: max count, now, routing key, wake cap.
+_POP_LUA = """
+local n = tonumber(ARGV[1])
+local out = {}
+local waiting = 0
+local rk = cjson.encode(ARGV[3])
+for i = 5, #KEYS do
+  local key = KEYS[i]
+  if n > 0 then
+    local items = redis.call('RPOP', key, n)
+    if items then
+      for _, raw in ipairs(items) do
+        local tag = string.match(raw, '"delivery_tag":%s*"([^"]+)"')
+        if not tag then
+          local ok, m = pcall(cjson.decode, raw)
+          if ok and type(m) == 'table' and type(m['properties']) == 'table' then
+            tag = m['properties']['delivery_tag']
+          end
+        end
+        if type(tag) ~= 'string' then tag = 'conch-untagged-' .. redis.call('INCR', 'conch.untagged') end
+        redis.call('ZADD', KEYS[3], ARGV[2], tag)
+        redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
+        out[#out + 1] = tag
+        out[#out + 1] = raw
+        out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
+      end
+      n = n - #items
+    end
+  end
+  waiting = waiting + redis.call('LLEN', key)
+end
+redis.call('DEL', KEYS[1])
+if waiting > 0 then
+  local t = {}
+  for j = 1, math.min(waiting, tonumber(ARGV[4])) do t[j] = '1' end
+  redis.call('LPUSH', KEYS[1], unpack(t))
+end
+return out
+"""
+
+
+class Drain:
+    """The worker's side of one model queue: block, pop a batch atomically, ack."""
+
+    def __init__(self, client: redis.Redis, model: str) -> None:
+        self.client = client
+        self.queue = queue_name(model)
+        self.keys = [
+            wake_key(self.queue),
+            UNACKED,
+            UNACKED_INDEX,
+            ATTEMPTS,
+            *priority_keys(self.queue),
+        ]
+        self._pop = client.register_script(_POP_LUA)
+
+    def wait(self, timeout: float) -> None:
+        """Block until a message may be waiting, or ``timeout`` seconds pass."""
+        if timeout > 0:
+            # Redis reads 0 as "forever"; keep a floor of one millisecond.
+            self.client.blpop([self.keys[0]], timeout=max(timeout, 0.001))
+
+    def pop(self, count: int) -> list[tuple[str, bytes, int]]:
+        """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight."""
+        if count <= 0:
+            return []
+        flat = self._pop(keys=self.keys, args=[count, time.time(), self.queue, WAKE_CAP])
+        return [(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+
+
+def ack(pipe: redis.client.Pipeline, tags: Iterable[str]) -> None:
+    """Forget delivered messages: kombu's ack plus our attempt counter."""
+    tags = list(tags)
+    if tags:
+        pipe.zrem(UNACKED_INDEX, *tags)
+        pipe.hdel(UNACKED, *tags)
+        pipe.hdel(ATTEMPTS, *tags)
+
+
+def touch(client: redis.Redis, tags: Iterable[str]) -> None:
+    """Push back the visibility timeout of messages a live worker still holds."""
+    tags = list(tags)
+    if tags:
+        now = time.time()
+        client.zadd(UNACKED_INDEX, dict.fromkeys(tags, now), xx=True)
+
+
+def dead_letter(pipe: redis.client.Pipeline, tag: str, raw: bytes | str, reason: str) -> None:
+    pipe.lpush(
+        DEADLETTER,
+        json.dumps(
+            {
+                "tag": tag,
+                "reason": reason,
+                "at": time.time(),
+                "message": raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw,
+            }
+        ),
+    )
+    pipe.ltrim(DEADLETTER, 0, 9999)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _s(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v

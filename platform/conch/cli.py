@@ -1,0 +1,221 @@
+"""``conch``: serve, gateway and worker, with Triton's flag names where Triton has them."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from .settings import Settings
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-repository",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="the Triton-layout model repository to serve",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", ""),
+        help="the broker (default: $REDIS_URL)",
+    )
+    p.add_argument(
+        "--log-verbose", type=int, default=0, metavar="N", help="verbose logging when N > 0"
+    )
+    p.add_argument(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="do not complete configs from the models themselves",
+    )
+    p.add_argument("--strict-model-config", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="BACKEND,KEY=VALUE",
+        help="e.g. onnxruntime,default-max-batch-size=8",
+    )
+    p.add_argument(
+        "--request-timeout-secs",
+        type=float,
+        default=None,
+        help="deadline of requests that set no 'timeout' parameter",
+    )
+
+
+def _http(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-thread-count", type=int, default=64, help="threads per gateway process")
+    p.add_argument(
+        "--http-workers", type=int, default=min(2, os.cpu_count() or 1), help="gateway processes"
+    )
+    p.add_argument("--http-max-input-size", type=int, default=None, metavar="BYTES")
+
+
+def _worker(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--models", default="", help="comma-separated models this worker serves (default: all)"
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="conch", description=__doc__)
+    top.add_argument("--version", action="version", version=f"conch {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run Redis (if needed), a worker and the gateway")
+    _common(serve)
+    _http(serve)
+    _worker(serve)
+    gateway = sub.add_parser("gateway", help="run the HTTP gateway under gunicorn")
+    _common(gateway)
+    _http(gateway)
+    worker = sub.add_parser("worker", help="run a Celery worker that serves models")
+    _common(worker)
+    _worker(worker)
+    return top
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    s = Settings(model_repository=args.model_repository.resolve(), log_verbose=args.log_verbose)
+    if args.redis_url:
+        s.redis_url = args.redis_url
+    s.auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
+    for item in args.backend_config:
+        backend, _, setting = item.partition(",")
+        key, _, value = setting.partition("=")
+        if backend == "onnxruntime" and key == "default-max-batch-size":
+            s.default_max_batch_size = int(value)
+        else:
+            raise SystemExit(f"conch: unknown --backend-config {item!r}")
+    if args.request_timeout_secs is not None:
+        s.request_timeout_s = args.request_timeout_secs
+    if getattr(args, "http_max_input_size", None):
+        s.max_input_bytes = args.http_max_input_size
+    models = getattr(args, "models", "")
+    s.models = [m for m in models.split(",") if m] or None
+    return s
+
+
+def _logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 0 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    _logging(args.log_verbose)
+    if not args.model_repository.is_dir():
+        raise SystemExit(f"conch: --model-repository {args.model_repository} is not a folder")
+    if args.command == "worker":
+        from . import redis_server, worker
+
+        settings = settings_from(args)
+        settings.redis_url, _ = redis_server.resolve(settings.redis_url or None)
+        worker.run(settings, loglevel="DEBUG" if args.log_verbose else "INFO")
+        return 0
+    if args.command == "gateway":
+        from . import redis_server
+        from .gateway.server import run
+
+        settings = settings_from(args)
+        settings.redis_url, _ = redis_server.resolve(settings.redis_url or None)
+        run(
+            settings,
+            bind=f"{args.http_address}:{args.http_port}",
+            workers=args.http_workers,
+            threads=args.http_thread_count,
+        )
+        return 0
+    return serve(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """The whole stack in one command: Redis if needed, one worker, the gateway."""
+    from . import redis_server
+
+    settings = settings_from(args)
+    url, private = redis_server.resolve(settings.redis_url or None)
+    log = logging.getLogger("conch.serve")
+    log.info("broker: %s%s", url, " (private redis-server)" if private else "")
+    common = [sys.executable, "-m", "conch"]
+    shared = [
+        "--model-repository",
+        str(settings.model_repository),
+        "--redis-url",
+        url,
+        "--log-verbose",
+        str(args.log_verbose),
+    ]
+    for item in args.backend_config:
+        shared += ["--backend-config", item]
+    if not settings.auto_complete:
+        shared.append("--disable-auto-complete-config")
+    if args.request_timeout_secs is not None:
+        shared += ["--request-timeout-secs", str(args.request_timeout_secs)]
+    worker_cmd = [*common, "worker", *shared]
+    if args.models:
+        worker_cmd += ["--models", args.models]
+    gateway_cmd = [
+        *common,
+        "gateway",
+        *shared,
+        "--http-port",
+        str(args.http_port),
+        "--http-address",
+        args.http_address,
+        "--http-thread-count",
+        str(args.http_thread_count),
+        "--http-workers",
+        str(args.http_workers),
+    ]
+    if args.http_max_input_size:
+        gateway_cmd += ["--http-max-input-size", str(args.http_max_input_size)]
+    children = [subprocess.Popen(worker_cmd), subprocess.Popen(gateway_cmd)]
+    log.info(
+        "serving %s on http://%s:%d", settings.model_repository, args.http_address, args.http_port
+    )
+
+    stopping = False
+
+    def _stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    code = 0
+    try:
+        while not stopping:
+            for c in children:
+                if c.poll() is not None:
+                    log.error("%s exited with %s; stopping", " ".join(c.args[3:4]), c.returncode)
+                    stopping, code = True, c.returncode or 1
+            time.sleep(0.2)
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.terminate()
+        for c in children:
+            try:
+                c.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                c.kill()
+        if private is not None:
+            private.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

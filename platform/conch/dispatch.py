@@ -1,0 +1,111 @@
+"""The gateway's side of the broker: publish a request, wait for its reply.
+
+Each gateway process owns one reply list on Redis; one listener thread pops replies in
+bulk and wakes the request threads waiting on them, so a request costs one pipelined
+round trip to publish and nothing to receive (no per-request connection, no Celery
+result backend).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+import redis
+
+from . import broker
+from .errors import Unavailable
+from .wire import REPLY_PREFIX, BadMessage, InferMessage, Reply
+
+log = logging.getLogger(__name__)
+
+
+class _Slot:
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reply: Reply | None = None
+
+
+class Dispatcher:
+    """Publishes requests and routes replies to the threads waiting for them."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Slot] = {}
+        self._pid: int | None = None
+        self.reply_key = ""
+
+    def call(self, msg: InferMessage) -> Reply:
+        """Enqueue ``msg`` and block until its reply or its deadline."""
+        self._ensure_listener()
+        slot = _Slot()
+        self._pending[msg.id] = slot
+        msg.reply_to = self.reply_key
+        try:
+            broker.publish(
+                self.client,
+                msg.model,
+                msg.to_dict(),
+                task_id=msg.id,
+                priority=msg.priority,
+                reply_to=self.reply_key,
+            )
+            if not slot.event.wait(max(0.0, msg.deadline - time.time())):
+                raise Unavailable(
+                    f"Request timeout expired for model '{msg.model}': no reply within "
+                    f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"
+                )
+            assert slot.reply is not None
+            return slot.reply
+        finally:
+            self._pending.pop(msg.id, None)
+
+    # The listener is per process: gunicorn forks after the app is built, so it is
+    # started lazily, and again in a child that inherited a parent's dispatcher.
+    def _ensure_listener(self) -> None:
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        with self._lock:
+            if self._pid == pid:
+                return
+            self._pending = {}
+            self.reply_key = f"{REPLY_PREFIX}{socket.gethostname()}.{pid}.{uuid.uuid4().hex[:8]}"
+            threading.Thread(target=self._listen, name="conch-replies", daemon=True).start()
+            self._pid = pid
+
+    def _listen(self) -> None:
+        key = self.reply_key
+        client = redis.Redis(
+            connection_pool=redis.ConnectionPool(**self.client.connection_pool.connection_kwargs)
+        )
+        while True:
+            try:
+                got = client.blpop([key], timeout=1)
+                if got is None:
+                    continue
+                items = [got[1]]
+                more = client.lpop(key, 255)
+                if more:
+                    items.extend(more)
+            except redis.RedisError as exc:
+                log.warning("reply listener lost Redis (%s); retrying", exc)
+                time.sleep(0.5)
+                continue
+            for raw in items:
+                try:
+                    reply = Reply.unpack(raw)
+                except BadMessage as exc:
+                    log.warning("dropping an unreadable reply: %s", exc)
+                    continue
+                slot = self._pending.get(reply.id)
+                if slot is not None:  # late or duplicate replies find no slot: ignored
+                    slot.reply = reply
+                    slot.event.set()

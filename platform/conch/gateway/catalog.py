@@ -1,0 +1,99 @@
+"""The gateway's view of the models: configs from the repository, readiness from workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import redis
+
+from .. import registry
+from ..config import model_config_pb2
+from ..datatypes import config_to_wire
+from ..errors import InvalidArgument
+from ..repository import ModelEntry, ModelRepository
+from ..settings import Settings
+
+
+class Catalog:
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self.repository = ModelRepository(
+            settings.model_repository,
+            auto_complete=settings.auto_complete,
+            default_max_batch_size=settings.default_max_batch_size,
+        )
+        self.entries: dict[str, ModelEntry] = self.repository.scan()
+        self._states: dict[str, dict[str, Any]] = {}
+        self._states_at = 0.0
+        self._lock = threading.Lock()
+        self._output_types: dict[str, dict[str, str]] = {}
+
+    def entry(self, name: str) -> ModelEntry:
+        entry = self.entries.get(name)  # only safe names are ever entries
+        if entry is None:
+            raise InvalidArgument(f"Request for unknown model: '{name}' is not found")
+        return entry
+
+    def serving(self, name: str) -> ModelEntry:
+        """An entry that can take requests; a broken one answers with its reason."""
+        entry = self.entry(name)
+        if entry.error or entry.config is None:
+            raise InvalidArgument(
+                f"Request for unknown model: '{name}' is not available: {entry.error}"
+            )
+        return entry
+
+    def output_types(self, entry: ModelEntry) -> dict[str, str]:
+        """Wire datatypes of a model's outputs, as its config declares them."""
+        types = self._output_types.get(entry.name)
+        if types is None:
+            enum = model_config_pb2().DataType
+            types = {o.name: config_to_wire(enum.Name(o.data_type)) for o in entry.config.output}
+            self._output_types[entry.name] = types
+        return types
+
+    def states(self, max_age: float = 1.0) -> dict[str, dict[str, Any]]:
+        """Worker-reported model states, at most ``max_age`` seconds old."""
+        now = time.monotonic()
+        if now - self._states_at > max_age:
+            with self._lock:
+                if now - self._states_at > max_age:
+                    self._states = registry.model_states(registry.snapshot(self.client))
+                    self._states_at = time.monotonic()
+        return self._states
+
+    def version_ready(self, name: str, version: int) -> bool:
+        def ready(states: dict[str, dict[str, Any]]) -> bool:
+            return states.get(name, {}).get("versions", {}).get(str(version)) == registry.READY
+
+        # A "not ready" from the cache is checked again: a worker may have just come up.
+        return ready(self.states()) or ready(self.states(max_age=0.05))
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        states = self.states()
+        out: list[dict[str, Any]] = []
+        for name, entry in sorted(self.entries.items()):
+            st = states.get(name, {})
+            versions = entry.versions if entry.config is not None and not entry.error else []
+            if not versions:
+                if not ready_only:
+                    out.append(
+                        {
+                            "name": name,
+                            "state": "UNAVAILABLE",
+                            "reason": entry.error or st.get("reason") or "",
+                        }
+                    )
+                continue
+            for v in versions:
+                state = st.get("versions", {}).get(str(v), "UNAVAILABLE")
+                if ready_only and state != registry.READY:
+                    continue
+                row = {"name": name, "version": str(v), "state": state}
+                if state != registry.READY:
+                    row["reason"] = st.get("reason") or "no live worker has loaded this version"
+                out.append(row)
+        return out

@@ -1,0 +1,131 @@
+"""Finding a Redis to use, or starting a private one.
+
+``conch serve`` and the tests need a broker on machines that may have none: use
+``REDIS_URL`` when given, else a Redis answering on the default local port, else start
+``redis-server`` on a free port in a private folder that goes away with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+class RedisNotFound(RuntimeError):
+    pass
+
+
+@dataclass
+class PrivateRedis:
+    url: str
+    process: subprocess.Popen
+    folder: tempfile.TemporaryDirectory
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.folder.cleanup()
+
+
+def answers(url: str, timeout: float = 0.5) -> bool:
+    try:
+        return bool(
+            redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping()
+        )
+    except (redis.RedisError, OSError):
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server") or next(
+        (
+            p
+            for p in (
+                "/usr/bin/redis-server",
+                "/usr/sbin/redis-server",
+                "/usr/local/bin/redis-server",
+            )
+            if os.path.exists(p)
+        ),
+        None,
+    )
+    if not found:
+        raise RedisNotFound(
+            "no Redis answers and redis-server is not installed: set REDIS_URL to a Redis you run, "
+            "or install one (Debian/Ubuntu: apt-get install redis-server; `make serve` does this for you)"
+        )
+    return found
+
+
+def start_private(port: int | None = None) -> PrivateRedis:
+    """A redis-server on loopback that keeps nothing on disk."""
+    binary = redis_server_binary()
+    port = port or free_port()
+    folder = tempfile.TemporaryDirectory(prefix="conch-redis-")
+    log = Path(folder.name) / "redis.log"
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            folder.name,
+            "--logfile",
+            str(log),
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"redis-server exited with {proc.returncode}: {log.read_text() if log.exists() else ''}"
+            )
+        if answers(url, 0.2):
+            return PrivateRedis(url, proc, folder)
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not answer within 15 s")
+
+
+def resolve(url: str | None) -> tuple[str, PrivateRedis | None]:
+    """The Redis to use: the given URL, else the local default, else a private one."""
+    if url:
+        if not answers(url, 2.0):
+            raise RedisNotFound(f"no Redis answers at {url} (REDIS_URL / --redis-url)")
+        return url, None
+    if answers(DEFAULT_URL):
+        return DEFAULT_URL, None
+    private = start_private()
+    return private.url, private

@@ -1,0 +1,68 @@
+"""Which worker serves which model version, as the workers report it.
+
+Every worker writes its model states under a key that expires unless refreshed, so a
+dead worker drops out by itself; gateways read the union to answer readiness and the
+repository index with what is really loaded, not what is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+WORKERS = "conch.workers"
+WORKER_PREFIX = "conch.worker."
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+LOADING = "LOADING"
+
+
+def publish(
+    client: redis.Redis, worker_id: str, models: dict[str, dict[str, Any]], ttl_s: float
+) -> None:
+    """``models``: name -> {"versions": {"1": "READY"}, "reason": str | None}."""
+    pipe = client.pipeline(transaction=False)
+    pipe.set(
+        WORKER_PREFIX + worker_id,
+        json.dumps({"id": worker_id, "at": time.time(), "models": models}),
+        px=int(ttl_s * 1000),
+    )
+    pipe.sadd(WORKERS, worker_id)
+    pipe.execute()
+
+
+def withdraw(client: redis.Redis, worker_id: str) -> None:
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(WORKER_PREFIX + worker_id)
+    pipe.srem(WORKERS, worker_id)
+    pipe.execute()
+
+
+def snapshot(client: redis.Redis) -> list[dict[str, Any]]:
+    """The live workers' reports; entries of workers whose key expired are pruned."""
+    ids = sorted(v.decode() if isinstance(v, bytes) else v for v in client.smembers(WORKERS))
+    if not ids:
+        return []
+    values = client.mget([WORKER_PREFIX + i for i in ids])
+    gone = [i for i, v in zip(ids, values, strict=True) if v is None]
+    if gone:
+        client.srem(WORKERS, *gone)
+    return [json.loads(v) for v in values if v is not None]
+
+
+def model_states(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Union over workers: a version is READY if any live worker has it ready."""
+    out: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        for name, m in report.get("models", {}).items():
+            merged = out.setdefault(name, {"versions": {}, "reason": None})
+            for v, state in m.get("versions", {}).items():
+                if merged["versions"].get(v) != READY:
+                    merged["versions"][v] = state
+            if m.get("reason") and not merged["reason"]:
+                merged["reason"] = m["reason"]
+    return out

@@ -1,0 +1,42 @@
+"""Runtime settings shared by the gateway, the worker and ``conch serve``.
+
+Flags win over environment variables (``CONCH_*``, and ``REDIS_URL``), which win over
+the defaults here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+@dataclass
+class Settings:
+    model_repository: Path = Path("functions")
+    redis_url: str = field(default_factory=lambda: os.environ.get("REDIS_URL", ""))
+    # Requests with no "timeout" parameter wait this long for their reply.
+    request_timeout_s: float = field(
+        default_factory=lambda: _env_float("CONCH_REQUEST_TIMEOUT_S", 60.0)
+    )
+    # Triton's --http-max-input-size default: 64 MiB.
+    max_input_bytes: int = field(
+        default_factory=lambda: _env_int("CONCH_MAX_INPUT_BYTES", 64 * 1024 * 1024)
+    )
+    # A message a dead worker held comes back after this long (kombu's default is an hour).
+    visibility_timeout_s: float = field(
+        default_factory=lambda: _env_float("CONCH_VISIBILITY_TIMEOUT_S", 6.0)
+    )
+    max_attempts: int = field(default_factory=lambda: _env_int("CONCH_MAX_ATTEMPTS", 3))
+    auto_complete: bool = True
+    default_max_batch_size: int = 4
+    models: list[str] | None = None  # the worker serves these; None = all
+    log_verbose: int = 0

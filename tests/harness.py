@@ -1,0 +1,142 @@
+"""Real processes for tests: redis-server, conch workers and gateways, each with a log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import tritonclient.http as httpclient
+
+from conch.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Service:
+    """A child process whose output goes to a log file the test can read."""
+
+    def __init__(
+        self, name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop)
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def send(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
+        if self.alive():
+            self.send(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.send(signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def conch(*args: str) -> list[str]:
+    return [sys.executable, "-m", "conch", *args]
+
+
+def start_worker(
+    repo: Path, redis_url: str, log_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> Service:
+    return Service(
+        "worker",
+        conch("worker", "--model-repository", str(repo), "--redis-url", redis_url, *extra),
+        log_dir,
+        env,
+    )
+
+
+def start_gateway(
+    repo: Path,
+    redis_url: str,
+    log_dir: Path,
+    *extra: str,
+    workers: int = 1,
+    threads: int = 16,
+    env: dict[str, str] | None = None,
+) -> tuple[Service, str]:
+    port = free_port()
+    svc = Service(
+        "gateway",
+        conch(
+            "gateway",
+            "--model-repository",
+            str(repo),
+            "--redis-url",
+            redis_url,
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            str(port),
+            "--http-workers",
+            str(workers),
+            "--http-thread-count",
+            str(threads),
+            *extra,
+        ),
+        log_dir,
+        env,
+    )
+    url = f"127.0.0.1:{port}"
+    wait_until(lambda: _live(url), 60, f"gateway on {url} to go live", svc)
+    return svc, url
+
+
+def _live(url: str) -> bool:
+    try:
+        return httpclient.InferenceServerClient(url).is_server_live()
+    except Exception:
+        return False
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str, *services: Service) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        for s in services:
+            if not s.alive():
+                raise AssertionError(
+                    f"{s.name} exited ({s.proc.returncode}) while waiting for {what}:\n{s.log()[-4000:]}"
+                )
+        time.sleep(0.1)
+    logs = "\n".join(f"--- {s.name}\n{s.log()[-4000:]}" for s in services)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
+
+
+def wait_model_ready(url: str, model: str, timeout: float = 60, *services: Service) -> None:
+    client = httpclient.InferenceServerClient(url)
+
+    def ready() -> bool:
+        try:
+            return client.is_model_ready(model)
+        except Exception:
+            return False
+
+    wait_until(ready, timeout, f"model {model} ready at {url}", *services)

@@ -1,0 +1,98 @@
+"""Model repositories for tests, built from the shipped functions/ plus test models."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+from harness import ROOT
+from onnx import TensorProto, helper
+
+# Every Triton datatype onnxruntime can pass through Identity on the CPU.
+IDENTITY_TYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def identity_model(path: Path) -> None:
+    """IN_<T> -> OUT_<T> for every datatype, batch dim and one variable dim."""
+    nodes, inputs, outputs = [], [], []
+    for name, t in IDENTITY_TYPES.items():
+        inputs.append(helper.make_tensor_value_info(f"IN_{name}", t, ["batch", "n"]))
+        outputs.append(helper.make_tensor_value_info(f"OUT_{name}", t, ["batch", "n"]))
+        nodes.append(helper.make_node("Identity", [f"IN_{name}"], [f"OUT_{name}"]))
+    graph = helper.make_graph(nodes, "identity", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _save(model, path / "1" / "model.onnx")
+    dims = "dims: [ -1 ]"
+    ins = ",\n".join(
+        f'  {{ name: "IN_{n}" data_type: {"TYPE_STRING" if n == "BYTES" else "TYPE_" + n} {dims} }}'
+        for n in IDENTITY_TYPES
+    )
+    outs = ",\n".join(
+        f'  {{ name: "OUT_{n}" data_type: {"TYPE_STRING" if n == "BYTES" else "TYPE_" + n} {dims} }}'
+        for n in IDENTITY_TYPES
+    )
+    (path / "config.pbtxt").write_text(
+        f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninput [\n{ins}\n]\noutput [\n{outs}\n]\n'
+    )
+
+
+def add_model(path: Path, *, max_batch_size: int = 8, delay_us: int = 0, extra: str = "") -> None:
+    """OUT = A + B, FP32 [4]: small and exact, for batching and routing tests."""
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, ["batch", 4])
+    b = helper.make_tensor_value_info("B", TensorProto.FLOAT, ["batch", 4])
+    out = helper.make_tensor_value_info("OUT", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["OUT"])], "add", [a, b], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _save(model, path / "1" / "model.onnx")
+    batching = (
+        f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}" if delay_us else ""
+    )
+    (path / "config.pbtxt").write_text(
+        f'platform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f"{batching}\n{extra}\n"
+    )
+
+
+def build_repository(root: Path) -> Path:
+    """functions/ as shipped, plus the test models."""
+    root.mkdir(parents=True, exist_ok=True)
+    for model in ("mlp", "mlp_autocomplete"):
+        shutil.copytree(ROOT / "functions" / model, root / model)
+    identity_model(root / "identity")
+    add_model(root / "add")
+    add_model(root / "add_batched", max_batch_size=16, delay_us=20000)
+    broken = root / "broken"
+    (broken / "1").mkdir(parents=True)
+    shutil.copy(ROOT / "functions" / "mlp" / "1" / "model.onnx", broken / "1" / "model.onnx")
+    (broken / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: [ oops\n')
+    return root
+
+
+def rng_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)

@@ -1,0 +1,410 @@
+"""The real path: stock tritonclient → gateway (gunicorn) → Redis → Celery worker → onnxruntime."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import requests
+import tritonclient.http as httpclient
+from harness import ROOT, start_gateway, start_worker, wait_model_ready
+from models import IDENTITY_TYPES, rng_input
+from tritonclient.utils import np_to_triton_dtype
+
+sys.path.insert(0, str(ROOT / "functions"))
+from build_models import reference_mlp
+
+
+@pytest.fixture(scope="module")
+def stack(model_repo: Path, redis_url: str, log_dir: Path) -> Iterator[str]:
+    worker = start_worker(model_repo, redis_url, log_dir)
+    gateway, url = start_gateway(model_repo, redis_url, log_dir, workers=2)
+    try:
+        for m in ("mlp", "mlp_autocomplete", "identity", "add"):
+            wait_model_ready(url, m, 90, worker, gateway)
+        yield url
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+@pytest.fixture()
+def client(stack: str) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(stack)
+
+
+def http(stack: str, method: str, path: str, **kw) -> requests.Response:
+    return requests.request(method, f"http://{stack}{path}", timeout=30, **kw)
+
+
+def infer_mlp(client, x: np.ndarray, binary: bool = True, **kw) -> np.ndarray:
+    inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
+    return client.infer("mlp", [inp], outputs=[out], **kw).as_numpy("OUTPUT0")
+
+
+# -- health and metadata --------------------------------------------------------------
+def test_health_and_server_metadata(client) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "conch"
+    assert "binary_tensor_data" in meta["extensions"]
+    assert "model_configuration" in meta["extensions"]
+    assert "statistics" not in meta["extensions"]  # not served, so never advertised
+
+
+def test_model_metadata(client) -> None:
+    meta = client.get_model_metadata("mlp")
+    assert meta == {
+        "name": "mlp",
+        "versions": ["1"],
+        "platform": "onnxruntime_onnx",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 64]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 16]}],
+    }
+    assert client.get_model_metadata("mlp", "1")["versions"] == ["1"]
+
+
+def test_model_config_is_tritons_json(client) -> None:
+    cfg = client.get_model_config("mlp")
+    assert cfg["name"] == "mlp"
+    assert cfg["max_batch_size"] == 64
+    assert cfg["input"][0]["dims"] == [64] and cfg["output"][0]["dims"] == [16]
+    assert cfg["input"][0]["data_type"] == "TYPE_FP32"
+    assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    assert "sequence_batching" not in cfg and "ensemble_scheduling" not in cfg
+    assert cfg["backend"] == "onnxruntime" and cfg["platform"] == "onnxruntime_onnx"
+    assert cfg["version_policy"] == {"latest": {"num_versions": 1}}
+    assert cfg["instance_group"][0]["kind"] == "KIND_CPU"
+    assert cfg["instance_group"][0]["name"]
+    assert cfg["default_model_filename"] == "model.onnx"
+
+
+def test_auto_completed_model(client) -> None:
+    cfg = client.get_model_config("mlp_autocomplete")
+    assert cfg["max_batch_size"] == 4  # Triton's default for a batchable ONNX model
+    assert cfg["platform"] == "onnxruntime_onnx"
+    assert "dynamic_batching" in cfg
+    names = {i["name"] for i in cfg["input"]}
+    assert names == {i["name"] for i in client.get_model_metadata("mlp_autocomplete")["inputs"]}
+    meta = client.get_model_metadata("mlp_autocomplete")
+    inputs = []
+    for i in meta["inputs"]:
+        shape = [2, *[d if d > 0 else 1 for d in i["shape"][1:]]]
+        arr = np.ones(shape, dtype=np.float32)
+        inp = httpclient.InferInput(i["name"], shape, i["datatype"])
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    result = client.infer("mlp_autocomplete", inputs)
+    for o in meta["outputs"]:
+        assert result.as_numpy(o["name"]).shape[0] == 2
+
+
+# -- inference ------------------------------------------------------------------------
+@pytest.mark.parametrize("binary", [True, False])
+def test_mlp_matches_reference(client, binary: bool) -> None:
+    x = rng_input((3, 64), seed=1)
+    got = infer_mlp(client, x, binary=binary)
+    np.testing.assert_allclose(got, reference_mlp(x), rtol=1e-5, atol=1e-5)
+
+
+def test_explicit_version_and_request_id(client) -> None:
+    x = rng_input((1, 64), seed=2)
+    inp = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("mlp", [inp], model_version="1", request_id="abc-1")
+    assert result.get_response()["id"] == "abc-1"
+    assert result.get_response()["model_version"] == "1"
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference_mlp(x), rtol=1e-5, atol=1e-5)
+
+
+def _identity_array(name: str, shape: tuple[int, int], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if name == "BYTES":
+        words = np.array(
+            [b"", b"alpha", "caf\u00e9 \u2603".encode(), b"x" * 300, b"\x00\x01tail"], dtype=object
+        )
+        return rng.choice(words, size=shape).astype(object)
+    if name == "BOOL":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(name)
+    if dtype is not None:
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(getattr(np, name.lower()))
+    return rng.integers(
+        info.min, info.max, size=shape, dtype=getattr(np, name.lower()), endpoint=True
+    )
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_every_datatype_round_trips(client, binary: bool) -> None:
+    arrays = {name: _identity_array(name, (2, 5), seed=len(name)) for name in IDENTITY_TYPES}
+    inputs, outputs = [], []
+    for name, arr in arrays.items():
+        inp = httpclient.InferInput(f"IN_{name}", list(arr.shape), np_to_triton_dtype(arr.dtype))
+        # FP16 cannot travel in JSON (Triton's rule too), so it is always binary here.
+        inp.set_data_from_numpy(arr, binary_data=binary or name == "FP16")
+        inputs.append(inp)
+        outputs.append(
+            httpclient.InferRequestedOutput(f"OUT_{name}", binary_data=binary or name == "FP16")
+        )
+    result = client.infer("identity", inputs, outputs=outputs)
+    for name, arr in arrays.items():
+        got = result.as_numpy(f"OUT_{name}")
+        assert got.shape == arr.shape, name
+        if name == "BYTES":
+            # tritonclient gives str elements for JSON outputs, bytes for binary ones.
+            as_bytes = [
+                [e.encode() if isinstance(e, str) else e for e in row] for row in got.tolist()
+            ]
+            assert as_bytes == arr.tolist()
+        else:
+            assert got.dtype == arr.dtype, name
+            np.testing.assert_array_equal(got, arr)
+
+
+def test_fp16_in_json_is_refused(stack: str) -> None:
+    body = {"inputs": [{"name": "IN_FP16", "shape": [1, 1], "datatype": "FP16", "data": [1.0]}]}
+    r = http(stack, "POST", "/v2/models/identity/infer", json=body)
+    assert r.status_code == 400 and "FP16" in r.json()["error"]
+
+
+def test_outputs_default_to_all_binary(client) -> None:
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    inputs = []
+    for n in ("A", "B"):
+        i = httpclient.InferInput(n, [2, 4], "FP32")
+        i.set_data_from_numpy(a)
+        inputs.append(i)
+    result = client.infer("add", inputs)  # no outputs listed: all of them, binary
+    np.testing.assert_array_equal(result.as_numpy("OUT"), a + a)
+    assert result.get_output("OUT")["parameters"]["binary_data_size"] == 32
+
+
+def test_compressed_request_and_response(stack: str) -> None:
+    x = rng_input((1, 64), seed=3)
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}
+            ]
+        }
+    ).encode()
+    r = http(
+        stack,
+        "POST",
+        "/v2/models/mlp/infer",
+        data=gzip.compress(body),
+        headers={"Content-Encoding": "gzip", "Accept-Encoding": "gzip"},
+    )
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]  # requests undoes the gzip
+    np.testing.assert_allclose(
+        np.array(out["data"], dtype=np.float32).reshape(out["shape"]),
+        reference_mlp(x),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_concurrent_requests_all_correct(client, stack: str) -> None:
+    xs = [rng_input((1 + i % 3, 64), seed=100 + i) for i in range(64)]
+
+    def one(x: np.ndarray) -> np.ndarray:
+        return infer_mlp(httpclient.InferenceServerClient(stack), x)
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, xs))
+    for x, got in zip(xs, results, strict=True):
+        np.testing.assert_allclose(got, reference_mlp(x), rtol=1e-5, atol=1e-5)
+
+
+# -- readiness and the repository index ----------------------------------------------------
+def test_readiness(client) -> None:
+    assert client.is_model_ready("mlp")
+    assert client.is_model_ready("mlp", "1")
+    assert not client.is_model_ready("broken")
+    assert not client.is_model_ready("nope")
+
+
+def test_repository_index(client) -> None:
+    index = {(m["name"], m.get("version")): m for m in client.get_model_repository_index()}
+    assert index[("mlp", "1")]["state"] == "READY"
+    assert index[("broken", None)]["state"] == "UNAVAILABLE"
+    assert "config.pbtxt" in index[("broken", None)]["reason"]
+
+
+# -- errors: a clear 4xx in Triton's form, and nothing reaches a worker ------------------
+def _queue_depth(redis_url: str, model: str) -> int:
+    from conch.broker import queue_depth
+
+    return queue_depth(redis.Redis.from_url(redis_url), model)
+
+
+BAD_REQUESTS = [
+    # (path, body, headers, status, fragment of the message)
+    ("/v2/models/nope/infer", b"{}", {}, 400, "unknown model"),
+    ("/v2/models/broken/infer", b"{}", {}, 400, "config.pbtxt"),
+    ("/v2/models/mlp/versions/7/infer", b"{}", {}, 404, "version"),
+    ("/v2/models/mlp/infer", b"{not json", {}, 400, ""),
+    ("/v2/models/mlp/infer", b"[]", {}, 400, ""),
+    (
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": "WRONG", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}
+                ]
+            }
+        ).encode(),
+        {},
+        400,
+        "WRONG",
+    ),
+    (
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 64], "datatype": "INT32", "data": [0] * 64}
+                ]
+            }
+        ).encode(),
+        {},
+        400,
+        "INT32",
+    ),
+    (
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 32], "datatype": "FP32", "data": [0.0] * 32}
+                ]
+            }
+        ).encode(),
+        {},
+        400,
+        "shape",
+    ),
+    (
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "shape": [65, 64],
+                        "datatype": "FP32",
+                        "data": [0.0] * 65 * 64,
+                    }
+                ]
+            }
+        ).encode(),
+        {},
+        400,
+        "batch",
+    ),
+    (
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 63}
+                ]
+            }
+        ).encode(),
+        {},
+        400,
+        "",
+    ),
+    (
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "shape": [1, 64],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 256},
+                    }
+                ]
+            }
+        ).encode()
+        + b"\0" * 300,
+        {"Inference-Header-Content-Length": "-"},
+        400,
+        "",
+    ),
+    (
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}
+                ],
+                "outputs": [{"name": "NOPE"}],
+            }
+        ).encode(),
+        {},
+        400,
+        "NOPE",
+    ),
+    ("/v2/models/mlp/infer", b"\x1f\x8bnot gzip", {"Content-Encoding": "gzip"}, 400, ""),
+    ("/v2/models/mlp/infer", b"{}", {"Content-Encoding": "br"}, 400, ""),
+    ("/v2/models/%2E%2E/infer", b"{}", {}, 400, "unknown model"),
+    ("/v2/models/..%2F..%2Fetc/infer", b"{}", {}, 404, "not found"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "headers", "status", "fragment"), BAD_REQUESTS)
+def test_bad_requests_get_a_clear_4xx_and_reach_no_worker(
+    stack: str, redis_url: str, path: str, body: bytes, headers: dict, status: int, fragment: str
+) -> None:
+    if headers.get("Inference-Header-Content-Length") == "-":
+        headers = {"Inference-Header-Content-Length": str(body.index(b"\0"))}
+    r = http(stack, "POST", path, data=body, headers=headers)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert isinstance(error, str) and error
+    assert fragment.lower() in error.lower()
+    assert _queue_depth(redis_url, "mlp") == 0
+
+
+def test_body_size_is_bounded(stack: str) -> None:
+    r = http(stack, "POST", "/v2/models/mlp/infer", data=b"x" * (65 * 1024 * 1024))
+    assert r.status_code == 400
+    assert "limit" in r.json()["error"]
+
+
+def test_unknown_route_and_method(stack: str) -> None:
+    r = http(stack, "GET", "/v2/nowhere")
+    assert r.status_code == 404 and r.json() == {"error": "Not Found"}
+    r = http(stack, "GET", "/v2/models/mlp/versions/abc")
+    assert r.status_code == 404
+    r = http(stack, "DELETE", "/v2/models/mlp/infer")
+    assert r.status_code == 405 and r.json()["error"]
+
+
+def test_metadata_errors(stack: str) -> None:
+    r = http(stack, "GET", "/v2/models/nope")
+    assert r.status_code == 400 and "unknown model" in r.json()["error"]
+    r = http(stack, "GET", "/v2/models/broken/config")
+    assert r.status_code == 400 and "config.pbtxt" in r.json()["error"]
+    r = http(stack, "GET", "/v2/models/mlp/versions/9/config")
+    assert r.status_code == 404
+
+
+def test_service_goes_on_after_bad_input(client) -> None:
+    x = rng_input((2, 64), seed=9)
+    np.testing.assert_allclose(infer_mlp(client, x), reference_mlp(x), rtol=1e-5, atol=1e-5)
