@@ -16,6 +16,20 @@ from conch.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The shipped models' numpy references live beside the script that builds them.
+sys.path.insert(0, str(ROOT / "functions"))
+from build_models import reference_mlp  # noqa: E402
+
+__all__ = [
+    "ROOT",
+    "Service",
+    "reference_mlp",
+    "start_gateway",
+    "start_worker",
+    "wait_model_ready",
+    "wait_until",
+]
+
 
 class Service:
     """A child process whose output goes to a log file the test can read."""

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from harness import ROOT
 from onnx import TensorProto, helper
+
+from harness import ROOT
 
 # Every Triton datatype onnxruntime can pass through Identity on the CPU.
 IDENTITY_TYPES = {
@@ -87,6 +88,10 @@ def build_repository(root: Path) -> Path:
     identity_model(root / "identity")
     add_model(root / "add")
     add_model(root / "add_batched", max_batch_size=16, delay_us=20000)
+    gpu = root / "gpu_mlp"
+    shutil.copytree(ROOT / "functions" / "mlp", gpu)
+    cfg = (gpu / "config.pbtxt").read_text().replace('name: "mlp"', 'name: "gpu_mlp"')
+    (gpu / "config.pbtxt").write_text(cfg.replace("KIND_CPU", "KIND_GPU"))
     broken = root / "broken"
     (broken / "1").mkdir(parents=True)
     shutil.copy(ROOT / "functions" / "mlp" / "1" / "model.onnx", broken / "1" / "model.onnx")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,12 +13,10 @@ import pytest
 import redis
 import requests
 import tritonclient.http as httpclient
-from harness import ROOT, start_gateway, start_worker, wait_model_ready
-from models import IDENTITY_TYPES, rng_input
-from tritonclient.utils import np_to_triton_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-sys.path.insert(0, str(ROOT / "functions"))
-from build_models import reference_mlp
+from harness import reference_mlp, start_gateway, start_worker, wait_model_ready
+from models import IDENTITY_TYPES, rng_input
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +223,31 @@ def test_concurrent_requests_all_correct(client, stack: str) -> None:
         results = list(pool.map(one, xs))
     for x, got in zip(xs, results, strict=True):
         np.testing.assert_allclose(got, reference_mlp(x), rtol=1e-5, atol=1e-5)
+
+
+def test_kind_gpu_serves_on_a_gpu_or_says_why_not(client, stack: str) -> None:
+    from conch.backends.onnxruntime import gpu_available
+
+    x = rng_input((2, 64), seed=5)
+    inp = httpclient.InferInput("INPUT0", [2, 64], "FP32")
+    inp.set_data_from_numpy(x)
+    has_gpu, _ = gpu_available()
+    if has_gpu:
+        wait_model_ready(stack, "gpu_mlp", 60)
+        got = client.infer("gpu_mlp", [inp]).as_numpy("OUTPUT0")
+        np.testing.assert_allclose(got, reference_mlp(x), rtol=1e-3, atol=1e-3)
+        return
+    # No GPU here: the model is unavailable with the reason, and requests fail at once.
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["gpu_mlp"]["state"] == "UNAVAILABLE"
+    assert (
+        "KIND_GPU" in index["gpu_mlp"]["reason"]
+        and "CUDAExecutionProvider" in index["gpu_mlp"]["reason"]
+    )
+    assert not client.is_model_ready("gpu_mlp")
+    with pytest.raises(InferenceServerException, match="CUDAExecutionProvider") as exc:
+        client.infer("gpu_mlp", [inp])
+    assert exc.value.status() == "503"
 
 
 # -- readiness and the repository index ----------------------------------------------------

@@ -21,6 +21,7 @@ import redis
 
 from . import broker, tensors
 from .backends import Backend, BackendRequest
+from .config import output_types
 from .errors import ConchError, Internal, InvalidArgument, NotFound
 from .wire import BadMessage, InferMessage, Reply
 
@@ -121,6 +122,10 @@ class Batcher(threading.Thread):
         self.idle_poll = idle_poll
         self.on_batch = on_batch
         self.drain = broker.Drain(client, model)
+        # Outputs go out as the config declares them, whatever width the backend used.
+        self.output_types = (
+            output_types(next(iter(backends.values())).spec.config) if backends else {}
+        )
         self.stopping = threading.Event()
         self._carry: list[Item] = []
 
@@ -299,7 +304,7 @@ class Batcher(threading.Thread):
             try:
                 outputs = []
                 for name in item.msg.outputs:
-                    datatype, raw = tensors.from_numpy(result[name])
+                    datatype, raw = tensors.from_numpy(result[name], self.output_types.get(name))
                     outputs.append((name, datatype, tuple(result[name].shape), raw))
             except Exception as exc:
                 replies[item.tag] = Reply(

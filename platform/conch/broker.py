@@ -40,6 +40,8 @@ ATTEMPTS = "conch.attempts"
 DEADLETTER = "conch.deadletter"
 WAKE_SUFFIX = ".wake"
 WAKE_CAP = 8
+REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
+POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 # Online requests, async jobs and offline chunks map onto kombu's priority steps.
 PRIORITY_ONLINE = 0
@@ -229,10 +231,16 @@ class Drain:
         self._pop = client.register_script(_POP_LUA)
 
     def wait(self, timeout: float) -> None:
-        """Block until a message may be waiting, or ``timeout`` seconds pass."""
-        if timeout > 0:
-            # Redis reads 0 as "forever"; keep a floor of one millisecond.
-            self.client.blpop([self.keys[0]], timeout=max(timeout, 0.001))
+        """Block until a message may be waiting, or about ``timeout`` seconds pass.
+
+        Redis checks blocking timeouts on its own clock tick (100 ms at the default
+        ``hz 10``), so BLPOP cannot time a short wait: below a few ticks this sleeps a
+        fraction of a millisecond and lets the caller pop again.
+        """
+        if timeout > 2 * REDIS_TICK_S:
+            self.client.blpop([self.keys[0]], timeout=timeout - REDIS_TICK_S)
+        elif timeout > 0:
+            time.sleep(min(timeout, POLL_S))
 
     def pop(self, count: int) -> list[tuple[str, bytes, int]]:
         """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight."""

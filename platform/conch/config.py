@@ -20,6 +20,7 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from .datatypes import config_to_wire
 from .errors import ModelLoadError
 
 _PB2_MODULE = "conch._triton_model_config_pb2"
@@ -129,3 +130,13 @@ def json_to_config(obj: dict[str, Any] | str, *, model: str = "") -> Any:
 
 
 __all__ = ["config_to_json", "json_to_config", "model_config_pb2", "new_config", "parse_config"]
+
+
+def wire_type(data_type: int) -> str:
+    """A config ``data_type`` value as its wire name: ``TYPE_FP32`` -> ``FP32``."""
+    return config_to_wire(model_config_pb2().DataType.Name(data_type))
+
+
+def output_types(config: Any) -> dict[str, str]:
+    """Each output's wire datatype, as the config declares it."""
+    return {o.name: wire_type(o.data_type) for o in config.output}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import redis
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
+# The local Redis tried when no URL is given (settable so tests can point it at nothing).
+DEFAULT_URL = os.environ.get("CONCH_LOCAL_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 class RedisNotFound(RuntimeError):

@@ -22,13 +22,19 @@ LOADING = "LOADING"
 
 
 def publish(
-    client: redis.Redis, worker_id: str, models: dict[str, dict[str, Any]], ttl_s: float
+    client: redis.Redis,
+    worker_id: str,
+    models: dict[str, dict[str, Any]],
+    *,
+    stats: dict[str, dict[str, int]] | None = None,
+    ttl_s: float,
 ) -> None:
-    """``models``: name -> {"versions": {"1": "READY"}, "reason": str | None}."""
+    """``models``: name -> {"versions": {"1": "READY"}, "reason": str | None};
+    ``stats``: name -> counts of executions, requests and rows this worker ran."""
     pipe = client.pipeline(transaction=False)
     pipe.set(
         WORKER_PREFIX + worker_id,
-        json.dumps({"id": worker_id, "at": time.time(), "models": models}),
+        json.dumps({"id": worker_id, "at": time.time(), "models": models, "stats": stats or {}}),
         px=int(ttl_s * 1000),
     )
     pipe.sadd(WORKERS, worker_id)

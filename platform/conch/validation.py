@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .codec import InferRequest
-from .datatypes import config_to_wire
+from .config import wire_type
 from .errors import InvalidArgument
 
 
@@ -23,12 +23,6 @@ def _dims_match(actual: Sequence[int], expected: Sequence[int]) -> bool:
     if len(actual) != len(expected):
         return False
     return all(e == -1 or a == e for a, e in zip(actual, expected, strict=True))
-
-
-def _type_name(config: Any, data_type: int) -> str:
-    """The enum name (``TYPE_FP32``) for a data_type value of a ModelConfig message."""
-    enum = config.DESCRIPTOR.file.enum_types_by_name["DataType"]
-    return enum.values_by_number[data_type].name
 
 
 def validate_request(req: InferRequest, config: Any, *, model_name: str | None = None) -> int:
@@ -63,7 +57,7 @@ def validate_request(req: InferRequest, config: Any, *, model_name: str | None =
     batch: int | None = None
     for tensor in req.inputs:
         inp = by_name[tensor.name]
-        expected_type = config_to_wire(_type_name(config, inp.data_type))
+        expected_type = wire_type(inp.data_type)
         if tensor.datatype != expected_type:
             raise InvalidArgument(
                 f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', "

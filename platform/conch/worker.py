@@ -50,6 +50,8 @@ class ModelHost:
         self.models: dict[str, LoadedModel] = {}
         self.batchers: list[Batcher] = []
         self._stop = threading.Event()
+        self.stats: dict[str, dict[str, int]] = {}  # model -> executions, requests, rows
+        self._stats_lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
 
     def start(self) -> None:
@@ -111,6 +113,7 @@ class ModelHost:
                 inflight=self.inflight,
                 max_attempts=self.settings.max_attempts,
                 name=f"batcher-{spec.name}",
+                on_batch=self._count,
             )
             self.batchers.append(batcher)
             batcher.start()
@@ -120,6 +123,13 @@ class ModelHost:
             entry.versions,
             len(specs),
         )
+
+    def _count(self, model: str, requests: int, rows: int) -> None:
+        with self._stats_lock:
+            st = self.stats.setdefault(model, {"executions": 0, "requests": 0, "rows": 0})
+            st["executions"] += 1
+            st["requests"] += requests
+            st["rows"] += rows
 
     def _states(self) -> dict[str, dict[str, Any]]:
         return {
@@ -131,7 +141,11 @@ class ModelHost:
         }
 
     def _publish(self) -> None:
-        registry.publish(self.client, self.worker_id, self._states(), ttl_s=HEARTBEAT_S * 4)
+        with self._stats_lock:
+            stats = {m: dict(st) for m, st in self.stats.items()}
+        registry.publish(
+            self.client, self.worker_id, self._states(), stats=stats, ttl_s=HEARTBEAT_S * 4
+        )
 
     def _beat(self) -> None:
         from . import broker

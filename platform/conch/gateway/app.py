@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 from .. import __version__, codec, validation
 from ..broker import new_id
 from ..dispatch import Dispatcher
-from ..errors import ConchError, InvalidArgument
+from ..errors import ConchError, InvalidArgument, Unavailable
 from ..settings import Settings
 from ..wire import InferMessage
 from .catalog import Catalog
@@ -145,6 +145,9 @@ def infer(model: str, version: int | None = None) -> Response:
     )
     config = entry.config
     validation.validate_request(req, config, model_name=model)
+    reason = _catalog().unavailable_reason(model)
+    if reason:
+        raise Unavailable(f"model '{model}' is unavailable: {reason}")
     now = time.time()
     timeout_us = req.parameters.get("timeout")
     if timeout_us is not None and (

@@ -9,8 +9,7 @@ from typing import Any
 import redis
 
 from .. import registry
-from ..config import model_config_pb2
-from ..datatypes import config_to_wire
+from ..config import output_types
 from ..errors import InvalidArgument
 from ..repository import ModelEntry, ModelRepository
 from ..settings import Settings
@@ -50,8 +49,7 @@ class Catalog:
         """Wire datatypes of a model's outputs, as its config declares them."""
         types = self._output_types.get(entry.name)
         if types is None:
-            enum = model_config_pb2().DataType
-            types = {o.name: config_to_wire(enum.Name(o.data_type)) for o in entry.config.output}
+            types = output_types(entry.config)
             self._output_types[entry.name] = types
         return types
 
@@ -71,6 +69,19 @@ class Catalog:
 
         # A "not ready" from the cache is checked again: a worker may have just come up.
         return ready(self.states()) or ready(self.states(max_age=0.05))
+
+    def unavailable_reason(self, name: str) -> str | None:
+        """Why no worker can serve ``name``: set when live workers tried and all failed.
+
+        A model no live worker has reported on is not unavailable: its requests wait in
+        the queue for a worker to come (scale from zero).
+        """
+        st = self.states().get(name)
+        if not st or not st.get("reason"):
+            return None
+        if any(state == registry.READY for state in st["versions"].values()):
+            return None
+        return st["reason"]
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         states = self.states()
