@@ -88,6 +88,7 @@ def build_repository(root: Path) -> Path:
     identity_model(root / "identity")
     add_model(root / "add")
     add_model(root / "add_batched", max_batch_size=16, delay_us=20000)
+    slow_model(root / "slow")
     gpu = root / "gpu_mlp"
     shutil.copytree(ROOT / "functions" / "mlp", gpu)
     cfg = (gpu / "config.pbtxt").read_text().replace('name: "mlp"', 'name: "gpu_mlp"')
@@ -101,3 +102,40 @@ def build_repository(root: Path) -> Path:
 
 def rng_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def slow_model(path: Path, *, matmuls: int = 24, max_batch_size: int = 8, delay_us: int = 200_000) -> None:
+    """Y = X + 1, after a chain of 1024² matmuls that costs about a second on one core.
+
+    The chain starts from the input, so onnxruntime cannot fold it away at load.
+    """
+    eye = helper.make_tensor("EYE", TensorProto.FLOAT, [1024, 1024], np.eye(1024, dtype=np.float32).ravel())
+    zero_axes = helper.make_tensor("AXES", TensorProto.INT64, [2], [0, 1])
+    nodes = [
+        helper.make_node("ReduceSum", ["X", "AXES"], ["S"], keepdims=0),
+        helper.make_node("Mul", ["S", "ZERO"], ["S0"]),
+        helper.make_node("Add", ["EYE", "S0"], ["M0"]),
+    ]
+    for k in range(matmuls):
+        nodes.append(helper.make_node("MatMul", [f"M{k}", "EYE"], [f"M{k + 1}"]))
+    nodes += [
+        helper.make_node("ReduceMax", [f"M{matmuls}"], ["T"], keepdims=0),
+        helper.make_node("Add", ["X", "T"], ["Y"]),  # the max of an identity matrix is 1
+    ]
+    zero = helper.make_tensor("ZERO", TensorProto.FLOAT, [], [0.0])
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[eye, zero_axes, zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _save(model, path / "1" / "model.onnx")
+    (path / "config.pbtxt").write_text(
+        f'platform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
+    )

@@ -1,0 +1,119 @@
+"""Nothing lost: workers killed mid-batch, poison requests, and warm shutdown."""
+
+from __future__ import annotations
+
+import signal
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conch import broker
+from harness import start_gateway, start_worker, wait_model_ready, wait_until
+
+
+@pytest.fixture()
+def db(redis_url: str, request: pytest.FixtureRequest) -> str:
+    index = 8 + list(request.module.__dict__).index(request.function.__name__) % 7
+    url = redis_url.rsplit("/", 1)[0] + f"/{index}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+def slow_request(url: str, value: float) -> np.ndarray:
+    x = np.full((1, 4), value, np.float32)
+    inp = httpclient.InferInput("X", [1, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    return httpclient.InferenceServerClient(url, network_timeout=120).infer("slow", [inp]).as_numpy("Y")
+
+
+def in_flight(url: str) -> int:
+    return redis.Redis.from_url(url).zcard(broker.UNACKED_INDEX)
+
+
+def test_sigkill_mid_batch_loses_nothing(model_repo: Path, db: str, log_dir: Path) -> None:
+    first = start_worker(model_repo, db, log_dir, "--models", "slow")
+    gw, url = start_gateway(model_repo, db, log_dir, threads=16)
+    pool = ThreadPoolExecutor(8)
+    try:
+        wait_model_ready(url, "slow", 60, first, gw)
+        futures: list[Future] = [pool.submit(slow_request, url, float(i)) for i in range(6)]
+        wait_until(lambda: in_flight(db) >= 6, 30, "the batch to be taken", first)
+        first.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        second = start_worker(model_repo, db, log_dir, "--models", "slow")
+        try:
+            for i, f in enumerate(futures):
+                np.testing.assert_array_equal(f.result(timeout=60), np.full((1, 4), i + 1.0, np.float32))
+            # Back within the default visibility timeout and sweep, plus the batch's own run.
+            assert time.monotonic() - killed < 10 + 5
+            assert in_flight(db) == 0
+        finally:
+            second.stop()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        gw.stop()
+        first.stop()
+
+
+def test_poison_request_is_dead_lettered(model_repo: Path, db: str, log_dir: Path) -> None:
+    env = {"CONCH_VISIBILITY_TIMEOUT_S": "2", "CONCH_MAX_ATTEMPTS": "2"}
+    gw, url = start_gateway(model_repo, db, log_dir)
+    pool = ThreadPoolExecutor(1)
+    try:
+        future = pool.submit(slow_request, url, 1.0)
+        # Each worker that takes the request dies with it (as a request that crashes its
+        # worker would make it): attempts 1 and 2.
+        for attempt in (1, 2):
+            w = start_worker(model_repo, db, log_dir, "--models", "slow", env=env)
+            r = redis.Redis.from_url(db)
+            wait_until(lambda a=attempt: r.hvals(broker.ATTEMPTS) == [str(a).encode()], 60, f"attempt {attempt}", w)
+            w.stop(signal.SIGKILL)
+        # The third worker finds it over the limit: dead-letters it and answers the caller.
+        w = start_worker(model_repo, db, log_dir, "--models", "slow", env=env)
+        try:
+            with pytest.raises(InferenceServerException) as exc:
+                future.result(timeout=60)
+            assert exc.value.status() == "500"
+            assert "dead-lettered after 2 attempts" in str(exc.value)
+            dead = redis.Redis.from_url(db).lrange(broker.DEADLETTER, 0, -1)
+            assert len(dead) == 1 and b"dead-lettered" in dead[0]
+            assert in_flight(db) == 0
+            # The worker is fine and serves the next request.
+            wait_model_ready(url, "slow", 30, w)
+            np.testing.assert_array_equal(slow_request(url, 3.0), np.full((1, 4), 4.0, np.float32))
+        finally:
+            w.stop()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        gw.stop()
+
+
+def test_sigterm_finishes_the_batch_and_exits_cleanly(model_repo: Path, db: str, log_dir: Path) -> None:
+    worker = start_worker(model_repo, db, log_dir, "--models", "slow")
+    gw, url = start_gateway(model_repo, db, log_dir, threads=32)
+    pool = ThreadPoolExecutor(12)
+    try:
+        wait_model_ready(url, "slow", 60, worker, gw)
+        futures = [pool.submit(slow_request, url, float(i)) for i in range(12)]
+        wait_until(lambda: in_flight(db) >= 1, 30, "a batch to start", worker)
+        assert worker.stop(signal.SIGTERM, timeout=60) == 0
+        assert "Warm shutdown" in worker.log() or "warm shutdown" in worker.log().lower()
+        # What it ran was answered; what it had not run went back to the queue, and the
+        # next worker serves it: every caller gets the right answer.
+        after = start_worker(model_repo, db, log_dir, "--models", "slow")
+        try:
+            for i, f in enumerate(futures):
+                np.testing.assert_array_equal(f.result(timeout=90), np.full((1, 4), i + 1.0, np.float32))
+            assert in_flight(db) == 0
+        finally:
+            after.stop()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        gw.stop()
+        worker.stop()
