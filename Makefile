@@ -38,12 +38,12 @@ test: $(STAMP) redis-server
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check platform repo_sync functions tests bench
-	$(BIN)/ruff format --check platform repo_sync functions tests bench
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 format: $(STAMP)
-	$(BIN)/ruff format platform repo_sync functions tests bench
-	$(BIN)/ruff check --fix platform repo_sync functions tests bench
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

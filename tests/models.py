@@ -89,6 +89,22 @@ def build_repository(root: Path) -> Path:
     add_model(root / "add")
     add_model(root / "add_batched", max_batch_size=16, delay_us=20000)
     slow_model(root / "slow")
+    # Policies over a ~40 ms model that runs one request at a time.
+    slow_model(root / "step", matmuls=1, max_batch_size=1, delay_us=1)
+    with_config(root / "step", root / "step_prio", "priority_levels: 2 default_priority_level: 2")
+    with_config(
+        root / "step",
+        root / "step_reject",
+        "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 150000 }",
+    )
+    with_config(
+        root / "step",
+        root / "step_delay",
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 150000 }",
+    )
+    with_config(root / "step", root / "step_bounded", "default_queue_policy { max_queue_size: 2 }")
+    add_model(root / "add_preferred", max_batch_size=16, delay_us=1_000_000, extra="")
+    with_config(root / "add_preferred", root / "add_pref4", "preferred_batch_size: [ 4 ]")
     gpu = root / "gpu_mlp"
     shutil.copytree(ROOT / "functions" / "mlp", gpu)
     cfg = (gpu / "config.pbtxt").read_text().replace('name: "mlp"', 'name: "gpu_mlp"')
@@ -104,12 +120,16 @@ def rng_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def slow_model(path: Path, *, matmuls: int = 24, max_batch_size: int = 8, delay_us: int = 200_000) -> None:
+def slow_model(
+    path: Path, *, matmuls: int = 24, max_batch_size: int = 8, delay_us: int = 200_000
+) -> None:
     """Y = X + 1, after a chain of 1024² matmuls that costs about a second on one core.
 
     The chain starts from the input, so onnxruntime cannot fold it away at load.
     """
-    eye = helper.make_tensor("EYE", TensorProto.FLOAT, [1024, 1024], np.eye(1024, dtype=np.float32).ravel())
+    eye = helper.make_tensor(
+        "EYE", TensorProto.FLOAT, [1024, 1024], np.eye(1024, dtype=np.float32).ravel()
+    )
     zero_axes = helper.make_tensor("AXES", TensorProto.INT64, [2], [0, 1])
     nodes = [
         helper.make_node("ReduceSum", ["X", "AXES"], ["S"], keepdims=0),
@@ -138,4 +158,13 @@ def slow_model(path: Path, *, matmuls: int = 24, max_batch_size: int = 8, delay_
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
+    )
+
+
+def with_config(src: Path, dst: Path, extra: str) -> None:
+    """A copy of a test model under a new name, with more config lines."""
+    shutil.copytree(src, dst)
+    cfg = dst / "config.pbtxt"
+    cfg.write_text(
+        cfg.read_text().replace("dynamic_batching {", f"dynamic_batching {{\n{extra}\n", 1)
     )

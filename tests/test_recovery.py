@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conch import broker
+
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 
 
@@ -29,7 +30,11 @@ def slow_request(url: str, value: float) -> np.ndarray:
     x = np.full((1, 4), value, np.float32)
     inp = httpclient.InferInput("X", [1, 4], "FP32")
     inp.set_data_from_numpy(x)
-    return httpclient.InferenceServerClient(url, network_timeout=120).infer("slow", [inp]).as_numpy("Y")
+    return (
+        httpclient.InferenceServerClient(url, network_timeout=120)
+        .infer("slow", [inp])
+        .as_numpy("Y")
+    )
 
 
 def in_flight(url: str) -> int:
@@ -49,7 +54,9 @@ def test_sigkill_mid_batch_loses_nothing(model_repo: Path, db: str, log_dir: Pat
         second = start_worker(model_repo, db, log_dir, "--models", "slow")
         try:
             for i, f in enumerate(futures):
-                np.testing.assert_array_equal(f.result(timeout=60), np.full((1, 4), i + 1.0, np.float32))
+                np.testing.assert_array_equal(
+                    f.result(timeout=60), np.full((1, 4), i + 1.0, np.float32)
+                )
             # Back within the default visibility timeout and sweep, plus the batch's own run.
             assert time.monotonic() - killed < 10 + 5
             assert in_flight(db) == 0
@@ -72,7 +79,12 @@ def test_poison_request_is_dead_lettered(model_repo: Path, db: str, log_dir: Pat
         for attempt in (1, 2):
             w = start_worker(model_repo, db, log_dir, "--models", "slow", env=env)
             r = redis.Redis.from_url(db)
-            wait_until(lambda a=attempt: r.hvals(broker.ATTEMPTS) == [str(a).encode()], 60, f"attempt {attempt}", w)
+            wait_until(
+                lambda a=attempt, r=r: r.hvals(broker.ATTEMPTS) == [str(a).encode()],
+                60,
+                f"attempt {attempt}",
+                w,
+            )
             w.stop(signal.SIGKILL)
         # The third worker finds it over the limit: dead-letters it and answers the caller.
         w = start_worker(model_repo, db, log_dir, "--models", "slow", env=env)
@@ -94,7 +106,9 @@ def test_poison_request_is_dead_lettered(model_repo: Path, db: str, log_dir: Pat
         gw.stop()
 
 
-def test_sigterm_finishes_the_batch_and_exits_cleanly(model_repo: Path, db: str, log_dir: Path) -> None:
+def test_sigterm_finishes_the_batch_and_exits_cleanly(
+    model_repo: Path, db: str, log_dir: Path
+) -> None:
     worker = start_worker(model_repo, db, log_dir, "--models", "slow")
     gw, url = start_gateway(model_repo, db, log_dir, threads=32)
     pool = ThreadPoolExecutor(12)
@@ -109,7 +123,9 @@ def test_sigterm_finishes_the_batch_and_exits_cleanly(model_repo: Path, db: str,
         after = start_worker(model_repo, db, log_dir, "--models", "slow")
         try:
             for i, f in enumerate(futures):
-                np.testing.assert_array_equal(f.result(timeout=90), np.full((1, 4), i + 1.0, np.float32))
+                np.testing.assert_array_equal(
+                    f.result(timeout=90), np.full((1, 4), i + 1.0, np.float32)
+                )
             assert in_flight(db) == 0
         finally:
             after.stop()

@@ -22,7 +22,7 @@ import redis
 from . import broker, tensors
 from .backends import Backend, BackendRequest
 from .config import output_types
-from .errors import ConchError, Internal, InvalidArgument, NotFound
+from .errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
 from .wire import BadMessage, InferMessage, Reply
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class Batcher(threading.Thread):
         self.inflight.add([tag for tag, _, _ in popped])
         items: list[Item] = []
         now = time.time()
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=True)  # requeue and ack go together
         done: list[str] = []
         for tag, raw, attempts in popped:
             try:
@@ -191,6 +191,33 @@ class Batcher(threading.Thread):
                 log.info(
                     "%s: dropping request %s, its deadline passed in the queue", self.name, msg.id
                 )
+                done.append(tag)
+                continue
+            if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
+                if msg.delay_on_timeout:
+                    # Triton's DELAY: behind every request still in time, not dropped.
+                    msg.delayed = True
+                    broker.requeue(
+                        pipe,
+                        self.drain.queue,
+                        msg.to_dict(),
+                        tag=tag,
+                        priority=broker.ONLINE_STEPS - 1,
+                        reply_to=msg.reply_to,
+                        head=False,
+                    )
+                else:
+                    self._reply(
+                        pipe,
+                        msg,
+                        Reply(
+                            msg.id,
+                            error=Unavailable(
+                                f"Request timeout expired: the request waited longer than the queue "
+                                f"policy of model '{self.model}' allows"
+                            ),
+                        ),
+                    )
                 done.append(tag)
                 continue
             if attempts > self.max_attempts:
@@ -221,20 +248,19 @@ class Batcher(threading.Thread):
             return
         pipe = self.client.pipeline(transaction=True)
         for item in reversed(items):
-            pipe.rpush(
-                broker.priority_key(self.drain.queue, item.msg.priority),
-                broker.envelope(
-                    item.msg.to_dict(),
-                    task_id=item.tag,
-                    queue=self.drain.queue,
-                    priority=item.msg.priority,
-                    reply_to=item.msg.reply_to,
-                ),
+            broker.requeue(
+                pipe,
+                self.drain.queue,
+                item.msg.to_dict(),
+                tag=item.tag,
+                priority=item.msg.priority,
+                reply_to=item.msg.reply_to,
+                head=True,
             )
-        pipe.lpush(broker.wake_key(self.drain.queue), "1")
         broker.ack(pipe, [i.tag for i in items])
         pipe.execute()
         self.inflight.discard([i.tag for i in items])
+        log.info("%s: handed back %d request(s) it held", self.name, len(items))
 
     # -- running a batch --------------------------------------------------------------
     def execute(self, batch: list[Item]) -> None:

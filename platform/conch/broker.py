@@ -23,7 +23,6 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import msgpack
 import redis
@@ -33,7 +32,9 @@ from .wire import BadMessage
 TASK_NAME = "conch.infer"
 QUEUE_PREFIX = "conch.model."
 PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
-PRIORITY_STEPS = (0, 3, 6, 9)  # kombu's default steps; 0 is the highest on Redis
+# One sub-list per step, 0 the highest (kombu's order on Redis). Online requests take
+# steps 0-7 by their Triton priority level; async jobs and offline chunks sit below.
+PRIORITY_STEPS = tuple(range(10))
 UNACKED = "unacked"  # kombu's default keys, so its restore_visible sees our messages
 UNACKED_INDEX = "unacked_index"
 ATTEMPTS = "conch.attempts"
@@ -43,9 +44,8 @@ WAKE_CAP = 8
 REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
 POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
-# Online requests, async jobs and offline chunks map onto kombu's priority steps.
-PRIORITY_ONLINE = 0
-PRIORITY_ASYNC = 3
+ONLINE_STEPS = 8
+PRIORITY_ASYNC = 8
 PRIORITY_BULK = 9
 
 _ORIGIN = f"conch-gateway@{socket.gethostname()}:{os.getpid()}"
@@ -62,8 +62,13 @@ def priority_keys(queue: str) -> list[str]:
 
 
 def priority_key(queue: str, priority: int) -> str:
-    step = max(p for p in PRIORITY_STEPS if p <= max(0, priority))
+    step = min(max(0, priority), PRIORITY_STEPS[-1])
     return queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}"
+
+
+def online_step(level: int) -> int:
+    """Triton's priority level (1 = highest) as an online sub-list."""
+    return min(max(level, 1), ONLINE_STEPS) - 1
 
 
 def wake_key(queue: str) -> str:
@@ -112,23 +117,45 @@ def envelope(
     )
 
 
-def publish(
-    client: redis.Redis,
-    model: str,
-    payload: dict,
-    *,
-    task_id: str,
-    priority: int,
-    reply_to: str | None,
-) -> None:
-    """Put one request on its model's queue and wake one idle worker."""
-    queue = queue_name(model)
-    raw = envelope(payload, task_id=task_id, queue=queue, priority=priority, reply_to=reply_to)
-    pipe = client.pipeline(transaction=False)
-    pipe.lpush(priority_key(queue, priority), raw)
-    pipe.lpush(wake_key(queue), "1")
-    pipe.ltrim(wake_key(queue), 0, WAKE_CAP - 1)
-    pipe.execute()
+# KEYS: the target sub-list, the wake list. ARGV: message, max length (0 = none), wake cap.
+_PUBLISH_LUA = """
+local limit = tonumber(ARGV[2])
+if limit > 0 and redis.call('LLEN', KEYS[1]) >= limit then
+  return 0
+end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], '1')
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+return 1
+"""
+
+
+class Publisher:
+    """The gateway's side of the model queues."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._publish = client.register_script(_PUBLISH_LUA)
+
+    def publish(
+        self,
+        model: str,
+        payload: dict,
+        *,
+        task_id: str,
+        priority: int,
+        reply_to: str | None,
+        max_queue_size: int = 0,
+    ) -> bool:
+        """Queue one request and wake an idle worker; False when the queue is full.
+
+        The length check and the push are one script, so concurrent gateways cannot
+        overfill a bounded queue.
+        """
+        queue = queue_name(model)
+        raw = envelope(payload, task_id=task_id, queue=queue, priority=priority, reply_to=reply_to)
+        keys = [priority_key(queue, priority), wake_key(queue)]
+        return bool(self._publish(keys=keys, args=[raw, max_queue_size, WAKE_CAP]))
 
 
 def queue_depth(client: redis.Redis, model: str) -> int:
@@ -136,16 +163,6 @@ def queue_depth(client: redis.Redis, model: str) -> int:
     for key in priority_keys(queue_name(model)):
         pipe.llen(key)
     return sum(pipe.execute())
-
-
-@dataclass
-class Delivery:
-    """One popped message: its kombu delivery tag, decoded payload and attempt count."""
-
-    tag: str
-    payload: dict
-    attempts: int
-    redelivered: bool
 
 
 def decode(raw: bytes | str) -> tuple[str, dict, bool]:
@@ -248,6 +265,24 @@ class Drain:
             return []
         flat = self._pop(keys=self.keys, args=[count, time.time(), self.queue, WAKE_CAP])
         return [(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+
+
+def requeue(
+    pipe: redis.client.Pipeline,
+    queue: str,
+    payload: dict,
+    *,
+    tag: str,
+    priority: int,
+    reply_to: str | None,
+    head: bool,
+) -> None:
+    """Put a popped request back: at the head (next to run) or the tail of a sub-list."""
+    raw = envelope(payload, task_id=tag, queue=queue, priority=priority, reply_to=reply_to)
+    key = priority_key(queue, priority)
+    pipe.rpush(key, raw) if head else pipe.lpush(key, raw)
+    pipe.lpush(wake_key(queue), "1")
+    pipe.ltrim(wake_key(queue), 0, WAKE_CAP - 1)
 
 
 def ack(pipe: redis.client.Pipeline, tags: Iterable[str]) -> None:

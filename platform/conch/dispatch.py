@@ -37,26 +37,32 @@ class Dispatcher:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
+        self.publisher = broker.Publisher(client)
         self._lock = threading.Lock()
         self._pending: dict[str, _Slot] = {}
         self._pid: int | None = None
         self.reply_key = ""
 
-    def call(self, msg: InferMessage) -> Reply:
+    def call(self, msg: InferMessage, *, max_queue_size: int = 0) -> Reply:
         """Enqueue ``msg`` and block until its reply or its deadline."""
         self._ensure_listener()
         slot = _Slot()
         self._pending[msg.id] = slot
         msg.reply_to = self.reply_key
         try:
-            broker.publish(
-                self.client,
+            queued = self.publisher.publish(
                 msg.model,
                 msg.to_dict(),
                 task_id=msg.id,
                 priority=msg.priority,
                 reply_to=self.reply_key,
+                max_queue_size=max_queue_size,
             )
+            if not queued:
+                raise Unavailable(
+                    f"Exceeds maximum queue size: model '{msg.model}' already has "
+                    f"{max_queue_size} requests waiting at this priority"
+                )
             if not slot.event.wait(max(0.0, msg.deadline - time.time())):
                 raise Unavailable(
                     f"Request timeout expired for model '{msg.model}': no reply within "

@@ -37,8 +37,11 @@ class InferMessage:
     reply_to: str | None
     enqueued: float  # epoch seconds, stamped by the gateway
     deadline: float  # epoch seconds; 0 = none
-    priority: int = 0
+    priority: int = 0  # the queue's priority sub-list
     params: dict[str, Any] = field(default_factory=dict)
+    queue_deadline: float = 0.0  # epoch seconds; past it the queue policy applies
+    delay_on_timeout: bool = False  # Triton's DELAY: run it later instead of rejecting
+    delayed: bool = False  # already moved behind the requests still in time
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,9 @@ class InferMessage:
             "deadline": self.deadline,
             "priority": self.priority,
             "params": self.params,
+            "qd": self.queue_deadline,
+            "dot": self.delay_on_timeout,
+            "delayed": self.delayed,
         }
 
     @classmethod
@@ -76,6 +82,9 @@ class InferMessage:
                 deadline=_float(m.get("deadline", 0.0)),
                 priority=_int(m.get("priority", 0)),
                 params=params,
+                queue_deadline=_float(m.get("qd", 0.0)),
+                delay_on_timeout=bool(m.get("dot", False)),
+                delayed=bool(m.get("delayed", False)),
             )
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from celery import Celery, bootsteps
 
-from . import registry
+from . import broker, registry
 from .backends import Backend, backend_class
 from .batcher import Batcher, BatchPolicy, InFlight
 from .errors import ConchError
@@ -148,8 +148,6 @@ class ModelHost:
         )
 
     def _beat(self) -> None:
-        from . import broker
-
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 broker.touch(self.client, self.inflight.snapshot())
@@ -212,6 +210,8 @@ def make_celery(settings: Settings) -> Celery:
             # kombu sweeps unacked messages every interval * throttle seconds.
             "unacked_restore_interval": max(1, int(vt / 3)),
             "unacked_restore_throttle": 1,
+            # conch's priority sub-lists, so kombu restores each message to its own.
+            "priority_steps": list(broker.PRIORITY_STEPS),
         },
     )
     app.conch_settings = settings

@@ -16,7 +16,7 @@ import redis
 from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
-from .. import __version__, codec, validation
+from .. import __version__, codec, scheduling, validation
 from ..broker import new_id
 from ..dispatch import Dispatcher
 from ..errors import ConchError, InvalidArgument, Unavailable
@@ -150,12 +150,7 @@ def infer(model: str, version: int | None = None) -> Response:
         raise Unavailable(f"model '{model}' is unavailable: {reason}")
     now = time.time()
     timeout_us = req.parameters.get("timeout")
-    if timeout_us is not None and (
-        not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
-    ):
-        raise InvalidArgument(
-            "request parameter 'timeout' must be a non-negative integer of microseconds"
-        )
+    admission = scheduling.admit(config, req.parameters.get("priority"), timeout_us)
     timeout_s = timeout_us / 1e6 if timeout_us else settings.request_timeout_s
     all_outputs = [o.name for o in config.output]
     wanted = all_outputs if req.outputs is None else [o.name for o in req.outputs]
@@ -169,10 +164,12 @@ def infer(model: str, version: int | None = None) -> Response:
         reply_to=None,
         enqueued=now,
         deadline=now + timeout_s,
-        priority=0,
+        priority=admission.step,
         params=custom,
+        queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
+        delay_on_timeout=admission.delay_on_timeout,
     )
-    reply = _dispatcher().call(msg)
+    reply = _dispatcher().call(msg, max_queue_size=admission.max_queue_size)
     if reply.error is not None:
         raise reply.error
     wire_types = _catalog().output_types(entry)
