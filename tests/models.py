@@ -105,6 +105,8 @@ def build_repository(root: Path) -> Path:
     with_config(root / "step", root / "step_bounded", "default_queue_policy { max_queue_size: 2 }")
     add_model(root / "add_preferred", max_batch_size=16, delay_us=1_000_000, extra="")
     with_config(root / "add_preferred", root / "add_pref4", "preferred_batch_size: [ 4 ]")
+    loop_model(root / "loop_ordered")
+    loop_model(root / "loop_unordered", preserve_ordering=False)
     gpu = root / "gpu_mlp"
     shutil.copytree(ROOT / "functions" / "mlp", gpu)
     cfg = (gpu / "config.pbtxt").read_text().replace('name: "mlp"', 'name: "gpu_mlp"')
@@ -167,4 +169,56 @@ def with_config(src: Path, dst: Path, extra: str) -> None:
     cfg = dst / "config.pbtxt"
     cfg.write_text(
         cfg.read_text().replace("dynamic_batching {", f"dynamic_batching {{\n{extra}\n", 1)
+    )
+
+
+def loop_model(path: Path, *, instances: int = 2, preserve_ordering: bool = True) -> None:
+    """Y = X, after X[0][0] rounds of a 512² matmul: the input sets how long it runs."""
+    eye = np.eye(512, dtype=np.float32)
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["v_in", "EYE"], ["v_out"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [512, 512]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [512, 512]),
+        ],
+    )
+    nodes = [
+        helper.make_node("ReduceMax", ["X"], ["XMAX"], keepdims=0),
+        helper.make_node("Cast", ["XMAX"], ["N"], to=TensorProto.INT64),
+        helper.make_node("Loop", ["N", "TRUE", "EYE"], ["V"], body=body),
+        # The identity's max is 1: Y = X + (1 - 1), and the loop cannot be pruned away.
+        helper.make_node("ReduceMax", ["V"], ["VMAX"], keepdims=0),
+        helper.make_node("Sub", ["VMAX", "ONE"], ["Z"]),
+        helper.make_node("Add", ["X", "Z"], ["Y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "loop",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1])],
+        initializer=[
+            helper.make_tensor("EYE", TensorProto.FLOAT, [512, 512], eye.ravel()),
+            helper.make_tensor("TRUE", TensorProto.BOOL, [], [True]),
+            helper.make_tensor("ONE", TensorProto.FLOAT, [], [1.0]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _save(model, path / "1" / "model.onnx")
+    ordering = "preserve_ordering: true" if preserve_ordering else ""
+    (path / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 1\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        f"dynamic_batching {{ {ordering} }}\n"
+        f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
     )

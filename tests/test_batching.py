@@ -27,6 +27,8 @@ MODELS = (
     "step_reject",
     "step_delay",
     "step_bounded",
+    "loop_ordered",
+    "loop_unordered",
 )
 
 
@@ -219,3 +221,39 @@ def test_full_queue_is_refused_with_503(stack: str) -> None:
     assert refused and all(r.status() == "503" and "maximum queue size" in str(r) for r in refused)
     served = [r for r in results if not isinstance(r, InferenceServerException)]
     assert served  # the ones that fit are served
+
+
+def _completion_order(url: str, model: str) -> list[float]:
+    """A long request, then short ones, over two instances: the order replies come back."""
+    done: list[float] = []
+    lock = threading.Lock()
+
+    def one(rounds: float) -> None:
+        x = np.full((1, 1), rounds, np.float32)
+        i = httpclient.InferInput("X", [1, 1], "FP32")
+        i.set_data_from_numpy(x)
+        got = (
+            httpclient.InferenceServerClient(url, network_timeout=60)
+            .infer(model, [i])
+            .as_numpy("Y")
+        )
+        np.testing.assert_array_equal(got, x)
+        with lock:
+            done.append(rounds)
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, 150.0)]  # about half a second on one instance
+        time.sleep(0.05)
+        for _ in range(6):
+            futures.append(pool.submit(one, 1.0))  # a few milliseconds each, on the other
+            time.sleep(0.01)
+        for f in futures:
+            f.result()
+    return done
+
+
+def test_preserve_ordering_holds_replies_back_until_earlier_ones_are_out(stack: str) -> None:
+    # Without preserve_ordering the short requests overtake the long one...
+    assert _completion_order(stack, "loop_unordered")[0] == 1.0
+    # ...with it, every reply leaves in the order the requests were taken.
+    assert _completion_order(stack, "loop_ordered")[0] == 150.0

@@ -74,6 +74,41 @@ class Item:
     msg: InferMessage
     rows: int
     attempts: int
+    ticket: int = -1  # pop order, when the model preserves ordering
+
+
+class Sequencer:
+    """Releases replies in the order their requests were popped (``preserve_ordering``).
+
+    Shared by one model's batchers in a worker: each pop takes consecutive tickets under
+    ``lock``, and a batch sends each reply only once every earlier ticket is finished.
+    Ordering holds within a worker, as Triton's holds within a server.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._issued = 0
+        self._next = 0
+        self._finished: set[int] = set()
+
+    def issue(self, n: int) -> int:
+        """First of ``n`` new tickets; call with ``lock`` held, around the pop."""
+        first, self._issued = self._issued, self._issued + n
+        return first
+
+    def wait_turn(self, ticket: int) -> None:
+        with self._cond:
+            while self._next != ticket:
+                self._cond.wait(0.5)
+
+    def finish(self, ticket: int) -> None:
+        with self._cond:
+            self._finished.add(ticket)
+            while self._next in self._finished:
+                self._finished.remove(self._next)
+                self._next += 1
+            self._cond.notify_all()
 
 
 @dataclass
@@ -110,6 +145,7 @@ class Batcher(threading.Thread):
         max_attempts: int = 3,
         idle_poll: float = 1.0,
         on_batch: Callable[[str, int, int], None] | None = None,
+        sequencer: Sequencer | None = None,
         name: str = "",
     ) -> None:
         super().__init__(name=name or f"batcher-{model}", daemon=True)
@@ -121,6 +157,7 @@ class Batcher(threading.Thread):
         self.max_attempts = max_attempts
         self.idle_poll = idle_poll
         self.on_batch = on_batch
+        self.sequencer = sequencer
         self.drain = broker.Drain(client, model)
         # Outputs go out as the config declares them, whatever width the backend used.
         self.output_types = (
@@ -169,78 +206,84 @@ class Batcher(threading.Thread):
         self.execute(batch)
 
     # -- taking messages --------------------------------------------------------------
+    def _pop(self, count: int) -> list[tuple[str, bytes, int, int]]:
+        if self.sequencer is None:
+            return [(tag, raw, attempts, -1) for tag, raw, attempts in self.drain.pop(count)]
+        with self.sequencer.lock:
+            popped = self.drain.pop(count)
+            first = self.sequencer.issue(len(popped))
+        return [(tag, raw, attempts, first + k) for k, (tag, raw, attempts) in enumerate(popped)]
+
     def _take(self, count: int) -> list[Item]:
-        popped = self.drain.pop(count)
+        popped = self._pop(count)
         if not popped:
             return []
-        self.inflight.add([tag for tag, _, _ in popped])
+        self.inflight.add([tag for tag, _, _, _ in popped])
         items: list[Item] = []
         now = time.time()
         pipe = self.client.pipeline(transaction=True)  # requeue and ack go together
-        done: list[str] = []
-        for tag, raw, attempts in popped:
-            try:
-                _, payload, _ = broker.decode(raw)
-                msg = InferMessage.from_dict(payload)
-            except BadMessage as exc:
-                log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
-                broker.dead_letter(pipe, tag, raw, str(exc))
-                done.append(tag)
-                continue
-            if msg.deadline and now > msg.deadline:
-                log.info(
-                    "%s: dropping request %s, its deadline passed in the queue", self.name, msg.id
-                )
-                done.append(tag)
-                continue
-            if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
-                if msg.delay_on_timeout:
-                    # Triton's DELAY: behind every request still in time, not dropped.
-                    msg.delayed = True
-                    broker.requeue(
-                        pipe,
-                        self.drain.queue,
-                        msg.to_dict(),
-                        tag=tag,
-                        priority=broker.ONLINE_STEPS - 1,
-                        reply_to=msg.reply_to,
-                        head=False,
-                    )
-                else:
-                    self._reply(
-                        pipe,
-                        msg,
-                        Reply(
-                            msg.id,
-                            error=Unavailable(
-                                f"Request timeout expired: the request waited longer than the queue "
-                                f"policy of model '{self.model}' allows"
-                            ),
-                        ),
-                    )
-                done.append(tag)
-                continue
-            if attempts > self.max_attempts:
-                reason = (
-                    f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
-                    f"attempts: each one ended with its worker dying"
-                )
-                log.error("%s: %s (id %s)", self.name, reason, msg.id)
-                broker.dead_letter(pipe, tag, raw, reason)
-                self._reply(pipe, msg, Reply(msg.id, error=Internal(reason)))
-                done.append(tag)
-                continue
-            rows = (
-                msg.inputs[0][2][0]
-                if msg.inputs and msg.inputs[0][2] and self.policy.max_batch_size > 1
-                else 1
-            )
-            items.append(Item(tag, msg, max(1, rows), attempts))
+        done: list[tuple[str, int]] = []
+        for tag, raw, attempts, ticket in popped:
+            item = self._admit(pipe, now, tag, raw, attempts)
+            if item is None:
+                done.append((tag, ticket))
+            else:
+                item.ticket = ticket
+                items.append(item)
         if done:
-            broker.ack(pipe, done)
+            broker.ack(pipe, [tag for tag, _ in done])
             pipe.execute()
-            self.inflight.discard(done)
+            self.inflight.discard([tag for tag, _ in done])
+            if self.sequencer is not None:
+                for _, ticket in done:
+                    self.sequencer.finish(ticket)
         return items
+
+    def _admit(
+        self, pipe: redis.client.Pipeline, now: float, tag: str, raw: bytes, attempts: int
+    ) -> Item | None:
+        """The popped message as a batch item, or None once it is dealt with here."""
+        try:
+            _, payload, _ = broker.decode(raw)
+            msg = InferMessage.from_dict(payload)
+        except BadMessage as exc:
+            log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
+            broker.dead_letter(pipe, tag, raw, str(exc))
+            return None
+        if msg.deadline and now > msg.deadline:
+            log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
+            return None
+        if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
+            if msg.delay_on_timeout:
+                # Triton's DELAY: behind every request still in time, not dropped.
+                msg.delayed = True
+                broker.requeue(
+                    pipe,
+                    self.drain.queue,
+                    msg.to_dict(),
+                    tag=tag,
+                    priority=broker.ONLINE_STEPS - 1,
+                    reply_to=msg.reply_to,
+                    head=False,
+                )
+            else:
+                error = Unavailable(
+                    f"Request timeout expired: the request waited longer than the queue policy "
+                    f"of model '{self.model}' allows"
+                )
+                self._reply(pipe, msg, Reply(msg.id, error=error))
+            return None
+        if attempts > self.max_attempts:
+            reason = (
+                f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
+                f"attempts: each one ended with its worker dying"
+            )
+            log.error("%s: %s (id %s)", self.name, reason, msg.id)
+            broker.dead_letter(pipe, tag, raw, reason)
+            self._reply(pipe, msg, Reply(msg.id, error=Internal(reason)))
+            return None
+        batched = self.policy.max_batch_size > 1 and msg.inputs and msg.inputs[0][2]
+        return Item(tag, msg, max(1, msg.inputs[0][2][0]) if batched else 1, attempts)
 
     def _hand_back(self, items: list[Item]) -> None:
         """Return held, unexecuted requests to the head of their queue (warm shutdown)."""
@@ -260,6 +303,9 @@ class Batcher(threading.Thread):
         broker.ack(pipe, [i.tag for i in items])
         pipe.execute()
         self.inflight.discard([i.tag for i in items])
+        if self.sequencer is not None:
+            for item in items:
+                self.sequencer.finish(item.ticket)
         log.info("%s: handed back %d request(s) it held", self.name, len(items))
 
     # -- running a batch --------------------------------------------------------------
@@ -279,15 +325,25 @@ class Batcher(threading.Thread):
                     replies[item.tag] = Reply(item.msg.id, error=err)
                 continue
             self._run(backend, items, replies, started)
+        if self.sequencer is None:
+            self._send(batch, replies)
+        else:
+            for item in sorted(batch, key=lambda i: i.ticket):
+                self.sequencer.wait_turn(item.ticket)
+                self._send([item], replies)
+                self.sequencer.finish(item.ticket)
+        if self.on_batch is not None:
+            self.on_batch(self.model, len(batch), sum(i.rows for i in batch))
+
+    def _send(self, items: list[Item], replies: dict[str, Reply]) -> None:
+        """Reply, then ack: a crash in between re-runs the request, never loses it."""
         pipe = self.client.pipeline(transaction=False)
-        for item in batch:
+        for item in items:
             self._reply(pipe, item.msg, replies[item.tag])
-        tags = [i.tag for i in batch]
+        tags = [i.tag for i in items]
         broker.ack(pipe, tags)
         pipe.execute()
         self.inflight.discard(tags)
-        if self.on_batch is not None:
-            self.on_batch(self.model, len(batch), sum(i.rows for i in batch))
 
     def _run(
         self, backend: Backend, items: list[Item], replies: dict[str, Reply], started: float

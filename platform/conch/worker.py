@@ -21,7 +21,7 @@ from celery import Celery, bootsteps
 
 from . import broker, registry
 from .backends import Backend, backend_class
-from .batcher import Batcher, BatchPolicy, InFlight
+from .batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from .errors import ConchError
 from .repository import ModelRepository
 from .settings import Settings
@@ -104,6 +104,9 @@ class ModelHost:
             loaded.versions.clear()
             raise
         policy = BatchPolicy.from_config(entry.config)
+        cfg = entry.config
+        ordered = cfg.HasField("dynamic_batching") and cfg.dynamic_batching.preserve_ordering
+        sequencer = Sequencer() if ordered else None
         for k, spec in enumerate(specs):
             batcher = Batcher(
                 client=self.client,
@@ -114,6 +117,7 @@ class ModelHost:
                 max_attempts=self.settings.max_attempts,
                 name=f"batcher-{spec.name}",
                 on_batch=self._count,
+                sequencer=sequencer,
             )
             self.batchers.append(batcher)
             batcher.start()

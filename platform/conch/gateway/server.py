@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
@@ -32,7 +33,7 @@ def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
         {
             "bind": bind,
             "workers": workers,
-            "worker_class": "gthread",
+            "worker_class": os.environ.get("CONCH_HTTP_WORKER_CLASS", "gthread"),
             "threads": threads,
             "keepalive": 75,  # perf_analyzer and tritonclient hold connections open
             "timeout": 120,
