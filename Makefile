@@ -7,7 +7,7 @@ STAMP := $(VENV)/.conch-installed
 HTTP_PORT ?= 8000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format bench install redis-server perf-analyzer clean
+.PHONY: serve test lint format bench install redis-server perf-analyzer mlserver clean
 
 install: $(STAMP)
 
@@ -36,6 +36,26 @@ serve: $(STAMP)
 test: $(STAMP) redis-server
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# MLServer, the peer `make bench` compares against, in its own venv with the onnxruntime
+# version conch's venv has. uvloop 0.23 kills MLServer 1.7.1's worker, hence the pin.
+MLSERVER_VENV := .cache/bench/mlserver-venv
+MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-mlserver-1.7.1
+
+$(MLSERVER_STAMP): | $(STAMP)
+	@echo "installing MLServer 1.7.1 into $(MLSERVER_VENV)" >&2
+	@test -x $(MLSERVER_VENV)/bin/python || $(PYTHON) -m venv $(MLSERVER_VENV)
+	@ort=$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)') && \
+	  $(MLSERVER_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	    mlserver==1.7.1 uvloop==0.21.0 numpy "onnxruntime==$$ort"
+	@touch $@
+
+mlserver: $(MLSERVER_STAMP)
+
+# conch vs in-process onnxruntime vs MLServer, driven by perf_analyzer (bench/README.md).
+# BENCH_ARGS passes flags to bench/run.py, e.g. BENCH_ARGS="--quick --skip-mlserver".
+bench: $(STAMP) redis-server perf-analyzer $(if $(findstring --skip-mlserver,$(BENCH_ARGS)),,$(MLSERVER_STAMP))
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

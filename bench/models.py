@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import shutil
 import sys
@@ -83,7 +84,7 @@ def large_weights(seed: int = LARGE_SEED) -> dict[str, np.ndarray]:
     """W1..W3 (fan_in, fan_out) with He scaling and small biases b1..b3, float32."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    for i, (fan_in, fan_out) in enumerate(zip(LARGE_WIDTHS, LARGE_WIDTHS[1:]), start=1):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(LARGE_WIDTHS), start=1):
         out[f"W{i}"] = (rng.standard_normal((fan_in, fan_out), dtype=np.float32)) * np.float32(
             np.sqrt(2.0 / fan_in)
         )
@@ -112,9 +113,7 @@ def build_large(seed: int = LARGE_SEED):
         nodes,
         LARGE_NAME,
         inputs=[
-            helper.make_tensor_value_info(
-                "INPUT0", TensorProto.FLOAT, [BATCH_DIM, LARGE_WIDTHS[0]]
-            )
+            helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [BATCH_DIM, LARGE_WIDTHS[0]])
         ],
         outputs=[
             helper.make_tensor_value_info(

@@ -338,8 +338,13 @@ class Batcher(threading.Thread):
     def _send(self, items: list[Item], replies: dict[str, Reply]) -> None:
         """Reply, then ack: a crash in between re-runs the request, never loses it."""
         pipe = self.client.pipeline(transaction=False)
+        by_list: dict[str, list[bytes]] = {}
         for item in items:
-            self._reply(pipe, item.msg, replies[item.tag])
+            if item.msg.reply_to:
+                by_list.setdefault(item.msg.reply_to, []).append(replies[item.tag].pack())
+        for key, packed in by_list.items():  # one push per gateway process, not per request
+            pipe.rpush(key, *packed)
+            pipe.expire(key, REPLY_TTL_S)
         tags = [i.tag for i in items]
         broker.ack(pipe, tags)
         pipe.execute()

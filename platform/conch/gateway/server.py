@@ -33,7 +33,10 @@ def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
         {
             "bind": bind,
             "workers": workers,
-            "worker_class": os.environ.get("CONCH_HTTP_WORKER_CLASS", "gthread"),
+            "worker_class": os.environ.get(
+                "CONCH_HTTP_WORKER_CLASS", "conch.gateway.gevent_worker.GatewayWorker"
+            ),
+            "worker_connections": max(threads, 1000),
             "threads": threads,
             "keepalive": 75,  # perf_analyzer and tritonclient hold connections open
             "timeout": 120,

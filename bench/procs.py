@@ -1,0 +1,228 @@
+"""Child processes the benchmark starts, and the guarantee that they all go away.
+
+Every child runs in its own session (so a terminal's Ctrl-C reaches only the benchmark,
+which then stops them in order) with its output in a log file, and asks the kernel to
+send it SIGTERM if the benchmark itself dies (``PR_SET_PDEATHSIG``), so not even a
+SIGKILLed benchmark leaves servers behind. ``Group.close`` stops the children it started,
+newest first, by process group: SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+_GUARD = """
+import os, signal, sys
+pid, parent = int(sys.argv[1]), int(sys.argv[2])
+def stop(*_):
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+if os.getppid() != parent:  # the benchmark died before the death signal was armed
+    stop()
+while True:
+    signal.pause()
+"""
+
+
+class Child:
+    def __init__(self, name: str, proc: subprocess.Popen, log_path: Path, log_file) -> None:
+        self.name = name
+        self.proc = proc
+        self.log_path = log_path
+        self._log_file = log_file
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        # Whatever is left of the group (forked helpers of a child that already exited).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            self._log_file.close()
+        return self.proc.returncode
+
+
+class Group:
+    """The children of one phase; a context manager that stops them all on exit."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.children: list[Child] = []
+
+    def start(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> Child:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        log_file = open(log_path, "ab")  # noqa: SIM115  (closed in Child.stop)
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        child = Child(name, proc, log_path, log_file)
+        self.children.append(child)
+        return child
+
+    def guard(self, name: str, pid: int) -> Child:
+        """Make sure process ``pid`` (started by someone else) dies with this group.
+
+        Starts a small watchdog child that sends ``pid`` SIGTERM when the watchdog is
+        stopped, which happens when the group closes or, through ``PR_SET_PDEATHSIG``,
+        when the benchmark dies without closing it.
+        """
+        return self.start(
+            f"{name}-guard",
+            [sys.executable, "-c", _GUARD, str(pid), str(os.getpid())],
+        )
+
+    def check_alive(self) -> None:
+        for c in self.children:
+            if not c.alive():
+                raise RuntimeError(
+                    f"{c.name} exited with status {c.proc.returncode}; "
+                    f"last lines of {c.log_path}:\n{c.log_tail()}"
+                )
+
+    def close(self) -> None:
+        while self.children:
+            self.children.pop().stop()
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_fields(pid: str | int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (field 3 is index 0)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def cpu_seconds(pids: Sequence[int] = (), sessions: Sequence[int] = ()) -> dict[int, float]:
+    """User+system CPU seconds so far of each pid, and of all live processes of each session.
+
+    Keys are the pids and session ids given. CPU of processes that already exited is not
+    counted (the servers' processes live for the whole measurement).
+    """
+    out: dict[int, float] = dict.fromkeys([*pids, *sessions], 0.0)
+    wanted_sessions = set(sessions)
+    wanted_pids = set(pids)
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return out
+    for entry in entries:
+        fields = _stat_fields(entry)
+        if fields is None or len(fields) < 13:
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
+        session = int(fields[3])
+        if session in wanted_sessions:
+            out[session] += seconds
+        if int(entry) in wanted_pids:
+            out[int(entry)] += seconds
+    return out
+
+
+def run_bounded(cmd: Sequence[str], *, timeout_s: float, log_path: Path) -> tuple[int | None, str]:
+    """Run a command to completion in its own session, output to ``log_path``.
+
+    Returns (exit status or None on timeout, output). On timeout or interruption the
+    whole process group is killed before this returns or re-raises.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        code: int | None
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return code, log_path.read_text(errors="replace")
+
+
+def wait_until(predicate, timeout_s: float, group: Group | None = None, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if group is not None:
+            group.check_alive()
+        if predicate():
+            return
+        time.sleep(0.2)
+    tails = ""
+    if group is not None:
+        tails = "".join(f"\n--- {c.name} ({c.log_path}):\n{c.log_tail(15)}" for c in group.children)
+    raise TimeoutError(f"{what or 'condition'} not reached within {timeout_s:.0f} s{tails}")

@@ -1,0 +1,848 @@
+#!/usr/bin/env python3
+"""conch's benchmark: perf_analyzer against conch, MLServer and an in-process baseline.
+
+    make bench                                   # everything, a few minutes
+    make bench BENCH_ARGS="--quick --skip-mlserver"
+    .venv/bin/python bench/run.py --models mlp --concurrency 16 --window-ms 2000
+
+One run does, for each model (``mlp``: overhead-bound; ``mlp_large``: compute-bound):
+
+1. conch: a private redis-server, one ``conch worker`` and one ``conch gateway`` on
+   127.0.0.1, driven by ``perf_analyzer -i http`` (binary tensors) at each concurrency in
+   fixed time windows. The mean batch the worker formed during each measurement is read
+   from the worker's counters in Redis (``rows / executions`` over the measurement).
+2. MLServer (its own venv), ``parallel_workers`` 0, with adaptive batching off and on,
+   serving the same .onnx files with onnxruntime through ``bench/mlserver_runtime.py``,
+   driven the same way but with JSON tensors (MLServer has no binary tensor extension).
+3. In process: an onnxruntime session on the same file with the session options conch
+   uses (1 intra-op thread, 1 inter-op thread, all graph optimizations), timed at batch 1
+   and at every mean batch size conch formed. Measured with no server running.
+
+It prints one table (stdout) with the ratios, then the floors of issue 3 point 8 with PASS
+or FAIL. Progress goes to stderr; logs, perf_analyzer CSVs and ``results.json`` go to
+``.cache/bench/runs/<time>/``. Every process it starts is stopped when it ends, also on
+error, Ctrl-C or SIGTERM.
+
+Exit status: 0 when the table was printed (1 with ``--strict`` if a floor failed), 2 when
+the benchmark could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+import procs  # noqa: E402
+
+import models  # noqa: E402
+
+CACHE = ROOT / ".cache" / "bench"
+MLSERVER_VENV = CACHE / "mlserver-venv"
+MLSERVER_BIN = MLSERVER_VENV / "bin" / "mlserver"
+
+ALL_MODELS = (models.SMALL_NAME, models.LARGE_NAME)
+ALL_CONCURRENCY = (1, 16, 64)
+MLSERVER_VARIANTS = ("nobatch", "batch")
+
+# conch's onnxruntime session options (conch/backends/onnxruntime.py): the config sets no
+# intra_op_thread_count / inter_op_thread_count, so both are 1; optimization level default.
+ORT_INTRA_OP_THREADS = 1
+ORT_INTER_OP_THREADS = 1
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Point:
+    server: str  # "conch" or "mlserver-<variant>"
+    model: str
+    concurrency: int
+    infer_per_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    mean_batch: float | None = None  # conch only: rows / executions during the run
+    executions: int | None = None
+    # conch only: CPU milliseconds per request, by process (gateway, worker, redis,
+    # perf_analyzer), over the whole perf_analyzer invocation.
+    cpu_ms_per_request: dict[str, float] | None = None
+    wall_s: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Results:
+    points: list[Point] = field(default_factory=list)
+    # model -> batch size -> rows/s in process
+    inprocess: dict[str, dict[int, float]] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, server: str, model: str, concurrency: int) -> Point | None:
+        for p in self.points:
+            if (p.server, p.model, p.concurrency) == (server, model, concurrency):
+                return p
+        return None
+
+    def mlserver_best(self, model: str, concurrency: int) -> Point | None:
+        candidates = [
+            p
+            for p in self.points
+            if p.server.startswith("mlserver-")
+            and p.model == model
+            and p.concurrency == concurrency
+            and p.infer_per_s
+        ]
+        return max(candidates, key=lambda p: p.infer_per_s or 0.0, default=None)
+
+
+# --------------------------------------------------------------------------- perf_analyzer
+
+
+def perf_analyzer_path() -> str:
+    out = subprocess.run(
+        [str(BENCH / "perf-analyzer-setup")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    path = out.stdout.strip().splitlines()[-1]
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"bench/perf-analyzer-setup printed {path!r}, which is not executable")
+    return path
+
+
+@dataclass
+class PaOptions:
+    binary: str
+    window_ms: int
+    stability_pct: int
+    max_trials: int
+    input_files: dict[str, Path] = field(default_factory=dict)  # model -> --input-data
+
+
+# Distinct request payloads perf_analyzer cycles through.
+INPUT_SAMPLES = 8
+
+
+def write_input_data(repo: Path, model: str, dest: Path) -> Path:
+    """perf_analyzer ``--input-data`` JSON: standard-normal FP32 rows from a fixed seed.
+
+    perf_analyzer's own random data is random bit patterns, which include NaN and inf;
+    in JSON tensors (MLServer) those are not valid JSON, so both servers get these.
+    """
+    config = _triton_config(repo / model)
+    rng = np.random.default_rng(20240801)
+    samples = []
+    for _ in range(INPUT_SAMPLES):
+        sample = {}
+        for entry in config.get("input", []):
+            if entry.get("data_type") != "TYPE_FP32":
+                raise RuntimeError(f"model '{model}': the benchmark only generates FP32 inputs")
+            dims = [int(d) for d in entry.get("dims", [])]
+            values = rng.standard_normal(int(np.prod(dims)), dtype=np.float32)
+            sample[entry["name"]] = {"content": [float(v) for v in values], "shape": dims}
+        samples.append(sample)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps({"data": samples}))
+    return dest
+
+
+# perf_analyzer gives up when the last three windows differ by more than the stability
+# percentage. On a 2-core machine shared by the load generator and the servers that
+# happens; the point is then measured again accepting any three windows.
+FALLBACK_STABILITY_PCT = 1000
+
+
+def run_perf_analyzer(
+    pa: PaOptions, url: str, model: str, concurrency: int, out_dir: Path, tag: str, *, json: bool
+) -> Point:
+    point = Point(tag, model, concurrency)
+    for attempt, stability in enumerate((pa.stability_pct, FALLBACK_STABILITY_PCT)):
+        csv_path = out_dir / f"pa-{tag}-{model}-c{concurrency}{'-retry' if attempt else ''}.csv"
+        cmd = [
+            pa.binary,
+            "-m",
+            model,
+            "-u",
+            url,
+            "-i",
+            "http",
+            "--concurrency-range",
+            str(concurrency),
+            "--measurement-mode",
+            "time_windows",
+            "--measurement-interval",
+            str(pa.window_ms),
+            "--stability-percentage",
+            str(stability),
+            "--max-trials",
+            str(pa.max_trials),
+            "-f",
+            str(csv_path),
+        ]
+        if model in pa.input_files:
+            cmd += ["--input-data", str(pa.input_files[model])]
+        if json:
+            cmd += ["--input-tensor-format=json", "--output-tensor-format=json"]
+        # Windows until stable (at most max_trials), plus start-up and draining slack.
+        timeout = pa.window_ms / 1000 * (pa.max_trials + 2) + 60
+        code, output = procs.run_bounded(
+            cmd, timeout_s=timeout, log_path=csv_path.with_suffix(".log")
+        )
+        if code is None:
+            point.error = f"perf_analyzer timed out after {timeout:.0f} s"
+            return point
+        rows: list[dict[str, str]] = []
+        if csv_path.exists():
+            with csv_path.open(newline="") as f:
+                rows = list(csv.DictReader(f))
+        if code == 0 and rows:
+            row = rows[-1]
+            point.infer_per_s = float(row["Inferences/Second"])
+            point.p50_ms = float(row["p50 latency"]) / 1000
+            point.p99_ms = float(row["p99 latency"]) / 1000
+            if attempt:
+                point.error = (
+                    f"not stable within {pa.stability_pct}% in {pa.max_trials} windows; "
+                    "measured again accepting any 3 windows"
+                )
+            return point
+        last = " | ".join(output.strip().splitlines()[-2:])
+        point.error = f"perf_analyzer exited {code}: {last}"
+        if "stable" not in output:
+            return point  # a real failure, not noise: retrying will not help
+        say(f"  (not stable within {stability}%; measuring again)")
+    return point
+
+
+# --------------------------------------------------------------------------- conch
+
+
+def _conch(*args: str) -> list[str]:
+    return [sys.executable, "-m", "conch", *args]
+
+
+def _worker_counts(client: Any, model: str) -> tuple[tuple[int, int, int], float]:
+    """((executions, rows, requests), oldest report time) summed over the live workers."""
+    from conch import registry
+
+    reports = registry.snapshot(client)
+    executions = rows = requests = 0
+    oldest = min((r.get("at", 0.0) for r in reports), default=0.0)
+    for r in reports:
+        st = r.get("stats", {}).get(model) or {}
+        executions += int(st.get("executions", 0))
+        rows += int(st.get("rows", 0))
+        requests += int(st.get("requests", 0))
+    return (executions, rows, requests), oldest
+
+
+def _fresh_counts(
+    client: Any, model: str, since: float, timeout_s: float = 6.0
+) -> tuple[int, int, int]:
+    """(executions, rows, requests) from reports every worker published after ``since``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts, oldest = _worker_counts(client, model)
+        if oldest >= since or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.1)
+
+
+def _cpu_snapshot(gateway: int, worker: int, redis_pid: int) -> dict[str, float]:
+    import resource
+
+    by_id = procs.cpu_seconds(pids=[redis_pid], sessions=[gateway, worker])
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # perf_analyzer, once reaped
+    return {
+        "gateway": by_id[gateway],
+        "worker": by_id[worker],
+        "redis": by_id[redis_pid],
+        "perf_analyzer": usage.ru_utime + usage.ru_stime,
+    }
+
+
+def bench_conch(
+    args: argparse.Namespace, repo: Path, pa: PaOptions, run_dir: Path, results: Results
+) -> None:
+    import redis
+    import tritonclient.http as httpclient
+
+    from conch import redis_server
+
+    say("conch: starting a private redis-server")
+    private = redis_server.start_private()
+    try:
+        with procs.Group(run_dir / "logs") as group:
+            group.guard("redis-server", private.process.pid)
+            common = ["--model-repository", str(repo), "--redis-url", private.url]
+            port = redis_server.free_port()
+            worker = group.start("conch-worker", _conch("worker", *common))
+            gw_args = ["--http-address", "127.0.0.1", "--http-port", str(port)]
+            if args.http_workers:
+                gw_args += ["--http-workers", str(args.http_workers)]
+            if args.http_thread_count:
+                gw_args += ["--http-thread-count", str(args.http_thread_count)]
+            gateway = group.start("conch-gateway", _conch("gateway", *common, *gw_args))
+            url = f"127.0.0.1:{port}"
+            client = httpclient.InferenceServerClient(url)
+
+            def ready() -> bool:
+                try:
+                    return all(client.is_model_ready(m) for m in args.models)
+                except Exception:
+                    return False
+
+            say(f"conch: waiting for {', '.join(args.models)} on {url}")
+            procs.wait_until(ready, 180, group, "conch readiness")
+            r = redis.Redis.from_url(private.url)
+            for model in args.models:
+                for c in args.concurrency:
+                    group.check_alive()
+                    say(f"conch: {model} at concurrency {c}")
+                    before = _fresh_counts(r, model, time.time())
+                    # Each child leads its own session: the gateway's session holds its
+                    # gunicorn workers too.
+                    cpu0 = _cpu_snapshot(gateway.pid, worker.pid, private.process.pid)
+                    t0 = time.monotonic()
+                    point = run_perf_analyzer(pa, url, model, c, run_dir, "conch", json=False)
+                    point.wall_s = time.monotonic() - t0
+                    cpu1 = _cpu_snapshot(gateway.pid, worker.pid, private.process.pid)
+                    after = _fresh_counts(r, model, time.time())
+                    executions = after[0] - before[0]
+                    requests = after[2] - before[2]
+                    if executions > 0:
+                        point.executions = executions
+                        point.mean_batch = (after[1] - before[1]) / executions
+                    if requests > 0:
+                        point.cpu_ms_per_request = {
+                            k: 1000 * (cpu1[k] - cpu0[k]) / requests for k in cpu0
+                        }
+                    results.points.append(point)
+                    _report_point(point)
+            client.close()
+    finally:
+        private.stop()
+
+
+# --------------------------------------------------------------------------- MLServer
+
+
+def _triton_config(model_dir: Path) -> dict[str, Any]:
+    from conch.config import config_to_json, parse_config
+
+    text = (model_dir / "config.pbtxt").read_text()
+    return config_to_json(parse_config(text, model=model_dir.name, source="config.pbtxt"))
+
+
+def _metadata_tensors(entries: list[dict[str, Any]], batched: bool) -> list[dict[str, Any]]:
+    out = []
+    for e in entries:
+        dims = [int(d) for d in e.get("dims", [])]
+        out.append(
+            {
+                "name": e["name"],
+                "datatype": e["data_type"].removeprefix("TYPE_"),
+                "shape": ([-1] if batched else []) + dims,
+            }
+        )
+    return out
+
+
+def write_mlserver_repo(
+    variant: str, repo: Path, model_names: list[str], dest: Path, http_port: int
+) -> Path:
+    """An MLServer model repository for one variant, serving ``model_names`` from ``repo``."""
+    from conch.redis_server import free_port
+
+    dest.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "parallel_workers": 0,
+        "host": "127.0.0.1",
+        "http_port": http_port,
+        "grpc_port": free_port(),
+        "metrics_endpoint": None,  # no metrics server (one port less, less work per request)
+        "debug": False,  # no access log line per request
+        "load_models_at_startup": True,
+    }
+    (dest / "settings.json").write_text(json.dumps(settings, indent=2))
+    for name in model_names:
+        config = _triton_config(repo / name)
+        batched = int(config.get("max_batch_size", 0)) > 0
+        delay_us = int(
+            (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds", 0)
+        )
+        model_settings: dict[str, Any] = {
+            "name": name,
+            "implementation": "mlserver_runtime.OnnxRuntimeModel",
+            "platform": config.get("platform", ""),
+            "inputs": _metadata_tensors(config.get("input", []), batched),
+            "outputs": _metadata_tensors(config.get("output", []), batched),
+            "parameters": {
+                "extra": {
+                    "model_file": str(repo / name / "1" / "model.onnx"),
+                    "intra_op_threads": ORT_INTRA_OP_THREADS,
+                    "inter_op_threads": ORT_INTER_OP_THREADS,
+                    "triton_config": config,
+                }
+            },
+        }
+        if variant == "batch":
+            # Adaptive batching with the same bounds as conch's dynamic batching.
+            model_settings["max_batch_size"] = int(config.get("max_batch_size", 0))
+            model_settings["max_batch_time"] = delay_us / 1e6
+        else:
+            model_settings["max_batch_size"] = 0
+            model_settings["max_batch_time"] = 0
+        (dest / name).mkdir(exist_ok=True)
+        (dest / name / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
+    return dest
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def bench_mlserver(
+    args: argparse.Namespace, repo: Path, pa: PaOptions, run_dir: Path, results: Results
+) -> None:
+    from conch.redis_server import free_port
+
+    if not MLSERVER_BIN.exists():
+        raise RuntimeError(
+            f"MLServer is not installed in {MLSERVER_VENV}: run `make bench` (it installs it), "
+            "or pass --skip-mlserver"
+        )
+    for variant in MLSERVER_VARIANTS:
+        tag = f"mlserver-{variant}"
+        port = free_port()
+        mrepo = write_mlserver_repo(variant, repo, args.models, run_dir / tag, port)
+        with procs.Group(run_dir / "logs") as group:
+            group.start(
+                tag,
+                [str(MLSERVER_BIN), "start", str(mrepo)],
+                env={"PYTHONPATH": str(BENCH)},
+                cwd=mrepo,
+            )
+            say(f"{tag}: waiting for {', '.join(args.models)} on 127.0.0.1:{port}")
+            procs.wait_until(
+                lambda port=port: all(
+                    _http_ok(f"http://127.0.0.1:{port}/v2/models/{m}/ready") for m in args.models
+                ),
+                180,
+                group,
+                f"{tag} readiness",
+            )
+            for model in args.models:
+                for c in args.concurrency:
+                    group.check_alive()
+                    say(f"{tag}: {model} at concurrency {c}")
+                    point = run_perf_analyzer(
+                        pa, f"127.0.0.1:{port}", model, c, run_dir, tag, json=True
+                    )
+                    results.points.append(point)
+                    _report_point(point)
+
+
+# --------------------------------------------------------------------------- in process
+
+
+def ort_session(model_file: Path) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = ORT_INTRA_OP_THREADS
+    opts.inter_op_num_threads = ORT_INTER_OP_THREADS
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
+
+
+def rows_per_second(session: Any, batch: int, budget_s: float) -> float:
+    inp = session.get_inputs()[0]
+    width = int(inp.shape[1])
+    x = np.random.default_rng(batch).standard_normal((batch, width), dtype=np.float32)
+    feed = {inp.name: x}
+    for _ in range(2):
+        session.run(None, feed)
+    runs = 0
+    start = time.perf_counter()
+    while True:
+        session.run(None, feed)
+        runs += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget_s and runs >= 3:
+            return batch * runs / elapsed
+
+
+def bench_inprocess(args: argparse.Namespace, repo: Path, results: Results) -> None:
+    budget = 0.5 if args.quick else 1.5
+    for model in args.models:
+        session = ort_session(repo / model / "1" / "model.onnx")
+        sizes = {1} | {
+            max(1, round(p.mean_batch))
+            for p in results.points
+            if p.model == model and p.mean_batch is not None
+        }
+        table = results.inprocess.setdefault(model, {})
+        for b in sorted(sizes):
+            table[b] = rows_per_second(session, b, budget)
+            say(
+                f"in process: {model} batch {b}: {table[b]:,.0f} rows/s "
+                f"({1000 * b / table[b]:.3f} ms per execution)"
+            )
+        del session
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _report_point(p: Point) -> None:
+    if p.infer_per_s is None:
+        say(f"  -> FAILED: {p.error}")
+        return
+    batch = f", mean batch {p.mean_batch:.1f}" if p.mean_batch is not None else ""
+    note = f" ({p.error})" if p.error else ""
+    say(
+        f"  -> {p.infer_per_s:,.0f} infer/s, p50 {p.p50_ms:.2f} ms, p99 {p.p99_ms:.2f} ms{batch}{note}"
+    )
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def _ratio(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return format(value, ".2f" if value >= 0.1 else ".4f")
+
+
+def _inproc_at(
+    results: Results, model: str, batch: float | None
+) -> tuple[int | None, float | None]:
+    if batch is None:
+        return None, None
+    b = max(1, round(batch))
+    return b, results.inprocess.get(model, {}).get(b)
+
+
+def format_table(results: Results, args: argparse.Namespace) -> str:
+    head = (
+        "| model | conc | conch infer/s | p50 ms | p99 ms | mean batch | in-process infer/s "
+        "@ batch | conch / in-process | MLServer best infer/s (variant) | conch ÷ MLServer |"
+    )
+    lines = [head, "|" + "---|" * 10]
+    for model in args.models:
+        for c in args.concurrency:
+            p = results.get("conch", model, c) or Point("conch", model, c)
+            b, inproc = _inproc_at(results, model, p.mean_batch)
+            best = results.mlserver_best(model, c)
+            ratio_ip = p.infer_per_s / inproc if p.infer_per_s and inproc else None
+            ratio_ml = p.infer_per_s / best.infer_per_s if p.infer_per_s and best else None
+            best_txt = (
+                f"{best.infer_per_s:,.0f} ({best.server.removeprefix('mlserver-')})"
+                if best and best.infer_per_s
+                else ("skipped" if args.skip_mlserver else "n/a")
+            )
+            lines.append(
+                f"| {model} | {c} | {_f(p.infer_per_s, ',.0f')} | {_f(p.p50_ms, '.2f')} "
+                f"| {_f(p.p99_ms, '.2f')} | {_f(p.mean_batch, '.1f')} "
+                f"| {_f(inproc, ',.0f')} @ {b if b else 'n/a'} | {_ratio(ratio_ip)} "
+                f"| {best_txt} | {_ratio(ratio_ml)} |"
+            )
+    return "\n".join(lines)
+
+
+def format_mlserver_table(results: Results, args: argparse.Namespace) -> str:
+    lines = [
+        "| model | conc | MLServer variant | infer/s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model in args.models:
+        for c in args.concurrency:
+            for v in MLSERVER_VARIANTS:
+                p = results.get(f"mlserver-{v}", model, c)
+                if p is None:
+                    continue
+                note = f" ({p.error})" if p.error and p.infer_per_s is None else ""
+                lines.append(
+                    f"| {model} | {c} | {v} | {_f(p.infer_per_s, ',.0f')}{note} "
+                    f"| {_f(p.p50_ms, '.2f')} | {_f(p.p99_ms, '.2f')} |"
+                )
+    return "\n".join(lines)
+
+
+def format_cpu_table(results: Results, args: argparse.Namespace) -> str:
+    """Where conch's CPU went: per request, by process, over each perf_analyzer run."""
+    keys = ("gateway", "worker", "redis", "perf_analyzer")
+    lines = [
+        "| model | conc | " + " | ".join(keys) + " | total | cores used |",
+        "|---|---|" + "---|" * (len(keys) + 2),
+    ]
+    for model in args.models:
+        for c in args.concurrency:
+            p = results.get("conch", model, c)
+            if p is None or not p.cpu_ms_per_request:
+                continue
+            total = sum(p.cpu_ms_per_request.values())
+            cores = total / 1000 * (p.infer_per_s or 0)
+            lines.append(
+                f"| {model} | {c} | "
+                + " | ".join(f"{p.cpu_ms_per_request[k]:.2f}" for k in keys)
+                + f" | {total:.2f} | {cores:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def floors(results: Results, repo: Path) -> list[tuple[str, str, str]]:
+    """(floor, measured, PASS/FAIL/SKIP) for issue 3 point 8."""
+    out: list[tuple[str, str, str]] = []
+
+    def verdict(ok: bool | None) -> str:
+        return "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+
+    small, large = models.SMALL_NAME, models.LARGE_NAME
+    p = results.get("conch", small, 16)
+    best = results.mlserver_best(small, 16)
+    ok = None
+    measured = "not measured"
+    if p and p.infer_per_s and best:
+        ratio = p.infer_per_s / best.infer_per_s
+        ok, measured = (
+            ratio >= 0.8,
+            f"{ratio:.2f}x ({p.infer_per_s:,.0f} vs {best.infer_per_s:,.0f})",
+        )
+    out.append((f"{small} c=16: conch >= 0.8x MLServer best", measured, verdict(ok)))
+
+    p = results.get("conch", large, 64)
+    ok, measured = None, "not measured"
+    if p and p.infer_per_s and p.mean_batch is not None:
+        b, inproc = _inproc_at(results, large, p.mean_batch)
+        if inproc:
+            ratio = p.infer_per_s / inproc
+            ok, measured = ratio >= 0.6, f"{ratio:.0%} of {inproc:,.0f} rows/s at batch {b}"
+    out.append((f"{large} c=64: conch >= 60% of in-process at batch formed", measured, verdict(ok)))
+
+    best = results.mlserver_best(large, 64)
+    ok, measured = None, "not measured"
+    if p and p.infer_per_s and best:
+        ratio = p.infer_per_s / best.infer_per_s
+        ok, measured = (
+            ratio >= 1.5,
+            f"{ratio:.2f}x ({p.infer_per_s:,.0f} vs {best.infer_per_s:,.0f})",
+        )
+    out.append((f"{large} c=64: conch >= 1.5x MLServer best", measured, verdict(ok)))
+
+    for model in (small, large):
+        p = results.get("conch", model, 64)
+        mbs = int(_triton_config(repo / model).get("max_batch_size", 0))
+        floor = 0.8 * min(64, mbs) if mbs > 0 else 1.0
+        ok, measured = None, "not measured"
+        if p and p.mean_batch is not None:
+            ok, measured = p.mean_batch >= floor, f"{p.mean_batch:.1f}"
+        out.append((f"{model} c=64: mean batch >= {floor:.1f}", measured, verdict(ok)))
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="1 s windows, shorter in-process timing")
+    p.add_argument("--skip-mlserver", action="store_true", help="do not run MLServer")
+    p.add_argument(
+        "--models",
+        default=",".join(ALL_MODELS),
+        help=f"comma-separated, from {', '.join(ALL_MODELS)} (default: both)",
+    )
+    p.add_argument(
+        "--concurrency",
+        default=",".join(map(str, ALL_CONCURRENCY)),
+        help="comma-separated perf_analyzer concurrencies (default: 1,16,64)",
+    )
+    p.add_argument(
+        "--window-ms", type=int, default=None, help="measurement window (default 3000, quick 1000)"
+    )
+    p.add_argument(
+        "--stability-percentage",
+        type=int,
+        default=100,
+        help="perf_analyzer's stability threshold in %% (default 100: the last 3 windows "
+        "within 2x; this machine is noisy)",
+    )
+    p.add_argument("--max-trials", type=int, default=5, help="windows per point at most")
+    p.add_argument("--http-workers", type=int, default=None, help="conch gateway processes")
+    p.add_argument(
+        "--http-thread-count", type=int, default=None, help="threads per conch gateway process"
+    )
+    p.add_argument("--strict", action="store_true", help="exit 1 if a floor fails")
+    args = p.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = set(args.models) - set(ALL_MODELS)
+    if unknown:
+        p.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(ALL_MODELS)}")
+    try:
+        args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    except ValueError:
+        p.error("--concurrency takes integers, e.g. 1,16,64")
+    if not args.concurrency or min(args.concurrency) < 1:
+        p.error("--concurrency takes positive integers")
+    if args.window_ms is None:
+        args.window_ms = 1000 if args.quick else 3000
+    return args
+
+
+def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
+    """How busy the CPUs are (0..1) over ``seconds``, from /proc/stat; None where unreadable."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        return idle, sum(values)
+
+    try:
+        idle0, total0 = sample()
+        time.sleep(seconds)
+        idle1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return 1 - (idle1 - idle0) / total if total > 0 else None
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Ctrl-C raises KeyboardInterrupt even where the shell started us with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+    started = time.monotonic()
+    run_dir = CACHE / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    results = Results(
+        settings={
+            "argv": sys.argv[1:],
+            "window_ms": args.window_ms,
+            "stability_percentage": args.stability_percentage,
+            "max_trials": args.max_trials,
+            "cpus": os.cpu_count(),
+        }
+    )
+    try:
+        say(f"run folder: {run_dir}")
+        busy = cpu_busy_fraction()
+        results.settings["cpu_busy_before"] = busy
+        if busy is not None and busy > 0.2:
+            say(
+                f"warning: the CPUs are already {busy:.0%} busy with other work; "
+                "the numbers will be lower and noisier than on an idle machine"
+            )
+        say("building the benchmark models (reused when up to date)")
+        repo = models.build_repository()
+        pa = PaOptions(
+            perf_analyzer_path(), args.window_ms, args.stability_percentage, args.max_trials
+        )
+        say(f"perf_analyzer: {pa.binary}")
+        for model in args.models:
+            pa.input_files[model] = write_input_data(repo, model, run_dir / f"input-{model}.json")
+        bench_conch(args, repo, pa, run_dir, results)
+        if not args.skip_mlserver:
+            bench_mlserver(args, repo, pa, run_dir, results)
+        bench_inprocess(args, repo, results)
+    except KeyboardInterrupt:
+        say("interrupted; every process this run started has been stopped")
+        return 130
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        say(f"error: {exc}")
+        (run_dir / "results.json").write_text(json.dumps(_as_json(results), indent=2))
+        return 2
+
+    (run_dir / "results.json").write_text(json.dumps(_as_json(results), indent=2))
+    busy = results.settings.get("cpu_busy_before")
+    if busy is not None and busy > 0.2:
+        print(f"\nWARNING: the CPUs were {busy:.0%} busy with other work when the run began.")
+    print(
+        f"\nconch benchmark ({os.cpu_count()} CPUs; perf_analyzer -i http, "
+        f"{args.window_ms} ms windows; conch binary tensors, MLServer JSON)\n"
+    )
+    for model in args.models:
+        row1 = results.inprocess.get(model, {}).get(1)
+        if row1:
+            per_row = 1000 / row1
+            extra = ""
+            if model == models.LARGE_NAME:
+                extra = (
+                    f"  [compute-bound check, >= 2 ms/row: {'PASS' if per_row >= 2 else 'FAIL'}]"
+                )
+            print(
+                f"in-process {model} at batch 1: {row1:,.0f} infer/s, {per_row:.3f} ms/row{extra}"
+            )
+    print()
+    print(format_table(results, args))
+    print(
+        "\nconch: CPU ms per request by process over each perf_analyzer run "
+        "(cores used = total x infer/s; this machine has "
+        f"{os.cpu_count()}):\n"
+    )
+    print(format_cpu_table(results, args))
+    if not args.skip_mlserver:
+        print()
+        print(format_mlserver_table(results, args))
+    notes = [p for p in results.points if p.error]
+    if notes:
+        print()
+        for p in notes:
+            print(f"note: {p.server} {p.model} c={p.concurrency}: {p.error}")
+    print("\nfloors (issue 3, point 8):")
+    failed = False
+    for name, measured, verdict in floors(results, repo):
+        failed |= verdict == "FAIL"
+        print(f"  {verdict:4}  {name}: {measured}")
+    print(
+        f"\n(results, logs and perf_analyzer CSVs: {run_dir}; took {time.monotonic() - started:.0f} s)"
+    )
+    return 1 if failed and args.strict else 0
+
+
+def _as_json(results: Results) -> dict[str, Any]:
+    return {
+        "settings": results.settings,
+        "points": [asdict(p) for p in results.points],
+        "inprocess": {m: {str(b): v for b, v in t.items()} for m, t in results.inprocess.items()},
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
