@@ -192,15 +192,16 @@ class Batcher(threading.Thread):
                 return
         rows = sum(i.rows for i in items)
         while rows < self.policy.max_batch_size and not self.policy.ready(rows):
-            more = self._take(self.policy.max_batch_size - rows)
-            if more:
-                items += more
-                rows += sum(i.rows for i in more)
-                continue
             left = min(i.msg.enqueued for i in items) + self.policy.max_queue_delay - time.time()
-            if left <= 0 or self.stopping.is_set():
+            if self.drain.waiting == 0:  # nothing queued now: wait for more, or for the delay
+                if left <= 0 or self.stopping.is_set():
+                    break
+                self.drain.wait(left)
+            more = self._take(self.policy.max_batch_size - rows)
+            items += more
+            rows += sum(i.rows for i in more)
+            if not more and left <= 0:
                 break
-            self.drain.wait(left)
         n = self.policy.cut([i.rows for i in items])
         batch, self._carry = items[:n], items[n:]
         self.execute(batch)

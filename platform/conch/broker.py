@@ -290,6 +290,7 @@ if waiting > 0 then
   for j = 1, math.min(waiting, tonumber(ARGV[4])) do t[j] = '1' end
   redis.call('LPUSH', KEYS[1], unpack(t))
 end
+table.insert(out, 1, waiting)
 return out
 """
 
@@ -308,6 +309,7 @@ class Drain:
             *priority_keys(self.queue),
         ]
         self._pop = client.register_script(_POP_LUA)
+        self.waiting = 0
 
     def wait(self, timeout: float) -> None:
         """Block until a message may be waiting, or about ``timeout`` seconds pass.
@@ -322,11 +324,15 @@ class Drain:
             time.sleep(min(timeout, POLL_S))
 
     def pop(self, count: int) -> list[tuple[str, bytes, int]]:
-        """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight."""
+        """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight.
+
+        ``self.waiting`` is then the number of messages still queued behind them.
+        """
         if count <= 0:
             return []
         flat = self._pop(keys=self.keys, args=[count, time.time(), self.queue, WAKE_CAP])
-        return [(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        self.waiting = int(flat[0])
+        return [(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(1, len(flat), 3)]
 
 
 def requeue(

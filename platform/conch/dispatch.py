@@ -92,15 +92,23 @@ class Dispatcher:
         client = redis.Redis(
             connection_pool=redis.ConnectionPool(**self.client.connection_pool.connection_kwargs)
         )
+        blmpop = True  # Redis >= 7: block and take up to a batch in one round trip
         while True:
             try:
-                got = client.blpop([key], timeout=1)
-                if got is None:
-                    continue
-                items = [got[1]]
-                more = client.lpop(key, 255)
-                if more:
-                    items.extend(more)
+                if blmpop:
+                    try:
+                        got = client.execute_command("BLMPOP", 1, 1, key, "LEFT", "COUNT", 256)
+                    except redis.ResponseError:
+                        blmpop = False
+                        continue
+                    if not got:
+                        continue
+                    items = got[1]
+                else:
+                    got = client.blpop([key], timeout=1)
+                    if got is None:
+                        continue
+                    items = [got[1], *(client.lpop(key, 255) or ())]
             except redis.RedisError as exc:
                 log.warning("reply listener lost Redis (%s); retrying", exc)
                 time.sleep(0.5)

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 import redis
 from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
-from .. import __version__, codec, scheduling, validation
-from ..broker import new_id
+from .. import __version__
 from ..dispatch import Dispatcher
-from ..errors import ConchError, InvalidArgument, Unavailable
+from ..errors import ConchError, InvalidArgument
 from ..settings import Settings
-from ..wire import InferMessage
 from .catalog import Catalog
+from .dataplane import DataPlane, InferFastPath, too_large
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +47,6 @@ def _empty(status: int = 200) -> Response:
 
 def _catalog() -> Catalog:
     return current_app.extensions["conch.catalog"]
-
-
-def _dispatcher() -> Dispatcher:
-    return current_app.extensions["conch.dispatcher"]
-
-
-def _settings() -> Settings:
-    return current_app.extensions["conch.settings"]
 
 
 # -- health and metadata --------------------------------------------------------------
@@ -123,69 +113,17 @@ def repository_index() -> Response:
 @v2.post("/v2/models/<model>/infer")
 @v2.post("/v2/models/<model>/versions/<int:version>/infer")
 def infer(model: str, version: int | None = None) -> Response:
-    settings = _settings()
-    entry = _catalog().serving(model)
-    v = entry.resolve_version("" if version is None else str(version))
+    """The Flask adapter of the data plane (the WSGI fast path normally answers first)."""
+    plane: DataPlane = current_app.extensions["conch.dataplane"]
     length = request.content_length
-    if length is not None and length > settings.max_input_bytes:
-        raise InvalidArgument(
-            f"request body of {length} bytes exceeds the {settings.max_input_bytes}-byte limit "
-            f"(--http-max-input-size)"
-        )
-    body = request.get_data(cache=False)
-    if len(body) > settings.max_input_bytes:
-        raise InvalidArgument(
-            f"request body exceeds the {settings.max_input_bytes}-byte limit (--http-max-input-size)"
-        )
-    req = codec.decode_request(
-        body,
-        request.headers.get("Inference-Header-Content-Length"),
-        request.headers.get("Content-Encoding"),
-        max_body_bytes=settings.max_input_bytes,
-    )
-    config = entry.config
-    validation.validate_request(req, config, model_name=model)
-    reason = _catalog().unavailable_reason(model)
-    if reason:
-        raise Unavailable(f"model '{model}' is unavailable: {reason}")
-    now = time.time()
-    timeout_us = req.parameters.get("timeout")
-    admission = scheduling.admit(config, req.parameters.get("priority"), timeout_us)
-    timeout_s = timeout_us / 1e6 if timeout_us else settings.request_timeout_s
-    all_outputs = [o.name for o in config.output]
-    wanted = all_outputs if req.outputs is None else [o.name for o in req.outputs]
-    custom = {k: val for k, val in req.parameters.items() if k not in codec.RESERVED_PARAMETERS}
-    msg = InferMessage(
-        id=new_id(),
-        model=model,
-        version=v,
-        inputs=[(t.name, t.datatype, tuple(t.shape), t.raw) for t in req.inputs],
-        outputs=wanted,
-        reply_to=None,
-        enqueued=now,
-        deadline=now + timeout_s,
-        priority=admission.step,
-        params=custom,
-        queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
-        delay_on_timeout=admission.delay_on_timeout,
-    )
-    reply = _dispatcher().call(msg, max_queue_size=admission.max_queue_size)
-    if reply.error is not None:
-        raise reply.error
-    wire_types = _catalog().output_types(entry)
-    outputs = [
-        codec.OutputTensor(name, wire_types.get(name, dt), tuple(shape), raw)
-        for name, dt, shape, raw in reply.outputs or ()
-    ]
-    labels = entry.labels() if any(o.class_count for o in (req.outputs or ())) else None
-    body, headers = codec.encode_response(
-        model_name=model,
-        model_version=str(v),
-        request_id=req.id,
-        outputs=outputs,
-        request=req,
-        labels=labels,
-        batched=config.max_batch_size > 0,
+    if length is not None and length > plane.settings.max_input_bytes:
+        raise too_large(length, plane.settings.max_input_bytes)
+    body, headers = plane.infer(
+        model,
+        "" if version is None else str(version),
+        request.get_data(cache=False),
+        header_length=request.headers.get("Inference-Header-Content-Length"),
+        content_encoding=request.headers.get("Content-Encoding"),
         accept_encoding=request.headers.get("Accept-Encoding"),
     )
     return Response(body, status=200, headers=headers)
@@ -210,11 +148,14 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask("conch")
     client = redis.Redis.from_url(settings.redis_url)
     app.extensions["conch.settings"] = settings
-    app.extensions["conch.catalog"] = Catalog(settings, client)
-    app.extensions["conch.dispatcher"] = Dispatcher(client)
+    catalog = Catalog(settings, client)
+    plane = DataPlane(settings, catalog, Dispatcher(client))
+    app.extensions["conch.catalog"] = catalog
+    app.extensions["conch.dataplane"] = plane
     app.url_map.strict_slashes = False
     app.register_blueprint(v2)
     app.register_error_handler(ConchError, _conch_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
+    app.wsgi_app = InferFastPath(app.wsgi_app, plane)  # type: ignore[method-assign]
     return app

@@ -1,0 +1,163 @@
+"""The inference data plane: HTTP bytes in, HTTP bytes out, independent of any framework.
+
+The Flask route and the WSGI fast path are thin adapters over ``DataPlane.infer``; it
+decodes (codec), checks against the config (validation), applies the queue policy
+(scheduling), waits on the dispatcher and encodes the reply.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+
+from .. import codec, scheduling, validation
+from ..broker import new_id
+from ..dispatch import Dispatcher
+from ..errors import ConchError, InvalidArgument, Unavailable
+from ..settings import Settings
+from ..wire import InferMessage
+from .catalog import Catalog
+
+# Triton's infer route: a model name without "/", an optional numeric version.
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer/?")
+
+
+class DataPlane:
+    def __init__(self, settings: Settings, catalog: Catalog, dispatcher: Dispatcher) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.dispatcher = dispatcher
+
+    def infer(
+        self,
+        model: str,
+        version: str,
+        body: bytes,
+        *,
+        header_length: str | None,
+        content_encoding: str | None,
+        accept_encoding: str | None,
+    ) -> tuple[bytes, dict[str, str]]:
+        settings = self.settings
+        entry = self.catalog.serving(model)
+        v = entry.resolve_version(version)
+        if len(body) > settings.max_input_bytes:
+            raise too_large(len(body), settings.max_input_bytes)
+        req = codec.decode_request(
+            body, header_length, content_encoding, max_body_bytes=settings.max_input_bytes
+        )
+        config = entry.config
+        validation.validate_request(req, config, model_name=model)
+        reason = self.catalog.unavailable_reason(model)
+        if reason:
+            raise Unavailable(f"model '{model}' is unavailable: {reason}")
+        now = time.time()
+        timeout_us = req.parameters.get("timeout")
+        admission = scheduling.admit(config, req.parameters.get("priority"), timeout_us)
+        timeout_s = timeout_us / 1e6 if timeout_us else settings.request_timeout_s
+        if req.outputs is None:
+            wanted = [o.name for o in config.output]
+        else:
+            wanted = [o.name for o in req.outputs]
+        msg = InferMessage(
+            id=new_id(),
+            model=model,
+            version=v,
+            inputs=[(t.name, t.datatype, tuple(t.shape), t.raw) for t in req.inputs],
+            outputs=wanted,
+            reply_to=None,
+            enqueued=now,
+            deadline=now + timeout_s,
+            priority=admission.step,
+            params={
+                k: val for k, val in req.parameters.items() if k not in codec.RESERVED_PARAMETERS
+            },
+            queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
+            delay_on_timeout=admission.delay_on_timeout,
+        )
+        reply = self.dispatcher.call(msg, max_queue_size=admission.max_queue_size)
+        if reply.error is not None:
+            raise reply.error
+        wire_types = self.catalog.output_types(entry)
+        outputs = [
+            codec.OutputTensor(name, wire_types.get(name, dt), tuple(shape), raw)
+            for name, dt, shape, raw in reply.outputs or ()
+        ]
+        labels = entry.labels() if any(o.class_count for o in (req.outputs or ())) else None
+        return codec.encode_response(
+            model_name=model,
+            model_version=str(v),
+            request_id=req.id,
+            outputs=outputs,
+            request=req,
+            labels=labels,
+            batched=config.max_batch_size > 0,
+            accept_encoding=accept_encoding,
+        )
+
+
+def too_large(length: int, limit: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"request body of {length} bytes exceeds the {limit}-byte limit (--http-max-input-size)"
+    )
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
+
+
+class InferFastPath:
+    """WSGI middleware: infer calls go straight to the data plane, the rest to Flask.
+
+    Flask's per-request machinery (contexts, routing, wrappers) costs the gateway more
+    CPU than the rest of an infer call; the other routes keep it.
+    """
+
+    def __init__(self, app: Callable, plane: DataPlane) -> None:
+        self.app = app
+        self.plane = plane
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        match = INFER_PATH.fullmatch(environ.get("PATH_INFO", ""))
+        if match is None or environ.get("REQUEST_METHOD") != "POST":
+            return self.app(environ, start_response)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            limit = self.plane.settings.max_input_bytes
+            if length > limit:
+                raise too_large(length, limit)
+            body = (
+                environ["wsgi.input"].read(length)
+                if length
+                else environ["wsgi.input"].read(limit + 1)
+            )
+            payload, headers = self.plane.infer(
+                match.group(1),
+                match.group(2) or "",
+                body,
+                header_length=environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"),
+                content_encoding=environ.get("HTTP_CONTENT_ENCODING"),
+                accept_encoding=environ.get("HTTP_ACCEPT_ENCODING"),
+            )
+            status = 200
+        except ConchError as exc:
+            status, payload = exc.status, orjson.dumps({"error": exc.message})
+            headers = {"Content-Type": "application/json"}
+        except Exception as exc:  # never a bare 500 page: Triton's error body, always
+            status, payload = 500, orjson.dumps({"error": f"internal error: {exc}"})
+            headers = {"Content-Type": "application/json"}
+        start_response(
+            f"{status} {_REASONS.get(status, 'Error')}",
+            [*headers.items(), ("Content-Length", str(len(payload)))],
+        )
+        return [payload]
