@@ -22,9 +22,10 @@ from celery import Celery, bootsteps
 from . import broker, registry
 from .backends import Backend, backend_class
 from .batcher import Batcher, BatchPolicy, InFlight, Sequencer
-from .errors import ConchError
+from .errors import ConchError, ModelLoadError
 from .repository import ModelRepository
 from .settings import Settings
+from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class LoadedModel:
     name: str
     versions: dict[int, list[Backend]] = field(default_factory=dict)  # version -> instances
     reason: str | None = None
+    loading: bool = False
+    planned: list[int] = field(default_factory=list)  # versions being loaded
 
 
 class ModelHost:
@@ -69,40 +72,48 @@ class ModelHost:
                     missing,
                     self.settings.model_repository,
                 )
+        chosen = {n: e for n, e in sorted(entries.items()) if not wanted or n in wanted}
+        for name in chosen:
+            self.models[name] = LoadedModel(name, loading=True, planned=list(chosen[name].versions))
+        self._publish()  # LOADING, so readiness and the index say so while models load
         self._heartbeat = threading.Thread(target=self._beat, name="conch-heartbeat", daemon=True)
-        for name, entry in sorted(entries.items()):
-            if wanted and name not in wanted:
-                continue
-            self.models[name] = loaded = LoadedModel(name)
-            if entry.error or entry.config is None:
-                loaded.reason = entry.error or "no config"
-                log.error("model '%s' is unavailable: %s", name, loaded.reason)
-                continue
+        self._heartbeat.start()
+        for name, entry in chosen.items():
+            loaded = self.models[name]
             try:
+                if entry.error or entry.config is None:
+                    raise ModelLoadError(entry.error or "no config")
                 self._load(entry, loaded)
             except ConchError as exc:
                 loaded.reason = exc.message
                 log.error("model '%s' is unavailable: %s", name, exc.message)
-        self._publish()
-        self._heartbeat.start()
+            except Exception as exc:  # a backend's own failure: this model only
+                loaded.reason = f"model '{name}' failed to load: {type(exc).__name__}: {exc}"
+                log.exception("model '%s' failed to load", name)
+            finally:
+                loaded.loading = False
+            self._publish()
 
     def _load(self, entry: Any, loaded: LoadedModel) -> None:
         cls = backend_class(entry.backend)
         specs = entry.instances()
+        versions: dict[int, list[Backend]] = {}
         try:
             for version in entry.versions:
-                instances = []
+                versions[version] = instances = []
                 for spec in specs:
                     backend = cls(entry.spec(version), spec)
                     backend.load()
                     instances.append(backend)
-                loaded.versions[version] = instances
+                    run_warmup(backend, backend.spec)  # before the model is reported ready
         except Exception:
-            for instances in loaded.versions.values():
-                for b in instances:
+            for b in (b for instances in versions.values() for b in instances):
+                try:
                     b.unload()
-            loaded.versions.clear()
+                except Exception:
+                    log.exception("model '%s': unload after a failed load failed", entry.name)
             raise
+        loaded.versions = versions
         policy = BatchPolicy.from_config(entry.config)
         cfg = entry.config
         ordered = cfg.HasField("dynamic_batching") and cfg.dynamic_batching.preserve_ordering
@@ -138,8 +149,12 @@ class ModelHost:
     def _states(self) -> dict[str, dict[str, Any]]:
         return {
             name: {
-                "versions": {str(v): registry.READY for v in m.versions},
+                "versions": {
+                    str(v): registry.LOADING if m.loading else registry.READY
+                    for v in (m.planned if m.loading else m.versions)
+                },
                 "reason": m.reason,
+                "loading": m.loading,
             }
             for name, m in self.models.items()
         }
