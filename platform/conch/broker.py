@@ -29,6 +29,7 @@ import msgpack
 import orjson
 import redis
 
+from .redis_link import RedisLink
 from .wire import BadMessage
 
 TASK_NAME = "conch.infer"
@@ -153,6 +154,7 @@ class Publisher:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self._script = client.register_script(_PUBLISH_LUA)
+        self._link = RedisLink(client)
         self._lock = threading.Lock()
         self._queue: list[_Pending] = []
         self._flushing = False
@@ -205,18 +207,16 @@ class Publisher:
                 e.done.set()
 
     def _run(self, batch: list[_Pending]) -> list:
-        # EVALSHA straight into the pipeline: redis-py's Script in a pipeline would ask
-        # SCRIPT EXISTS on every execute, a second round trip per flush.
         for attempt in (0, 1):
-            pipe = self.client.pipeline(transaction=False)
-            for e in batch:
-                pipe.evalsha(self._script.sha, len(e.keys), *e.keys, *e.args)
-            try:
-                return pipe.execute()
-            except redis.exceptions.NoScriptError:
-                if attempt:
-                    raise
-                self.client.script_load(_PUBLISH_LUA)  # Redis restarted or flushed its scripts
+            results = self._link.pipeline(
+                [("EVALSHA", self._script.sha, len(e.keys), *e.keys, *e.args) for e in batch]
+            )
+            errors = [r for r in results if isinstance(r, redis.ResponseError)]
+            if not errors:
+                return results
+            if attempt or not all(isinstance(r, redis.exceptions.NoScriptError) for r in errors):
+                raise errors[0]
+            self.client.script_load(_PUBLISH_LUA)  # Redis restarted or flushed its scripts
         raise AssertionError("unreachable")
 
 

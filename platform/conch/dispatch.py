@@ -19,6 +19,7 @@ import redis
 
 from . import broker
 from .errors import Unavailable
+from .redis_link import RedisLink
 from .wire import REPLY_PREFIX, BadMessage, InferMessage, Reply
 
 log = logging.getLogger(__name__)
@@ -89,26 +90,23 @@ class Dispatcher:
 
     def _listen(self) -> None:
         key = self.reply_key
-        client = redis.Redis(
-            connection_pool=redis.ConnectionPool(**self.client.connection_pool.connection_kwargs)
-        )
+        link = RedisLink(self.client)
         blmpop = True  # Redis >= 7: block and take up to a batch in one round trip
         while True:
             try:
                 if blmpop:
-                    try:
-                        got = client.execute_command("BLMPOP", 1, 1, key, "LEFT", "COUNT", 256)
-                    except redis.ResponseError:
+                    got = link.call("BLMPOP", 1, 1, key, "LEFT", "COUNT", 256)
+                    if isinstance(got, redis.ResponseError):
                         blmpop = False
                         continue
                     if not got:
                         continue
                     items = got[1]
                 else:
-                    got = client.blpop([key], timeout=1)
-                    if got is None:
+                    got, more = link.pipeline([("BLPOP", key, 1), ("LPOP", key, 255)])
+                    if not got or isinstance(got, redis.ResponseError):
                         continue
-                    items = [got[1], *(client.lpop(key, 255) or ())]
+                    items = [got[1], *(more if isinstance(more, list) else ())]
             except redis.RedisError as exc:
                 log.warning("reply listener lost Redis (%s); retrying", exc)
                 time.sleep(0.5)
