@@ -13,7 +13,7 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch import broker
+from conch import broker, registry
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 
@@ -133,3 +133,44 @@ def test_sigterm_finishes_the_batch_and_exits_cleanly(
         pool.shutdown(wait=False, cancel_futures=True)
         gw.stop()
         worker.stop()
+
+
+def test_redelivered_request_past_its_deadline_is_dropped(
+    model_repo: Path, db: str, log_dir: Path
+) -> None:
+    first = start_worker(model_repo, db, log_dir, "--models", "slow")
+    gw, url = start_gateway(model_repo, db, log_dir)
+    pool = ThreadPoolExecutor(1)
+    try:
+        wait_model_ready(url, "slow", 60, first, gw)
+
+        def call() -> object:
+            x = np.ones((1, 4), np.float32)
+            inp = httpclient.InferInput("X", [1, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            try:  # a 3 s deadline: shorter than the visibility timeout
+                return httpclient.InferenceServerClient(url).infer("slow", [inp], timeout=3_000_000)
+            except InferenceServerException as exc:
+                return exc
+
+        future = pool.submit(call)
+        wait_until(lambda: in_flight(db) >= 1, 30, "the request to be taken", first)
+        first.stop(signal.SIGKILL)
+        second = start_worker(model_repo, db, log_dir, "--models", "slow")
+        try:
+            result = future.result(timeout=30)
+            assert isinstance(result, InferenceServerException) and result.status() == "503"
+            # kombu restores it after the visibility timeout; the new worker drops it unrun.
+            wait_until(lambda: "deadline passed" in second.log(), 30, "the drop", second)
+            assert in_flight(db) == 0 and broker.queue_depth(redis.Redis.from_url(db), "slow") == 0
+            time.sleep(2)  # a heartbeat: an execution would show in the counters
+            reports = registry.snapshot(redis.Redis.from_url(db))
+            assert all(
+                r.get("stats", {}).get("slow", {}).get("executions", 0) == 0 for r in reports
+            )
+        finally:
+            second.stop()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        gw.stop()
+        first.stop()

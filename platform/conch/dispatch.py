@@ -118,6 +118,8 @@ class Dispatcher:
                     log.warning("dropping an unreadable reply: %s", exc)
                     continue
                 slot = self._pending.get(reply.id)
-                if slot is not None:  # late or duplicate replies find no slot: ignored
+                # The first reply wins: a duplicate (a redelivered request run twice) or a
+                # late one (its caller gave up) changes nothing.
+                if slot is not None and slot.reply is None:
                     slot.reply = reply
                     slot.event.set()

@@ -1,0 +1,96 @@
+"""The gateway's dispatcher against a real Redis, with a hand-played worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from conch import broker
+from conch.dispatch import Dispatcher
+from conch.errors import Unavailable
+from conch.wire import InferMessage, Reply
+
+
+def message(deadline_s: float = 5.0) -> InferMessage:
+    now = time.time()
+    return InferMessage(
+        id=broker.new_id(),
+        model="m",
+        version=1,
+        inputs=[("X", "FP32", (1,), b"\0\0\0\0")],
+        outputs=["Y"],
+        reply_to=None,
+        enqueued=now,
+        deadline=now + deadline_s,
+    )
+
+
+def play_worker(client: redis.Redis, replies: int) -> threading.Thread:
+    """Pop one request like a worker and answer it ``replies`` times."""
+
+    def run() -> None:
+        drain = broker.Drain(client, "m")
+        while True:
+            popped = drain.pop(1)
+            if popped:
+                break
+            time.sleep(0.01)
+        tag, raw, _ = popped[0]
+        _, payload, _ = broker.decode(raw)
+        msg = InferMessage.from_dict(payload)
+        for i in range(replies):
+            reply = Reply(msg.id, outputs=[("Y", "FP32", (1,), bytes([i, 0, 0, 0]))])
+            client.rpush(msg.reply_to, reply.pack())
+        pipe = client.pipeline()
+        broker.ack(pipe, [tag])
+        pipe.execute()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_duplicate_replies_are_ignored(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.delete(broker.queue_name("m"))
+    d = Dispatcher(client)
+    worker = play_worker(client, replies=3)  # a redelivered request answered again and again
+    reply = d.call(message())
+    worker.join(5)
+    assert reply.outputs is not None and reply.outputs[0][3] == b"\0\0\0\0"  # the first one wins
+    # The late duplicates find no waiting request and change nothing; the next call is fine.
+    worker = play_worker(client, replies=1)
+    assert d.call(message()).outputs is not None
+    worker.join(5)
+
+
+def test_deadline_without_a_worker(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.delete(broker.queue_name("m"))
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="timeout"):
+        Dispatcher(client).call(message(deadline_s=0.2))
+    assert 0.15 < time.monotonic() - started < 2
+    assert broker.queue_depth(client, "m") == 1  # still queued: a late worker drops it
+    client.delete(broker.queue_name("m"))
+
+
+def test_full_queue_is_refused(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.delete(broker.queue_name("m"))
+    publisher = broker.Publisher(client)
+    msg = message()
+    assert publisher.publish(
+        "m", msg.to_dict(), task_id="a", priority=0, reply_to=None, max_queue_size=2
+    )
+    assert publisher.publish(
+        "m", msg.to_dict(), task_id="b", priority=0, reply_to=None, max_queue_size=2
+    )
+    assert not publisher.publish(
+        "m", msg.to_dict(), task_id="c", priority=0, reply_to=None, max_queue_size=2
+    )
+    assert broker.queue_depth(client, "m") == 2
+    client.delete(broker.queue_name("m"))
