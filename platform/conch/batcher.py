@@ -370,7 +370,15 @@ class Batcher(threading.Thread):
                     item.msg.id, error=InvalidArgument(f"bad input tensor: {exc}")
                 )
                 continue
-            requests.append(BackendRequest(inputs, item.msg.outputs, item.msg.id, item.msg.params))
+            requests.append(
+                BackendRequest(
+                    inputs,
+                    item.msg.outputs,
+                    item.msg.client_id,
+                    item.msg.params,
+                    item.msg.timeout_us,
+                )
+            )
             runnable.append(item)
         if not runnable:
             return

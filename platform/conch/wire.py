@@ -42,6 +42,8 @@ class InferMessage:
     queue_deadline: float = 0.0  # epoch seconds; past it the queue policy applies
     delay_on_timeout: bool = False  # Triton's DELAY: run it later instead of rejecting
     delayed: bool = False  # already moved behind the requests still in time
+    client_id: str = ""  # the "id" the client gave its request
+    timeout_us: int = 0  # the client's "timeout" parameter
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +60,8 @@ class InferMessage:
             "qd": self.queue_deadline,
             "dot": self.delay_on_timeout,
             "delayed": self.delayed,
+            "cid": self.client_id,
+            "tmo": self.timeout_us,
         }
 
     @classmethod
@@ -85,6 +89,8 @@ class InferMessage:
                 queue_deadline=_float(m.get("qd", 0.0)),
                 delay_on_timeout=bool(m.get("dot", False)),
                 delayed=bool(m.get("delayed", False)),
+                client_id=_str(m.get("cid", "")),
+                timeout_us=_int(m.get("tmo", 0)),
             )
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None

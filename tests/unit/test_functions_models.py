@@ -204,3 +204,103 @@ def test_committed_config_matches_a_fresh_build(fresh):
         fresh / "mlp" / "config.pbtxt"
     ).read_text(), "functions/mlp/config.pbtxt differs from the script's; rerun it"
     assert not (FUNCTIONS / "mlp_autocomplete" / "config.pbtxt").exists()
+
+
+# ------------------------------------------------------------ tiny_cnn (TorchScript)
+
+TINY_CNN_FILES = ("tiny_cnn/1/model.pt", "tiny_cnn/config.pbtxt")
+
+
+def _torchscript(path_or_bytes):
+    import io
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    source = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.load(source, map_location="cpu")
+
+
+def _cnn_input(batch: int, seed: int = 13) -> np.ndarray:
+    side = bm.CNN_SIDE
+    return np.random.default_rng(seed).standard_normal((batch, 1, side, side)).astype(np.float32)
+
+
+def _run_cnn(module, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.inference_mode():
+        return module(torch.from_numpy(x)).numpy()
+
+
+def test_script_writes_tiny_cnn(fresh):
+    for rel in TINY_CNN_FILES:
+        assert (fresh / rel).is_file(), rel
+    # Small enough to commit: 2.6k weights and the TorchScript code.
+    assert (fresh / "tiny_cnn" / "1" / "model.pt").stat().st_size < 32_000
+
+
+def test_tiny_cnn_build_is_byte_for_byte_deterministic(fresh):
+    pytest.importorskip("torch")
+    # This process's build against the script run as a program (another process).
+    built = bm.build_tiny_cnn()
+    assert built == (fresh / "tiny_cnn" / "1" / "model.pt").read_bytes()
+    # No debug records (they would carry this checkout's absolute paths), no stored
+    # example input, and no per-process renaming of the class.
+    assert b".debug_pkl" not in built and b"traced_inputs" not in built
+    assert str(ROOT).encode() not in built and b"torch_mangle" not in built
+    a, b = bm.tiny_cnn_weights(), bm.tiny_cnn_weights()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(bm.tiny_cnn_weights(1)["fc_w"], bm.tiny_cnn_weights(2)["fc_w"])
+
+
+def test_tiny_cnn_interface(fresh):
+    module = _torchscript(fresh / "tiny_cnn" / "1" / "model.pt")
+    schema = module.forward.schema
+    assert [a.name for a in schema.arguments][1:] == ["x"]
+    assert [str(r.type) for r in schema.returns] == ["Tensor"]
+
+
+@pytest.mark.parametrize("batch", [1, 7, 32])
+def test_tiny_cnn_matches_the_numpy_reference(fresh, batch):
+    x = _cnn_input(batch)
+    got = _run_cnn(_torchscript(fresh / "tiny_cnn" / "1" / "model.pt"), x)
+    want = bm.reference_tiny_cnn(x)
+    assert got.dtype == np.float32 and got.shape == (batch, bm.CNN_CLASSES)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want).max() > 0.1
+
+
+def test_tiny_cnn_config_is_complete_for_the_pytorch_backend(fresh):
+    config = pytest.importorskip("conch.config")
+    from conch.repository import ModelRepository
+
+    text = (fresh / "tiny_cnn" / "config.pbtxt").read_text()
+    cfg = config.parse_config(text, model="tiny_cnn", source="config.pbtxt")
+    assert cfg.platform == "pytorch_libtorch"
+    assert cfg.max_batch_size == 32
+    assert [(i.name, list(i.dims)) for i in cfg.input] == [("INPUT__0", [1, 8, 8])]
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [("OUTPUT__0", [10])]
+    assert cfg.HasField("dynamic_batching")
+    assert cfg.parameters["INTRA_OP_THREAD_COUNT"].string_value == "1"
+    entry = ModelRepository(fresh, gpu_count=0).read_model("tiny_cnn")
+    assert entry.error is None, entry.error
+    assert entry.backend == "pytorch"
+
+
+def test_committed_tiny_cnn_matches_a_fresh_build(fresh):
+    committed_path = FUNCTIONS / "tiny_cnn" / "1" / "model.pt"
+    assert committed_path.is_file(), (
+        f"{committed_path} is missing; run .venv/bin/python functions/build_models.py"
+    )
+    hint = f"{committed_path} differs from what functions/build_models.py builds; rerun it"
+    x = _cnn_input(9)
+    committed = _run_cnn(_torchscript(committed_path), x)
+    rebuilt = _run_cnn(_torchscript(fresh / "tiny_cnn" / "1" / "model.pt"), x)
+    np.testing.assert_array_equal(committed, rebuilt, err_msg=hint)
+    # With torch pinned the build is byte-for-byte reproducible, so hold it to that.
+    assert committed_path.read_bytes() == (fresh / "tiny_cnn" / "1" / "model.pt").read_bytes(), hint
+    assert (FUNCTIONS / "tiny_cnn" / "config.pbtxt").read_text() == (
+        fresh / "tiny_cnn" / "config.pbtxt"
+    ).read_text(), "functions/tiny_cnn/config.pbtxt differs from the script's; rerun it"

@@ -21,6 +21,13 @@ BACKENDS: dict[str, BackendEntry] = {
     "onnxruntime": BackendEntry(
         "conch.backends.onnxruntime:OnnxRuntimeBackend", ("onnxruntime_onnx",), "model.onnx"
     ),
+    "pytorch": BackendEntry(
+        "conch.backends.pytorch:PyTorchBackend", ("pytorch_libtorch", "libtorch"), "model.pt"
+    ),
+    "tensorrt": BackendEntry(
+        "conch.backends.tensorrt:TensorRTBackend", ("tensorrt_plan",), "model.plan"
+    ),
+    "python": BackendEntry("conch.backends.python:PythonBackend", (), "model.py"),
 }
 
 

@@ -51,8 +51,9 @@ class BackendRequest:
 
     inputs: dict[str, np.ndarray]
     outputs: list[str]
-    request_id: str = ""
-    parameters: dict[str, Any] = field(default_factory=dict)
+    request_id: str = ""  # the client's "id", as Triton hands it to backends
+    parameters: dict[str, Any] = field(default_factory=dict)  # custom request parameters
+    timeout_us: int = 0  # the request's "timeout" parameter (microseconds), 0 if none
 
 
 # A backend answers each request with its output tensors or with the error for it.

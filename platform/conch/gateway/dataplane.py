@@ -78,6 +78,8 @@ class DataPlane:
             },
             queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
             delay_on_timeout=admission.delay_on_timeout,
+            client_id=req.id,
+            timeout_us=timeout_us or 0,
         )
         reply = self.dispatcher.call(msg, max_queue_size=admission.max_queue_size)
         if reply.error is not None:
