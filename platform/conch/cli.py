@@ -126,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         worker.run(settings, loglevel="DEBUG" if args.log_verbose else "INFO")
         return 0
     if args.command == "gateway":
+        from .settings import gateway_uses_gevent
+
+        if gateway_uses_gevent():
+            # Patch before redis (and ssl through it) is imported, as gevent asks.
+            from gevent import monkey
+
+            monkey.patch_all()
         from . import redis_server
         from .gateway.server import run
 

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
 
@@ -46,6 +47,13 @@ class Dispatcher:
 
     def call(self, msg: InferMessage, *, max_queue_size: int = 0) -> Reply:
         """Enqueue ``msg`` and block until its reply or its deadline."""
+        return self.submit(msg, max_queue_size=max_queue_size)()
+
+    def submit(self, msg: InferMessage, *, max_queue_size: int = 0) -> Callable[[], Reply]:
+        """Enqueue ``msg`` now; the returned function waits for its reply.
+
+        Several requests can be in flight from one caller (an ensemble's parallel steps).
+        """
         self._ensure_listener()
         slot = _Slot()
         self._pending[msg.id] = slot
@@ -59,20 +67,29 @@ class Dispatcher:
                 reply_to=self.reply_key,
                 max_queue_size=max_queue_size,
             )
-            if not queued:
-                raise Unavailable(
-                    f"Exceeds maximum queue size: model '{msg.model}' already has "
-                    f"{max_queue_size} requests waiting at this priority"
-                )
-            if not slot.event.wait(max(0.0, msg.deadline - time.time())):
-                raise Unavailable(
-                    f"Request timeout expired for model '{msg.model}': no reply within "
-                    f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"
-                )
-            assert slot.reply is not None
-            return slot.reply
-        finally:
+        except BaseException:
             self._pending.pop(msg.id, None)
+            raise
+        if not queued:
+            self._pending.pop(msg.id, None)
+            raise Unavailable(
+                f"Exceeds maximum queue size: model '{msg.model}' already has "
+                f"{max_queue_size} requests waiting at this priority"
+            )
+
+        def wait() -> Reply:
+            try:
+                if not slot.event.wait(max(0.0, msg.deadline - time.time())):
+                    raise Unavailable(
+                        f"Request timeout expired for model '{msg.model}': no reply within "
+                        f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"
+                    )
+                assert slot.reply is not None
+                return slot.reply
+            finally:
+                self._pending.pop(msg.id, None)
+
+        return wait
 
     # The listener is per process: gunicorn forks after the app is built, so it is
     # started lazily, and again in a child that inherited a parent's dispatcher.

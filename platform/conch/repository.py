@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import backends
+from . import backends, ensemble
 from .config import config_to_json, new_config, parse_config
 from .datatypes import config_to_wire
 from .errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
@@ -212,6 +212,12 @@ class ModelRepository:
                 )
                 continue
             entries[child.name] = self.read_model(child.name)
+        # Ensembles are checked against the models they call, once all are read.
+        for entry in entries.values():
+            if entry.backend == ensemble.ENSEMBLE and not entry.error:
+                entry.error = ensemble.check(entry, entries)
+                if entry.error:
+                    log.warning("%s", entry.error)
         return entries
 
     def read_model(self, name: str) -> ModelEntry:
@@ -252,6 +258,9 @@ class ModelRepository:
             )
         cfg.name = name
 
+        if ensemble.ENSEMBLE in (cfg.platform, cfg.backend):
+            self._read_ensemble(entry, cfg, on_disk, where)
+            return
         entry.backend = self._backend(cfg, path, on_disk, where)
         registered = backends.BACKENDS[entry.backend]
         if not cfg.backend:
@@ -323,6 +332,19 @@ class ModelRepository:
             f"{where}: no field platform or backend, and no known model file ({', '.join(defaults)}) "
             f"in the version directories {on_disk or '(none)'}"
         )
+
+    def _read_ensemble(self, entry: ModelEntry, cfg: Any, on_disk: list[int], where: str) -> None:
+        """Ensembles have no model file and no instances: the gateway runs their steps."""
+        entry.backend = ensemble.ENSEMBLE
+        cfg.platform, cfg.backend = ensemble.ENSEMBLE, ""
+        if cfg.instance_group:
+            raise ModelLoadError(f"{where}: an ensemble may not set instance_group")
+        if not cfg.ensemble_scheduling.step:
+            raise ModelLoadError(f"{where}: platform ensemble needs ensemble_scheduling with steps")
+        if not cfg.HasField("version_policy"):
+            cfg.version_policy.latest.num_versions = 1
+        entry.versions = self._versions(cfg, on_disk, where, entry.path)
+        _validate(cfg, where)
 
     def _versions(self, cfg: Any, on_disk: list[int], where: str, path: Path) -> list[int]:
         policy = cfg.version_policy

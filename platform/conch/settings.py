@@ -40,3 +40,15 @@ class Settings:
     default_max_batch_size: int = 4
     models: list[str] | None = None  # the worker serves these; None = all
     log_verbose: int = 0
+
+
+GEVENT_WORKER = "conch.gateway.gevent_worker.GatewayWorker"
+
+
+def gateway_worker_class() -> str:
+    """gunicorn worker class of the gateway (``CONCH_HTTP_WORKER_CLASS``, e.g. gthread)."""
+    return os.environ.get("CONCH_HTTP_WORKER_CLASS", GEVENT_WORKER)
+
+
+def gateway_uses_gevent() -> bool:
+    return "gevent" in gateway_worker_class() or gateway_worker_class() == GEVENT_WORKER

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from celery import Celery, bootsteps
 
-from . import broker, registry
+from . import broker, ensemble, registry
 from .backends import Backend, backend_class
 from .batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from .errors import ConchError, ModelLoadError
@@ -72,7 +72,12 @@ class ModelHost:
                     missing,
                     self.settings.model_repository,
                 )
-        chosen = {n: e for n, e in sorted(entries.items()) if not wanted or n in wanted}
+        # Ensembles have no queue of their own: gateways run their steps.
+        chosen = {
+            n: e
+            for n, e in sorted(entries.items())
+            if (not wanted or n in wanted) and e.backend != ensemble.ENSEMBLE
+        }
         for name in chosen:
             self.models[name] = LoadedModel(name, loading=True, planned=list(chosen[name].versions))
         self._publish()  # LOADING, so readiness and the index say so while models load

@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from .. import registry
+from .. import ensemble, registry
 from ..config import output_types
 from ..errors import InvalidArgument
 from ..repository import ModelEntry, ModelRepository
@@ -64,11 +64,26 @@ class Catalog:
         return self._states
 
     def version_ready(self, name: str, version: int) -> bool:
+        entry = self.entries.get(name)
+        if entry is not None and entry.backend == ensemble.ENSEMBLE and entry.config is not None:
+            return self._steps_ready(entry) is None
+
         def ready(states: dict[str, dict[str, Any]]) -> bool:
             return states.get(name, {}).get("versions", {}).get(str(version)) == registry.READY
 
         # A "not ready" from the cache is checked again: a worker may have just come up.
         return ready(self.states()) or ready(self.states(max_age=0.05))
+
+    def _steps_ready(self, entry: ModelEntry) -> str | None:
+        """Why an ensemble is not ready (a step model that is not), or None."""
+        for step in ensemble.steps(entry.config):
+            target = self.entries.get(step.model)
+            if target is None or target.config is None:
+                return f"step model '{step.model}' is unavailable"
+            version = target.latest() if step.version == -1 else step.version
+            if not self.version_ready(step.model, version):
+                return f"step model '{step.model}' version {version} is not ready"
+        return None
 
     def unavailable_reason(self, name: str) -> str | None:
         """Why no worker can serve ``name``: set when live workers tried and all failed.
@@ -100,6 +115,16 @@ class Catalog:
                     )
                 continue
             for v in versions:
+                if entry.backend == ensemble.ENSEMBLE:  # ready when every step model is
+                    why = self._steps_ready(entry)
+                    if not (ready_only and why):
+                        row = {
+                            "name": name,
+                            "version": str(v),
+                            "state": "UNAVAILABLE" if why else "READY",
+                        }
+                        out.append({**row, "reason": why} if why else row)
+                    continue
                 state = st.get("versions", {}).get(str(v), "UNAVAILABLE")
                 if ready_only and state != registry.READY:
                     continue

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from ..settings import Settings
+from ..settings import Settings, gateway_worker_class
 
 
 class _Gunicorn(BaseApplication):
@@ -33,9 +32,7 @@ def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
         {
             "bind": bind,
             "workers": workers,
-            "worker_class": os.environ.get(
-                "CONCH_HTTP_WORKER_CLASS", "conch.gateway.gevent_worker.GatewayWorker"
-            ),
+            "worker_class": gateway_worker_class(),
             "worker_connections": max(threads, 1000),
             "threads": threads,
             "keepalive": 75,  # perf_analyzer and tritonclient hold connections open
