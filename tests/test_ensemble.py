@@ -1,0 +1,327 @@
+"""Ensembles through the real path: the sentiment pipeline, parallel branches, batching
+with direct traffic, load-time validation, and error and deadline propagation."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conch import registry
+
+from harness import ROOT, start_gateway, start_worker, wait_model_ready, wait_until
+from models import add_model, slow_model
+
+PIPELINE = ("preprocessing", "classifier", "postprocessing", "sentiment")
+SERVED = ("preprocessing", "classifier", "postprocessing", "slow_a", "slow_b", "add_window", "add")
+
+
+def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    ins = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
+    outs = " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
+    return f'{{ model_name: "{model}" model_version: -1 {ins} {outs} }}'
+
+
+def ensemble(root: Path, name: str, io: str, steps: list[str], max_batch_size: int = 8) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(
+        f'platform: "ensemble"\nmax_batch_size: {max_batch_size}\n{io}\n'
+        f"ensemble_scheduling {{ step [ {', '.join(steps)} ] }}\n"
+    )
+
+
+X4 = 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+AB = 'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+OUT = 'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ensemble") / "models"
+    root.mkdir()
+    for name in PIPELINE:
+        shutil.copytree(ROOT / "functions" / name, root / name)
+    slow_model(root / "slow_a", matmuls=12, max_batch_size=8, delay_us=1)
+    slow_model(root / "slow_b", matmuls=12, max_batch_size=8, delay_us=1)
+    add_model(root / "add_window", max_batch_size=16, delay_us=400_000)
+    add_model(root / "add")
+    add_model(root / "add_unserved")
+    ensemble(
+        root,
+        "ens_parallel",
+        X4 + '\noutput [ { name: "YA" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "YB" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+        [step("slow_a", {"X": "X"}, {"Y": "YA"}), step("slow_b", {"X": "X"}, {"Y": "YB"})],
+    )
+    ensemble(
+        root, "ens_add", AB + "\n" + OUT, [step("add_window", {"A": "A", "B": "B"}, {"OUT": "OUT"})]
+    )
+    ensemble(
+        root,
+        "ens_unserved",
+        AB + "\n" + OUT,
+        [step("add_unserved", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
+    )
+    # Broken at load time, each in its own way.
+    ensemble(root, "bad_unknown", AB + "\n" + OUT, [step("nope", {"A": "A"}, {"OUT": "OUT"})])
+    ensemble(root, "bad_unmapped", AB + "\n" + OUT, [step("add", {"A": "A"}, {"OUT": "OUT"})])
+    ensemble(
+        root,
+        "bad_twice",
+        AB + "\n" + OUT,
+        [
+            step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"}),
+            step("add", {"A": "B", "B": "A"}, {"OUT": "OUT"}),
+        ],
+    )
+    ensemble(
+        root,
+        "bad_nothing",
+        AB + "\n" + OUT,
+        [step("add", {"A": "A", "B": "ghost"}, {"OUT": "OUT"})],
+    )
+    ensemble(
+        root,
+        "bad_cycle",
+        AB + "\n" + OUT,
+        [
+            step("add", {"A": "A", "B": "t2"}, {"OUT": "t1"}),
+            step("add", {"A": "t1", "B": "B"}, {"OUT": "t2"}),
+            step("add", {"A": "t1", "B": "t2"}, {"OUT": "OUT"}),
+        ],
+    )
+    ensemble(
+        root,
+        "bad_dtype",
+        'input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] }, '
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n' + OUT,
+        [step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
+    )
+    ensemble(
+        root,
+        "bad_shape",
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 5 ] }, '
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n' + OUT,
+        [step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def db(redis_url: str) -> str:
+    url = redis_url.rsplit("/", 1)[0] + "/6"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture(scope="module")
+def url(repo: Path, db: str, log_dir: Path) -> Iterator[str]:
+    worker = start_worker(repo, db, log_dir, "--models", ",".join(SERVED))
+    gateway, url = start_gateway(repo, db, log_dir, workers=2, threads=32)
+    try:
+        for m in ("sentiment", "ens_parallel", "ens_add"):
+            wait_model_ready(url, m, 90, worker, gateway)
+        yield url
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+def client(url: str) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(url, network_timeout=60)
+
+
+def text_input(texts: list[bytes]) -> httpclient.InferInput:
+    i = httpclient.InferInput("TEXT", [len(texts), 1], "BYTES")
+    i.set_data_from_numpy(np.array(texts, dtype=object).reshape(-1, 1))
+    return i
+
+
+def fp32(name: str, a: np.ndarray) -> httpclient.InferInput:
+    i = httpclient.InferInput(name, list(a.shape), "FP32")
+    i.set_data_from_numpy(a)
+    return i
+
+
+TEXTS = [
+    b"I love this great movie",
+    b"the food was terrible and the service awful",
+    b"it is a book",
+    "caf\u00e9 was not bad".encode(),
+]
+
+
+def test_sentiment_equals_the_three_models_called_in_turn(url: str) -> None:
+    c = client(url)
+    direct_pre = c.infer("preprocessing", [text_input(TEXTS)])
+    ids, mask = direct_pre.as_numpy("INPUT_IDS"), direct_pre.as_numpy("ATTENTION_MASK")
+    logits = c.infer("classifier", _ids_inputs(ids, mask)).as_numpy("LOGITS")
+    post = c.infer("postprocessing", [fp32("LOGITS", logits)])
+    whole = c.infer("sentiment", [text_input(TEXTS)])
+    assert whole.as_numpy("LABEL").tolist() == post.as_numpy("LABEL").tolist()
+    np.testing.assert_array_equal(whole.as_numpy("SCORE"), post.as_numpy("SCORE"))
+    labels = [x.decode() if isinstance(x, bytes) else x for x in whole.as_numpy("LABEL").ravel()]
+    assert labels[:3] == ["positive", "negative", "neutral"]
+
+
+def _ids_inputs(ids: np.ndarray, mask: np.ndarray) -> list[httpclient.InferInput]:
+    out = []
+    for name, a in (("INPUT_IDS", ids), ("ATTENTION_MASK", mask)):
+        i = httpclient.InferInput(name, list(a.shape), "INT64")
+        i.set_data_from_numpy(a)
+        out.append(i)
+    return out
+
+
+def test_ensemble_metadata_and_config(url: str) -> None:
+    c = client(url)
+    meta = c.get_model_metadata("sentiment")
+    assert meta["platform"] == "ensemble" and meta["inputs"][0]["datatype"] == "BYTES"
+    cfg = c.get_model_config("sentiment")
+    assert [s["model_name"] for s in cfg["ensemble_scheduling"]["step"]] == [
+        "preprocessing",
+        "classifier",
+        "postprocessing",
+    ]
+    assert all(isinstance(s["model_version"], int) for s in cfg["ensemble_scheduling"]["step"])
+    assert "instance_group" not in cfg or not cfg["instance_group"]
+    assert c.is_model_ready("sentiment")
+
+
+def test_independent_steps_run_in_parallel(url: str) -> None:
+    c = client(url)
+    x = np.ones((1, 4), np.float32)
+    started = time.monotonic()
+    c.infer("slow_a", [fp32("X", x)])
+    one = time.monotonic() - started  # one branch on its own
+    started = time.monotonic()
+    r = c.infer("ens_parallel", [fp32("X", x)])
+    both = time.monotonic() - started
+    np.testing.assert_array_equal(r.as_numpy("YA"), x + 1)
+    np.testing.assert_array_equal(r.as_numpy("YB"), x + 1)
+    assert one > 0.2, f"the slow model ran in {one:.2f} s: too fast to tell"
+    assert both < 1.6 * one, (
+        f"two branches took {both:.2f} s against {one:.2f} s for one: not in parallel"
+    )
+
+
+def counters(db: str, model: str) -> dict[str, int]:
+    total = {"executions": 0, "requests": 0}
+    for report in registry.snapshot(redis.Redis.from_url(db)):
+        for k in total:
+            total[k] += report.get("stats", {}).get(model, {}).get(k, 0)
+    return total
+
+
+def test_steps_batch_with_direct_traffic(url: str, db: str) -> None:
+    before = counters(db, "add_window")
+    a = np.full((1, 4), 2.0, np.float32)
+    barrier = threading.Barrier(2)
+
+    def direct() -> np.ndarray:
+        barrier.wait()
+        return client(url).infer("add_window", [fp32("A", a), fp32("B", a)]).as_numpy("OUT")
+
+    def through_ensemble() -> np.ndarray:
+        barrier.wait()
+        return client(url).infer("ens_add", [fp32("A", a), fp32("B", a)]).as_numpy("OUT")
+
+    with ThreadPoolExecutor(2) as pool:
+        results = [f.result() for f in (pool.submit(direct), pool.submit(through_ensemble))]
+    for r in results:
+        np.testing.assert_array_equal(r, a + a)
+    # The 400 ms queue window gathered both requests into one execution.
+    wait_until(
+        lambda: counters(db, "add_window")["requests"] >= before["requests"] + 2, 10, "counters"
+    )
+    after = counters(db, "add_window")
+    assert after["requests"] - before["requests"] == 2
+    assert after["executions"] - before["executions"] == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "fragment"),
+    [
+        ("bad_unknown", "model 'nope', which is not in the repository"),
+        ("bad_unmapped", "input 'B' of model 'add' is not mapped"),
+        ("bad_twice", "tensor 'OUT' is produced twice"),
+        ("bad_nothing", "tensor 'ghost'"),
+        ("bad_cycle", "cycle"),
+        ("bad_dtype", "INT32"),
+        ("bad_shape", "[-1, 5]"),
+    ],
+)
+def test_load_time_validation(url: str, model: str, fragment: str) -> None:
+    rows = {m["name"]: m for m in client(url).get_model_repository_index()}
+    assert rows[model]["state"] == "UNAVAILABLE"
+    assert fragment in rows[model]["reason"], rows[model]["reason"]
+    with pytest.raises(InferenceServerException, match="not available"):
+        a = np.ones((1, 4), np.float32)
+        client(url).infer(model, [fp32("A", a), fp32("B", a)])
+
+
+def test_a_failing_step_fails_the_request_with_its_error_and_model(url: str) -> None:
+    with pytest.raises(InferenceServerException) as exc:
+        client(url).infer("sentiment", [text_input([b"\xff\xfe not utf-8"])])
+    assert exc.value.status() == "400"
+    assert "preprocessing" in str(exc.value) and "UTF-8" in str(exc.value)
+
+
+def test_the_outer_deadline_bounds_every_step(url: str) -> None:
+    a = np.ones((1, 4), np.float32)
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as exc:  # no worker serves add_unserved
+        client(url).infer("ens_unserved", [fp32("A", a), fp32("B", a)], timeout=300_000)
+    assert time.monotonic() - started < 3
+    assert exc.value.status() == "503"
+    assert "add_unserved" in str(exc.value) and "timeout" in str(exc.value).lower()
+
+
+def test_perf_analyzer_runs_the_sentiment_ensemble(url: str, tmp_path: Path) -> None:
+    import os
+
+    pa = (
+        os.environ.get("PERF_ANALYZER")
+        or subprocess.run(
+            [str(ROOT / "bench" / "perf-analyzer-setup")],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    data = tmp_path / "text.json"
+    data.write_text('{"data": [{"TEXT": ["a great film"]}, {"TEXT": ["awful service"]}]}')
+    proc = subprocess.run(
+        [
+            pa,
+            "-m",
+            "sentiment",
+            "-u",
+            url,
+            "-i",
+            "http",
+            "--concurrency-range",
+            "2",
+            "--measurement-interval",
+            "1000",
+            "--stability-percentage",
+            "100",
+            "--input-data",
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Throughput" in proc.stdout
