@@ -222,3 +222,23 @@ def loop_model(path: Path, *, instances: int = 2, preserve_ordering: bool = True
         f"dynamic_batching {{ {ordering} }}\n"
         f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
     )
+
+
+def offset_model(path: Path, version: int, offset: float) -> None:
+    """Version ``version`` of a model answering Y = X + offset: answers tell versions apart."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "OFFSET"], ["Y"])],
+        "offset",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[helper.make_tensor("OFFSET", TensorProto.FLOAT, [], [offset])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _save(model, path / str(version) / "model.onnx")
+    if not (path / "config.pbtxt").exists():
+        (path / "config.pbtxt").write_text(
+            'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        )

@@ -92,7 +92,7 @@ class TritonPythonModel:
                 bls = pb_utils.InferenceRequest(
                     model_name="add_sub", requested_output_names=["OUTPUT0"], inputs=[]
                 )
-                bls.exec()
+                raise pb_utils.TritonModelException(bls.exec().error().message())
             if what == -11:
                 return responses
             rows = x.shape[0]
@@ -570,12 +570,15 @@ def test_too_few_responses_fail_the_batch(url: str) -> None:
     assert "0 response(s) for 1 request(s)" in outcome.message()
 
 
-def test_bls_says_it_is_not_available_yet(url: str) -> None:
+def test_a_bls_error_can_fail_the_model(url: str) -> None:
+    # The BLS call's own error (add_sub needs inputs) comes back from exec(), not raised;
+    # the probe raises it. tests/test_bls.py covers BLS itself.
     outcome = probe_outcome(url, -9.0, "probe_single")
     assert isinstance(outcome, InferenceServerException)
     assert outcome.status() == "500"
-    assert "business logic scripting" in outcome.message()
-    assert "not available yet" in outcome.message()
+    assert outcome.message().startswith("model 'probe_single' failed to execute: ")
+    assert "missing required input(s) ['INPUT0', 'INPUT1']" in outcome.message()
+    assert "model 'add_sub'" in outcome.message()
 
 
 # -- async, initialize args, versions, auto-complete --------------------------------------

@@ -316,8 +316,12 @@ class Batcher(threading.Thread):
         by_version: dict[int, list[Item]] = {}
         for item in batch:
             by_version.setdefault(item.msg.version, []).append(item)
+        backends = self.backends  # one consistent view, should a reload swap it
         for version, items in by_version.items():
-            backend = self.backends.get(version)
+            # -1: the client named no version; the latest this worker serves answers, so
+            # a version switch never sends a request to a version that is not loaded yet.
+            used = max(backends) if version == -1 and backends else version
+            backend = backends.get(used)
             if backend is None:
                 err = NotFound(
                     f"Request for unknown model version: '{self.model}' version {version} is not loaded here"
@@ -326,6 +330,8 @@ class Batcher(threading.Thread):
                     replies[item.tag] = Reply(item.msg.id, error=err)
                 continue
             self._run(backend, items, replies, started)
+            for item in items:
+                replies[item.tag].version = used
         if self.sequencer is None:
             self._send(batch, replies)
         else:
@@ -377,6 +383,9 @@ class Batcher(threading.Thread):
                     item.msg.client_id,
                     item.msg.params,
                     item.msg.timeout_us,
+                    item.msg.deadline,
+                    tuple(item.msg.chain),
+                    item.msg.priority,
                 )
             )
             runnable.append(item)

@@ -50,6 +50,27 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="deadline of requests that set no 'timeout' parameter",
     )
+    p.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default="none",
+        help="none: load everything at start; poll: follow repository changes; "
+        "explicit: load and unload through the repository API",
+    )
+    p.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="poll mode: how often to look for repository changes",
+    )
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="explicit mode: load this model at start ('*' for all); repeatable",
+    )
 
 
 def _http(p: argparse.ArgumentParser) -> None:
@@ -82,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run a Celery worker that serves models")
     _common(worker)
     _worker(worker)
+    from repo_sync.cli import add_arguments as _sync
+
+    _sync(sub.add_parser("sync", help="mirror a model repository from S3 or a folder (repo_sync)"))
     return top
 
 
@@ -99,6 +123,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise SystemExit(f"conch: unknown --backend-config {item!r}")
     if args.request_timeout_secs is not None:
         s.request_timeout_s = args.request_timeout_secs
+    s.model_control_mode = args.model_control_mode
+    s.repository_poll_secs = args.repository_poll_secs
+    s.load_models = list(args.load_model)
     if getattr(args, "http_max_input_size", None):
         s.max_input_bytes = args.http_max_input_size
     models = getattr(args, "models", "")
@@ -116,6 +143,10 @@ def _logging(verbose: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     _logging(args.log_verbose)
+    if args.command == "sync":
+        from repo_sync.cli import run as sync
+
+        return sync(args)
     if not args.model_repository.is_dir():
         raise SystemExit(f"conch: --model-repository {args.model_repository} is not a folder")
     if args.command == "worker":
@@ -171,6 +202,14 @@ def serve(args: argparse.Namespace) -> int:
         shared.append("--disable-auto-complete-config")
     if args.request_timeout_secs is not None:
         shared += ["--request-timeout-secs", str(args.request_timeout_secs)]
+    shared += [
+        "--model-control-mode",
+        args.model_control_mode,
+        "--repository-poll-secs",
+        str(args.repository_poll_secs),
+    ]
+    for m in args.load_model:
+        shared += ["--load-model", m]
     worker_cmd = [*common, "worker", *shared]
     if args.models:
         worker_cmd += ["--models", args.models]

@@ -65,7 +65,12 @@ def model_states(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for report in reports:
         for name, m in report.get("models", {}).items():
-            merged = out.setdefault(name, {"versions": {}, "reason": None})
+            merged = out.setdefault(
+                name, {"versions": {}, "reason": None, "load_ids": [], "loading": False}
+            )
+            if m.get("load_id"):
+                merged["load_ids"].append(m["load_id"])
+            merged["loading"] = merged["loading"] or bool(m.get("loading"))
             for v, state in m.get("versions", {}).items():
                 if merged["versions"].get(v) != READY:
                     merged["versions"][v] = state

@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import backends, ensemble
-from .config import config_to_json, new_config, parse_config
+from .config import config_to_json, json_to_config, new_config, parse_config
 from .datatypes import config_to_wire
 from .errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
 
@@ -179,9 +180,13 @@ class ModelRepository:
         auto_complete: bool = True,
         default_max_batch_size: int = 4,
         gpu_count: int | None = None,
+        config_override: Callable[[str], str | None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.auto_complete = auto_complete
+        # Explicit model control: a config given with a load request (JSON) replaces
+        # the model's config.pbtxt.
+        self.config_override = config_override
         self.default_max_batch_size = default_max_batch_size
         self._gpu_count = gpu_count
 
@@ -240,7 +245,11 @@ class ModelRepository:
         name, path = entry.name, entry.path
         config_path = path / CONFIG_FILE
         on_disk = sorted(int(p.name) for p in path.iterdir() if _is_version_dir(p))
-        if config_path.is_file():
+        override = self.config_override(name) if self.config_override else None
+        if override is not None:
+            cfg = json_to_config(override, model=name)
+            where = f"model '{name}' (config from its load request)"
+        elif config_path.is_file():
             try:
                 text = config_path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:

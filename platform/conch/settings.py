@@ -39,6 +39,11 @@ class Settings:
     auto_complete: bool = True
     default_max_batch_size: int = 4
     models: list[str] | None = None  # the worker serves these; None = all
+    # Triton's model control: none (load all at start), poll (follow the repository),
+    # explicit (load and unload through the API; --load-model at start).
+    model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0
+    load_models: list[str] = field(default_factory=list)
     log_verbose: int = 0
 
 

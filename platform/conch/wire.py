@@ -21,6 +21,23 @@ WireTensor = tuple[str, str, tuple[int, ...], bytes]
 REPLY_PREFIX = "conch.reply."
 MAX_RANK = 16
 MAX_TENSORS = 1024
+# Models a BLS request's chain may name (the models waiting on it); BLS bounds the depth
+# of a call chain far lower, this only bounds what a message may carry.
+MAX_CHAIN = 256
+MAX_MODEL_NAME = 200
+# Triton's error codes, as a reply may carry them.
+TRITON_CODES = frozenset(
+    {
+        "UNKNOWN",
+        "INTERNAL",
+        "NOT_FOUND",
+        "INVALID_ARG",
+        "UNAVAILABLE",
+        "UNSUPPORTED",
+        "ALREADY_EXISTS",
+        "CANCELLED",
+    }
+)
 
 
 class BadMessage(ValueError):
@@ -44,9 +61,12 @@ class InferMessage:
     delayed: bool = False  # already moved behind the requests still in time
     client_id: str = ""  # the "id" the client gave its request
     timeout_us: int = 0  # the client's "timeout" parameter
+    # BLS: the models whose instances wait on this request (outermost first); empty for a
+    # request from a client. See conch.bls.
+    chain: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "id": self.id,
             "model": self.model,
             "version": self.version,
@@ -63,6 +83,9 @@ class InferMessage:
             "cid": self.client_id,
             "tmo": self.timeout_us,
         }
+        if self.chain:  # only BLS requests carry one; a client's message stays as it was
+            body["chain"] = list(self.chain)
+        return body
 
     @classmethod
     def from_dict(cls, m: Any) -> InferMessage:
@@ -91,6 +114,7 @@ class InferMessage:
                 delayed=bool(m.get("delayed", False)),
                 client_id=_str(m.get("cid", "")),
                 timeout_us=_int(m.get("tmo", 0)),
+                chain=[_model_name(c) for c in _list(m.get("chain") or [], MAX_CHAIN)],
             )
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None
@@ -103,9 +127,15 @@ class Reply:
     error: ConchError | None = None
     timing: dict[str, int] = field(default_factory=dict)  # ns: queue, compute
     batch_size: int = 0
+    version: int = 0  # the model version that answered
 
     def pack(self) -> bytes:
-        body: dict[str, Any] = {"id": self.id, "t": self.timing, "bs": self.batch_size}
+        body: dict[str, Any] = {
+            "id": self.id,
+            "t": self.timing,
+            "bs": self.batch_size,
+            "v": self.version,
+        }
         if self.error is not None:
             body["err"] = [self.error.code, self.error.status, self.error.message]
         else:
@@ -121,9 +151,18 @@ class Reply:
         timing = m.get("t") or {}
         if "err" in m:
             code, status, message = m["err"]
-            return cls(rid, error=from_code(_str(code), _str(message), _int(status)), timing=timing)
+            error = from_code(_str(code), _str(message), _int(status))
+            if code in TRITON_CODES:
+                error.code = code  # keep UNKNOWN, CANCELLED... that have no class of their own
+            return cls(rid, error=error, timing=timing)
         outputs = [_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
-        return cls(rid, outputs=outputs, timing=timing, batch_size=_int(m.get("bs", 0)))
+        return cls(
+            rid,
+            outputs=outputs,
+            timing=timing,
+            batch_size=_int(m.get("bs", 0)),
+            version=_int(m.get("v", 0)),
+        )
 
 
 def _unpack(data: bytes) -> Any:
@@ -146,6 +185,12 @@ def _tensor(t: Any) -> WireTensor:
     if not isinstance(raw, bytes):
         raise BadMessage("tensor data is not bytes")
     return (_str(name), datatype, shape, raw)
+
+
+def _model_name(v: Any) -> str:
+    if not isinstance(v, str) or not v or len(v) > MAX_MODEL_NAME:
+        raise BadMessage("chain holds something that is not a model name")
+    return v
 
 
 def _reply_key(v: Any) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from celery import Celery, bootsteps
 
-from . import broker, ensemble, registry
+from . import bls, broker, control, ensemble, registry
 from .backends import Backend, backend_class
 from .batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from .errors import ConchError, ModelLoadError
@@ -40,10 +40,13 @@ class LoadedModel:
     reason: str | None = None
     loading: bool = False
     planned: list[int] = field(default_factory=list)  # versions being loaded
+    batchers: list[Batcher] = field(default_factory=list)
+    load_id: str = ""  # the load command this state answers (explicit mode)
 
 
 class ModelHost:
-    """Loads models, runs their batchers, and reports them in the registry."""
+    """Loads models, runs their batchers, reports them in the registry, and follows
+    repository changes and load/unload commands (``--model-control-mode``)."""
 
     def __init__(self, settings: Settings, worker_id: str) -> None:
         self.settings = settings
@@ -51,55 +54,181 @@ class ModelHost:
         self.client = redis.Redis.from_url(settings.redis_url)
         self.inflight = InFlight()
         self.models: dict[str, LoadedModel] = {}
-        self.batchers: list[Batcher] = []
         self._stop = threading.Event()
         self.stats: dict[str, dict[str, int]] = {}  # model -> executions, requests, rows
         self._stats_lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
+        self._control: control.Subscriber | None = None
+        self._changes = threading.Lock()  # one load/unload at a time
+        self._fingerprints: dict[str, Any] = {}
+        self.repository = ModelRepository(
+            settings.model_repository,
+            auto_complete=settings.auto_complete,
+            default_max_batch_size=settings.default_max_batch_size,
+            config_override=self._override if settings.model_control_mode == "explicit" else None,
+        )
+
+    def _override(self, name: str) -> str | None:
+        return control.get_override(self.client, name)
+
+    def _wanted(self, entries: dict[str, Any]) -> list[str]:
+        """The models this worker should serve now."""
+        names = [n for n, e in sorted(entries.items()) if e.backend != ensemble.ENSEMBLE]
+        if self.settings.models:
+            names = [n for n in names if n in self.settings.models]
+        if self.settings.model_control_mode == "explicit":
+            chosen = set(self.settings.load_models) | control.loaded_models(self.client)
+            if "*" not in chosen:
+                names = [n for n in names if n in chosen]
+        return names
 
     def start(self) -> None:
-        repo = ModelRepository(
-            self.settings.model_repository,
-            auto_complete=self.settings.auto_complete,
-            default_max_batch_size=self.settings.default_max_batch_size,
-        )
-        entries = repo.scan()
-        wanted = self.settings.models
-        if wanted:
-            for missing in sorted(set(wanted) - set(entries)):
-                log.error(
-                    "model '%s' asked for with --models is not in %s",
-                    missing,
-                    self.settings.model_repository,
-                )
+        # Python models' BLS calls (pb_utils.InferenceRequest.exec) go through this worker.
+        bls.install(bls.BlsClient(self.settings, self.repository, client=self.client))
+        entries = self.repository.scan()
+        for missing in sorted(set(self.settings.models or ()) - set(entries)):
+            log.error(
+                "model '%s' asked for with --models is not in %s",
+                missing,
+                self.settings.model_repository,
+            )
         # Ensembles have no queue of their own: gateways run their steps.
-        chosen = {
-            n: e
-            for n, e in sorted(entries.items())
-            if (not wanted or n in wanted) and e.backend != ensemble.ENSEMBLE
-        }
-        for name in chosen:
-            self.models[name] = LoadedModel(name, loading=True, planned=list(chosen[name].versions))
+        wanted = self._wanted(entries)
+        for name in wanted:
+            self.models[name] = LoadedModel(
+                name, loading=True, planned=list(entries[name].versions)
+            )
         self._publish()  # LOADING, so readiness and the index say so while models load
         self._heartbeat = threading.Thread(target=self._beat, name="conch-heartbeat", daemon=True)
         self._heartbeat.start()
-        for name, entry in chosen.items():
-            loaded = self.models[name]
+        for name in wanted:
+            self.serve(name, entries[name])
+        if self.settings.model_control_mode != "none":
+            self._control = control.Subscriber(
+                self.client,
+                self._on_message,
+                self._on_tick,
+                tick_s=self.settings.repository_poll_secs,
+            )
+            self._control.start()
+
+    # -- following the repository and the API --------------------------------------------
+    def _on_message(self, channel: str, payload: dict[str, Any]) -> None:
+        model = payload.get("model")
+        if not isinstance(model, str):
+            return
+        if channel == control.COMMANDS:
+            if self.settings.model_control_mode != "explicit":
+                return
+            if payload.get("action") == "unload":
+                self.withdraw(model)
+            elif payload.get("action") == "load":
+                self.reload(model, load_id=str(payload.get("id", "")))
+        elif channel == control.EVENTS and self.settings.model_control_mode == "poll":
+            self.reload(model)
+
+    def _on_tick(self, generation_changed: bool) -> None:
+        """Poll mode rescans the repository; any mode catches up on missed commands."""
+        if self.settings.model_control_mode == "poll":
+            entries = self.repository.scan()
+            for name in self._wanted(entries):
+                if self._fingerprint(name) != self._fingerprints.get(name):
+                    self.reload(name)
+            for name in [n for n in self.models if n not in entries]:
+                self.withdraw(name)
+        elif self.settings.model_control_mode == "explicit" and generation_changed:
+            wanted = set(self._wanted(self.repository.scan()))
+            for name in wanted - set(self.models):
+                self.reload(name)
+            for name in [n for n in self.models if n not in wanted]:
+                self.withdraw(name)
+
+    def _fingerprint(self, name: str) -> Any:
+        """What changes when a model's config or version folders are replaced."""
+        path = self.settings.model_repository / name
+        try:
+            items = sorted(path.iterdir())
+        except OSError:
+            return None
+        return tuple((p.name, p.stat().st_ino, p.stat().st_mtime_ns) for p in items)
+
+    def reload(self, name: str, *, load_id: str = "") -> None:
+        entry = self.repository.read_model(name)
+        if entry.backend == ensemble.ENSEMBLE:
+            return
+        if self.settings.models and name not in self.settings.models:
+            return
+        self.serve(name, entry, load_id=load_id)
+
+    def serve(self, name: str, entry: Any, *, load_id: str = "") -> None:
+        """Load ``entry`` beside what serves ``name`` now, then switch and drain the old.
+
+        A broken new config or version leaves the old one serving, with the reason.
+        """
+        with self._changes:
+            self._fingerprints[name] = self._fingerprint(name)
+            current = self.models.get(name)
+            if current is None or not current.versions:
+                current = self.models[name] = LoadedModel(name, planned=list(entry.versions))
+            current.loading, current.load_id = True, load_id
+            self._publish()
             try:
                 if entry.error or entry.config is None:
                     raise ModelLoadError(entry.error or "no config")
-                self._load(entry, loaded)
-            except ConchError as exc:
-                loaded.reason = exc.message
-                log.error("model '%s' is unavailable: %s", name, exc.message)
-            except Exception as exc:  # a backend's own failure: this model only
-                loaded.reason = f"model '{name}' failed to load: {type(exc).__name__}: {exc}"
-                log.exception("model '%s' failed to load", name)
-            finally:
-                loaded.loading = False
+                versions, batchers = self._load(entry)
+            except Exception as exc:
+                current.reason = (
+                    exc.message
+                    if isinstance(exc, ConchError)
+                    else (f"model '{name}' failed to load: {type(exc).__name__}: {exc}")
+                )
+                current.loading = False
+                level = log.error if isinstance(exc, ConchError) else log.exception
+                level(
+                    "model '%s' is unavailable%s: %s",
+                    name,
+                    " (its previous versions keep serving)" if current.versions else "",
+                    current.reason,
+                )
+                self._publish()
+                return
+            old = self.models[name]
+            self.models[name] = LoadedModel(
+                name, versions=versions, batchers=batchers, load_id=load_id
+            )
+            for b in batchers:
+                b.start()
             self._publish()
+            self._retire(old)
+            log.info(
+                "model '%s' versions %s ready with %d instance(s)",
+                name,
+                sorted(versions),
+                len(next(iter(versions.values()), [])),
+            )
 
-    def _load(self, entry: Any, loaded: LoadedModel) -> None:
+    def withdraw(self, name: str) -> None:
+        with self._changes:
+            old = self.models.pop(name, None)
+            self.models[name] = LoadedModel(name, reason="unloaded")
+            self._publish()
+            if old is not None:
+                self._retire(old)
+            log.info("model '%s' unloaded", name)
+
+    def _retire(self, old: LoadedModel) -> None:
+        """Old batchers finish their batch and hand back what they hold; then unload."""
+        for b in old.batchers:
+            b.stop()
+        for b in old.batchers:
+            b.join(timeout=60)
+        for backend in (b for instances in old.versions.values() for b in instances):
+            try:
+                backend.unload()
+            except Exception:
+                log.exception("model '%s': unload failed", old.name)
+
+    def _load(self, entry: Any) -> tuple[dict[int, list[Backend]], list[Batcher]]:
         cls = backend_class(entry.backend)
         specs = entry.instances()
         versions: dict[int, list[Backend]] = {}
@@ -118,16 +247,15 @@ class ModelHost:
                 except Exception:
                     log.exception("model '%s': unload after a failed load failed", entry.name)
             raise
-        loaded.versions = versions
         policy = BatchPolicy.from_config(entry.config)
         cfg = entry.config
         ordered = cfg.HasField("dynamic_batching") and cfg.dynamic_batching.preserve_ordering
         sequencer = Sequencer() if ordered else None
-        for k, spec in enumerate(specs):
-            batcher = Batcher(
+        batchers = [
+            Batcher(
                 client=self.client,
                 model=entry.name,
-                backends={v: inst[k] for v, inst in loaded.versions.items()},
+                backends={v: inst[k] for v, inst in versions.items()},
                 policy=policy,
                 inflight=self.inflight,
                 max_attempts=self.settings.max_attempts,
@@ -135,14 +263,9 @@ class ModelHost:
                 on_batch=self._count,
                 sequencer=sequencer,
             )
-            self.batchers.append(batcher)
-            batcher.start()
-        log.info(
-            "model '%s' versions %s ready with %d instance(s)",
-            entry.name,
-            entry.versions,
-            len(specs),
-        )
+            for k, spec in enumerate(specs)
+        ]
+        return versions, batchers
 
     def _count(self, model: str, requests: int, rows: int) -> None:
         with self._stats_lock:
@@ -152,17 +275,20 @@ class ModelHost:
             st["rows"] += rows
 
     def _states(self) -> dict[str, dict[str, Any]]:
-        return {
-            name: {
-                "versions": {
-                    str(v): registry.LOADING if m.loading else registry.READY
-                    for v in (m.planned if m.loading else m.versions)
-                },
+        out = {}
+        for name, m in list(self.models.items()):
+            versions = {str(v): registry.READY for v in m.versions}
+            if m.loading:
+                versions.update(
+                    {str(v): registry.LOADING for v in m.planned if v not in m.versions}
+                )
+            out[name] = {
+                "versions": versions,
                 "reason": m.reason,
                 "loading": m.loading,
+                "load_id": m.load_id,
             }
-            for name, m in self.models.items()
-        }
+        return out
 
     def _publish(self) -> None:
         with self._stats_lock:
@@ -181,17 +307,18 @@ class ModelHost:
 
     def stop(self) -> None:
         """Finish the batches in progress, hand back what is held, unload, withdraw."""
-        for b in self.batchers:
-            b.stop()
-        for b in self.batchers:
-            b.join(timeout=60)
-        self._stop.set()
+        if self._control is not None:
+            self._control.stop()
+        with self._changes:
+            models = list(self.models.values())
+            for m in models:
+                for b in m.batchers:
+                    b.stop()
+            self._stop.set()
+            for m in models:
+                self._retire(m)
         with contextlib.suppress(redis.RedisError):
             registry.withdraw(self.client, self.worker_id)
-        for m in self.models.values():
-            for instances in m.versions.values():
-                for backend in instances:
-                    backend.unload()
 
 
 class ModelServing(bootsteps.StartStopStep):

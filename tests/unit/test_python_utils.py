@@ -162,18 +162,21 @@ def test_request_accessors() -> None:
     assert pb.InferenceRequest().parameters() == "{}"
 
 
-def test_bls_and_decoupled_calls_say_they_are_not_available() -> None:
+def test_bls_outside_a_worker_answers_an_error_and_model_control_is_not_available() -> None:
     req = _request()
-    with pytest.raises(
-        pb.TritonModelException, match=r"business logic scripting .* not available yet"
-    ):
-        req.exec()
-    with pytest.raises(pb.TritonModelException, match="business logic scripting"):
-        asyncio.run(req.async_exec())
+    for resp in (req.exec(), asyncio.run(req.async_exec())):
+        assert resp.has_error()
+        assert resp.error().code() == pb.TritonError.UNAVAILABLE
+        assert "business logic scripting" in resp.error().message()
+        assert "needs a conch worker" in resp.error().message()
+    with pytest.raises(pb.TritonModelException, match="needs a conch worker"):
+        pb.is_model_ready("other")
     with pytest.raises(pb.TritonModelException, match="decoupled"):
         req.get_response_sender()
     with pytest.raises(pb.TritonModelException, match="not available yet"):
         pb.load_model("other")
+    with pytest.raises(pb.TritonModelException, match="not available yet"):
+        pb.unload_model("other")
     with pytest.raises(pb.TritonModelException, match="rescheduling"):
         req.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 

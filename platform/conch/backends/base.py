@@ -54,6 +54,9 @@ class BackendRequest:
     request_id: str = ""  # the client's "id", as Triton hands it to backends
     parameters: dict[str, Any] = field(default_factory=dict)  # custom request parameters
     timeout_us: int = 0  # the request's "timeout" parameter (microseconds), 0 if none
+    deadline: float = 0.0  # epoch seconds the caller waits until; 0 = none (BLS inherits it)
+    chain: tuple[str, ...] = ()  # models waiting on this request, for BLS (conch.bls)
+    priority: int = 0  # the queue priority step it came from (BLS calls inherit it)
 
 
 # A backend answers each request with its output tensors or with the error for it.

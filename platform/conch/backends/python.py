@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import bls
 from ..config import config_to_json, json_to_config
 from ..errors import (
     ConchError,
@@ -319,12 +320,16 @@ class PythonBackend(Backend):
                 ) from None
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
+                # BLS calls from initialize: no deadline but the default, and no self-call.
+                token = bls.CURRENT.set(bls.CallContext(self.spec.name))
                 try:
                     self._await(initialize(self.initialize_args()))
                 except Exception as exc:
                     raise ModelLoadError(
                         f"{self._where()}: initialize failed: {_describe(exc)}"
                     ) from None
+                finally:
+                    bls.CURRENT.reset(token)
         except BaseException:
             self._release()
             raise
@@ -366,6 +371,8 @@ class PythonBackend(Backend):
         if self.model is None:
             return [Unavailable(f"{self._where()} is not loaded")] * len(requests)
         batch = [self._request(r) for r in requests]
+        # BLS calls made by this execute inherit the batch's deadline and call chain.
+        token = bls.CURRENT.set(bls.batch_context(self.spec.name, requests))
         try:
             responses = self._await(self.model.execute(batch))
         except (Exception, SystemExit) as exc:
@@ -373,6 +380,8 @@ class PythonBackend(Backend):
             return [
                 Internal(f"model '{self.spec.name}' failed to execute: {_describe(exc)}")
             ] * len(requests)
+        finally:
+            bls.CURRENT.reset(token)
         problem = self._check(responses, len(requests))
         if problem is not None:
             return [Internal(f"model '{self.spec.name}': {problem}")] * len(requests)

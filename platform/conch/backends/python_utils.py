@@ -13,9 +13,14 @@ process rather than in a stub process with shared memory:
   a GPU tensor to the CPU (through its ``cpu()`` method) or refuses it.
 - BF16 tensors reach the model as ``uint16`` arrays holding the bit patterns, the way
   conch carries BF16 everywhere; ``triton_to_numpy_type`` has no numpy type for BF16.
-- Business logic scripting (``InferenceRequest(model_name=...).exec()``), model control
-  from a model (``load_model``...) and decoupled responses are not available yet: they
-  raise ``TritonModelException`` saying so.
+- Business logic scripting (``InferenceRequest(model_name=...).exec()`` and
+  ``async_exec``) goes through the named model's queue; the worker installs the client
+  that does it (``conch.bls``). It answers every failure with an error response, as
+  Triton does; a call to a model already waiting on the caller (itself, or A -> B -> A)
+  is refused at once instead of deadlocking. ``exec(decoupled=True)``, model control from
+  a model (``load_model``, ``unload_model``) and decoupled responses are not available
+  yet: the first answers an error response, the others raise ``TritonModelException``.
+  ``is_model_ready`` reads the workers' registry.
 - Response ``parameters`` are accepted and kept on the object; the HTTP reply does not
   carry them.
 
@@ -24,10 +29,14 @@ The module imports nothing from conch, so it can be read and tested on its own.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import ctypes
 import json
 import logging
+import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -76,10 +85,36 @@ TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_CPU_PINNED = 1
 TRITONSERVER_MEMORY_GPU = 2
 
-_BLS_NOT_YET = (
-    "business logic scripting (calling another model from a Python model) is not available "
-    "yet in conch"
+_MODEL_CONTROL_NOT_YET = (
+    "model control from a Python model (load_model, unload_model) is not available yet in conch"
 )
+_NO_WORKER = (
+    "business logic scripting (calling another model from a Python model) needs a conch "
+    "worker, and this process is not one"
+)
+
+# The worker's BLS client (``conch.bls.BlsClient``), installed by the worker process: it
+# has ``infer(request, decoupled) -> InferenceResponse`` and ``is_ready(name, version)``.
+_bls_client: Any = None
+_bls_pool: ThreadPoolExecutor | None = None
+_bls_pool_lock = threading.Lock()
+BLS_THREADS = 64  # async_exec calls in flight at once, per worker process
+
+
+def _install_bls_client(client: Any) -> None:
+    """Set (or, with None, remove) the client that ``exec`` and ``is_model_ready`` use."""
+    global _bls_client
+    _bls_client = client
+
+
+def _bls_threads() -> ThreadPoolExecutor:
+    """The threads ``async_exec`` waits in (a BLS call blocks until its reply)."""
+    global _bls_pool
+    if _bls_pool is None:
+        with _bls_pool_lock:
+            if _bls_pool is None:
+                _bls_pool = ThreadPoolExecutor(BLS_THREADS, thread_name_prefix="conch-bls")
+    return _bls_pool
 
 
 class PreferredMemory:
@@ -434,8 +469,9 @@ class InferenceResponse:
 class InferenceRequest:
     """A request: the ones ``execute`` receives, or (for BLS) one a model builds itself.
 
-    ``parameters()`` is a JSON string, as in Triton. Requests built by a model can be
-    constructed, but ``exec``/``async_exec`` are not available yet.
+    ``parameters()`` is a JSON string, as in Triton. ``exec()`` sends a request a model
+    built to ``model_name`` and waits for its response; ``await async_exec()`` does the
+    same without blocking the model's event loop.
     """
 
     def __init__(
@@ -517,15 +553,39 @@ class InferenceRequest:
         self._release_flags = flags
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise TritonModelException(
-            f"{_BLS_NOT_YET}: InferenceRequest(model_name='{self._model_name}').exec() cannot run"
-        )
+        """Run this request on model ``model_name`` and return its response.
+
+        Failures (unknown model, bad inputs, the model's own error, timeouts, a call that
+        would wait on itself) come back as a response with ``has_error()`` True; nothing
+        is raised. The call inherits the deadline of the request being executed, which
+        ``timeout`` (microseconds) can only shorten.
+        """
+        client = _bls_client
+        if client is None:
+            return InferenceResponse(
+                error=TritonError(
+                    f"{_NO_WORKER}: InferenceRequest(model_name='{self._model_name}').exec() "
+                    "cannot run",
+                    TritonError.UNAVAILABLE,
+                )
+            )
+        try:
+            return client.infer(self, bool(decoupled))
+        except Exception as exc:  # the client answers failures itself; this is a last resort
+            _log.exception("BLS request to model '%s' failed", self._model_name)
+            return InferenceResponse(
+                error=TritonError(
+                    f"BLS request to model '{self._model_name}' failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    TritonError.INTERNAL,
+                )
+            )
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise TritonModelException(
-            f"{_BLS_NOT_YET}: InferenceRequest(model_name='{self._model_name}').async_exec() "
-            "cannot run"
-        )
+        """``exec`` in a worker thread, so several calls from one ``execute`` overlap."""
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # the caller's deadline and call chain
+        return await loop.run_in_executor(_bls_threads(), context.run, self.exec, decoupled)
 
     def __repr__(self) -> str:
         names = [t.name() for t in self._inputs]
@@ -533,15 +593,19 @@ class InferenceRequest:
 
 
 def load_model(model_name: str, config: str = "", files: Any = None) -> None:
-    raise TritonModelException(f"{_BLS_NOT_YET}: load_model('{model_name}') cannot run")
+    raise TritonModelException(f"{_MODEL_CONTROL_NOT_YET}: load_model('{model_name}') cannot run")
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise TritonModelException(f"{_BLS_NOT_YET}: unload_model('{model_name}') cannot run")
+    raise TritonModelException(f"{_MODEL_CONTROL_NOT_YET}: unload_model('{model_name}') cannot run")
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    raise TritonModelException(f"{_BLS_NOT_YET}: is_model_ready('{model_name}') cannot run")
+    """Whether a live worker has ``model_name`` (``model_version``, "" = latest) ready."""
+    client = _bls_client
+    if client is None:
+        raise TritonModelException(f"{_NO_WORKER}: is_model_ready('{model_name}') cannot run")
+    return bool(client.is_ready(model_name, model_version))
 
 
 # -- the model configuration --------------------------------------------------------------

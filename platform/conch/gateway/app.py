@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import redis
 from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
-from .. import __version__
+from .. import __version__, control
+from ..broker import new_id
+from ..config import json_to_config
 from ..dispatch import Dispatcher
-from ..errors import ConchError, InvalidArgument
+from ..errors import ConchError, InvalidArgument, Unavailable, Unsupported
 from ..settings import Settings
 from .catalog import Catalog
 from .dataplane import DataPlane, InferFastPath, too_large
@@ -109,6 +112,91 @@ def repository_index() -> Response:
     return _json(_catalog().index(ready_only))
 
 
+# -- model control (explicit mode) ----------------------------------------------------
+LOAD_WAIT_S = 120.0
+
+
+def _control_params(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        parsed = json.loads(body)
+    except ValueError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    params = parsed.get("parameters", {}) if isinstance(parsed, dict) else None
+    if not isinstance(params, dict):
+        raise InvalidArgument(
+            "the request must be a JSON object with an optional 'parameters' object"
+        )
+    return params
+
+
+def _require_explicit(catalog: Catalog) -> None:
+    if catalog.settings.model_control_mode != "explicit":
+        raise InvalidArgument(
+            "explicit model load / unload is not allowed: start conch with --model-control-mode explicit"
+        )
+
+
+@v2.post("/v2/repository/models/<model>/load")
+def load_model(model: str) -> Response:
+    catalog = _catalog()
+    _require_explicit(catalog)
+    params = _control_params(request.get_data(cache=False))
+    if any(k.startswith("file:") for k in params):
+        raise Unsupported(
+            "'file:' override parameters are not supported yet: put the files in the repository"
+        )
+    config = params.get("config")
+    if config is not None:
+        if not isinstance(config, str):
+            raise InvalidArgument(
+                "parameter 'config' must be a string holding the model config as JSON"
+            )
+        json_to_config(config, model=model)  # a clear 400 now, not a failed load later
+    if (
+        model not in catalog.repository.scan()
+        and not (catalog.settings.model_repository / model).is_dir()
+    ):
+        raise InvalidArgument(f"failed to load '{model}': it is not in the model repository")
+    control.set_override(catalog.client, model, config)
+    load_id = new_id()
+    control.command(catalog.client, "load", model, id=load_id)
+    catalog.refresh()
+    deadline = time.monotonic() + LOAD_WAIT_S
+    while time.monotonic() < deadline:
+        st = catalog.states(max_age=0.05).get(model, {})
+        if load_id in st.get("load_ids", ()) and not st.get("loading"):
+            if any(v == "READY" for v in st.get("versions", {}).values()):
+                return _empty()
+            raise InvalidArgument(
+                f"failed to load '{model}': {st.get('reason') or 'no version loaded'}"
+            )
+        time.sleep(0.05)
+    raise Unavailable(
+        f"failed to load '{model}': no worker finished loading it within {LOAD_WAIT_S:.0f} s"
+    )
+
+
+@v2.post("/v2/repository/models/<model>/unload")
+def unload_model(model: str) -> Response:
+    catalog = _catalog()
+    _require_explicit(catalog)
+    _control_params(
+        request.get_data(cache=False)
+    )  # unload_dependents: ensembles follow their steps
+    control.command(catalog.client, "unload", model)
+    control.set_override(catalog.client, model, None)
+    catalog.refresh()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = catalog.states(max_age=0.05).get(model, {})
+        if not any(v == "READY" for v in st.get("versions", {}).values()):
+            return _empty()
+        time.sleep(0.05)
+    raise Unavailable(f"failed to unload '{model}': a worker still serves it after 30 s")
+
+
 # -- inference -------------------------------------------------------------------------
 @v2.post("/v2/models/<model>/infer")
 @v2.post("/v2/models/<model>/versions/<int:version>/infer")
@@ -157,5 +245,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_error_handler(ConchError, _conch_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
+    catalog.follow()
     app.wsgi_app = InferFastPath(app.wsgi_app, plane)  # type: ignore[method-assign]
     return app

@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from .. import ensemble, registry
+from .. import control, ensemble, registry
 from ..config import output_types
 from ..errors import InvalidArgument
 from ..repository import ModelEntry, ModelRepository
@@ -19,16 +19,61 @@ class Catalog:
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
         self.client = client
+        explicit = settings.model_control_mode == "explicit"
         self.repository = ModelRepository(
             settings.model_repository,
             auto_complete=settings.auto_complete,
             default_max_batch_size=settings.default_max_batch_size,
+            config_override=(lambda name: control.get_override(client, name)) if explicit else None,
         )
         self.entries: dict[str, ModelEntry] = self.repository.scan()
+        self._loaded: set[str] = set()
+        self.problems: dict[str, str] = {}  # models serving an older, good read
+        self._subscriber: control.Subscriber | None = None
         self._states: dict[str, dict[str, Any]] = {}
         self._states_at = 0.0
         self._lock = threading.Lock()
         self._output_types: dict[str, dict[str, str]] = {}
+
+    def refresh(self) -> None:
+        """Re-read the repository: configs and versions changed, models came or went.
+
+        A model that served and now reads as broken keeps its last good entry (its
+        workers keep the old versions too); the reason shows in the index.
+        """
+        fresh = self.repository.scan()
+        problems: dict[str, str] = {}
+        for name, entry in fresh.items():
+            old = self.entries.get(name)
+            if entry.error and old is not None and not old.error:
+                fresh[name], problems[name] = old, entry.error
+        self.entries, self.problems = fresh, problems
+        self._output_types = {}
+        self._states_at = 0.0
+
+    def follow(self) -> None:
+        """Keep this process's view current (poll and explicit modes); idempotent."""
+        if self.settings.model_control_mode == "none" or self._subscriber is not None:
+            return
+        self._subscriber = control.Subscriber(
+            self.client,
+            lambda _channel, _payload: self.refresh(),
+            lambda changed: (
+                self.refresh() if changed or self.settings.model_control_mode == "poll" else None
+            ),
+            tick_s=self.settings.repository_poll_secs,
+        )
+        self._subscriber.start()
+
+    def is_loaded(self, name: str) -> bool:
+        """Explicit mode: loaded at start (--load-model) or through the API."""
+        if self.settings.model_control_mode != "explicit":
+            return True
+        wanted = set(self.settings.load_models)
+        if "*" in wanted or name in wanted:
+            return True
+        self.states()
+        return name in self._loaded
 
     def entry(self, name: str) -> ModelEntry:
         entry = self.entries.get(name)  # only safe names are ever entries
@@ -39,6 +84,10 @@ class Catalog:
     def serving(self, name: str) -> ModelEntry:
         """An entry that can take requests; a broken one answers with its reason."""
         entry = self.entry(name)
+        if not self.is_loaded(name):
+            raise InvalidArgument(
+                f"Request for unknown model: '{name}' has no available versions (unloaded)"
+            )
         if entry.error or entry.config is None:
             raise InvalidArgument(
                 f"Request for unknown model: '{name}' is not available: {entry.error}"
@@ -60,6 +109,8 @@ class Catalog:
             with self._lock:
                 if now - self._states_at > max_age:
                     self._states = registry.model_states(registry.snapshot(self.client))
+                    if self.settings.model_control_mode == "explicit":
+                        self._loaded = control.loaded_models(self.client)
                     self._states_at = time.monotonic()
         return self._states
 
@@ -102,7 +153,13 @@ class Catalog:
         states = self.states()
         out: list[dict[str, Any]] = []
         for name, entry in sorted(self.entries.items()):
+            if not self.is_loaded(name):
+                if not ready_only:
+                    out.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
+                continue
             st = states.get(name, {})
+            if name in self.problems and not ready_only:
+                out.append({"name": name, "state": "UNAVAILABLE", "reason": self.problems[name]})
             versions = entry.versions if entry.config is not None and not entry.error else []
             if not versions:
                 if not ready_only:

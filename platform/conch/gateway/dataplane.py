@@ -86,10 +86,13 @@ class DataPlane:
             produced = self._run_ensemble(entry, inputs, wanted, msg, depth=0)
             results = [(name, *produced[name]) for name in wanted]
         else:
+            if not version:  # the worker answers with the latest it serves (see Batcher)
+                msg.version = -1
             reply = self.dispatcher.call(msg, max_queue_size=admission.max_queue_size)
             if reply.error is not None:
                 raise reply.error
             results = list(reply.outputs or ())
+            v = reply.version if reply.version > 0 else v
         wire_types = self.catalog.output_types(entry)
         outputs = [
             codec.OutputTensor(name, wire_types.get(name, dt), tuple(shape), raw)

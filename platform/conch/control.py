@@ -1,0 +1,128 @@
+"""The control plane: repository events and model load/unload, over Redis pub/sub.
+
+repo_sync publishes a repository event when a model or version appears, changes or
+disappears; the model control API publishes load and unload commands. Workers and
+gateways each run one ``Subscriber`` and re-read what changed. Pub/sub loses what is sent
+while a listener is away, so state also lives in keys: the set of models loaded through
+the API (explicit mode) and a repository generation counter, which a subscriber checks
+on every tick to catch up on anything it missed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+log = logging.getLogger(__name__)
+
+EVENTS = "conch.repository.events"  # {"model", "version", "change", "at"} from repo_sync
+COMMANDS = "conch.control"  # {"action": "load"|"unload", "model", ...} from the API
+GENERATION = "conch.repository.generation"  # bumped by every repository change
+LOADED = "conch.models.loaded"  # explicit mode: the models loaded through the API
+OVERRIDE_PREFIX = "conch.override."  # explicit load's config override, by model
+
+MODES = ("none", "poll", "explicit")
+
+
+def command(client: redis.Redis, action: str, model: str, **fields: Any) -> None:
+    """Record the wanted state, then tell every worker and gateway."""
+    pipe = client.pipeline(transaction=True)
+    if action == "load":
+        pipe.sadd(LOADED, model)
+    elif action == "unload":
+        pipe.srem(LOADED, model)
+    pipe.incr(GENERATION)
+    pipe.publish(
+        COMMANDS, json.dumps({"action": action, "model": model, "at": time.time(), **fields})
+    )
+    pipe.execute()
+
+
+def loaded_models(client: redis.Redis) -> set[str]:
+    return {m.decode() if isinstance(m, bytes) else m for m in client.smembers(LOADED)}
+
+
+def set_override(client: redis.Redis, model: str, config_json: str | None) -> None:
+    if config_json is None:
+        client.delete(OVERRIDE_PREFIX + model)
+    else:
+        client.set(OVERRIDE_PREFIX + model, config_json)
+
+
+def get_override(client: redis.Redis, model: str) -> str | None:
+    v = client.get(OVERRIDE_PREFIX + model)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+class Subscriber(threading.Thread):
+    """Calls ``on_message(channel, payload)`` for each event or command, and
+    ``on_tick(generation_changed)`` every ``tick_s`` seconds; reconnects on its own."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        on_message: Callable[[str, dict[str, Any]], None],
+        on_tick: Callable[[bool], None] | None = None,
+        tick_s: float = 5.0,
+    ) -> None:
+        super().__init__(name="conch-control", daemon=True)
+        self.client = client
+        self.on_message = on_message
+        self.on_tick = on_tick
+        self.tick_s = tick_s
+        self.stopping = threading.Event()
+        self._generation: bytes | None = None
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._listen()
+            except redis.RedisError as exc:
+                log.warning("control subscriber lost Redis (%s); retrying", exc)
+                self.stopping.wait(1.0)
+
+    def _listen(self) -> None:
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(EVENTS, COMMANDS)
+        self._generation = self.client.get(GENERATION)
+        next_tick = time.monotonic() + self.tick_s
+        try:
+            while not self.stopping.is_set():
+                msg = pubsub.get_message(timeout=min(1.0, self.tick_s))
+                if msg is not None and msg.get("type") == "message":
+                    channel = (
+                        msg["channel"].decode()
+                        if isinstance(msg["channel"], bytes)
+                        else msg["channel"]
+                    )
+                    try:
+                        payload = json.loads(msg["data"])
+                    except ValueError:
+                        log.warning("ignoring an unreadable control message on %s", channel)
+                        continue
+                    if isinstance(payload, dict):
+                        self._call(self.on_message, channel, payload)
+                if time.monotonic() >= next_tick:
+                    next_tick = time.monotonic() + self.tick_s
+                    generation = self.client.get(GENERATION)
+                    changed, self._generation = generation != self._generation, generation
+                    if self.on_tick is not None:
+                        self._call(self.on_tick, changed)
+        finally:
+            pubsub.close()
+
+    @staticmethod
+    def _call(fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # a bad event must not stop the listener
+            log.exception("control handler failed")

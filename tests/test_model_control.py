@@ -1,0 +1,172 @@
+"""Model control as Triton has it: explicit load/unload and the index through the stock
+tritonclient, and poll mode following a repository folder with no failed request."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from harness import start_gateway, start_worker, wait_model_ready, wait_until
+from models import add_model, offset_model
+
+
+def fresh_db(redis_url: str, index: int) -> str:
+    url = redis_url.rsplit("/", 1)[0] + f"/{index}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+def x_input(value: float = 1.0) -> list[httpclient.InferInput]:
+    i = httpclient.InferInput("X", [1, 4], "FP32")
+    i.set_data_from_numpy(np.full((1, 4), value, np.float32))
+    return [i]
+
+
+def test_explicit_load_unload_and_index(tmp_path: Path, redis_url: str, log_dir: Path) -> None:
+    repo = tmp_path / "models"
+    offset_model(repo / "offset", 1, 1.0)
+    add_model(repo / "add")
+    db = fresh_db(redis_url, 4)
+    flags = (
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "add",
+        "--repository-poll-secs",
+        "0.5",
+    )
+    worker = start_worker(repo, db, log_dir, *flags)
+    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    client = httpclient.InferenceServerClient(url)
+    try:
+        wait_model_ready(url, "add", 60, worker, gateway)
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert index["add"]["state"] == "READY"
+        assert index["offset"] == {"name": "offset", "state": "UNAVAILABLE", "reason": "unloaded"}
+        with pytest.raises(InferenceServerException, match="no available versions"):
+            client.infer("offset", x_input())
+
+        client.load_model("offset")  # returns once a worker has it loaded
+        assert client.is_model_ready("offset")
+        np.testing.assert_array_equal(
+            client.infer("offset", x_input(1.0)).as_numpy("Y"), np.full((1, 4), 2.0)
+        )
+
+        # A load with a config override: the same model, now without batching.
+        config = json.dumps(
+            {
+                "name": "offset",
+                "platform": "onnxruntime_onnx",
+                "max_batch_size": 0,
+                "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1, 4]}],
+                "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1, 4]}],
+            }
+        )
+        client.load_model("offset", config=config)
+        assert client.get_model_config("offset")["max_batch_size"] == 0
+        np.testing.assert_array_equal(
+            client.infer("offset", x_input(1.0)).as_numpy("Y"), np.full((1, 4), 2.0)
+        )
+
+        client.unload_model("offset")
+        assert not client.is_model_ready("offset")
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert index["offset"]["state"] == "UNAVAILABLE"
+        with pytest.raises(InferenceServerException):
+            client.infer("offset", x_input())
+        # Unknown models and bad configs are clear 400s.
+        with pytest.raises(InferenceServerException, match="not in the model repository"):
+            client.load_model("nope")
+        with pytest.raises(InferenceServerException, match="offset"):
+            client.load_model("offset", config="{not json")
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+def test_load_is_refused_without_explicit_mode(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    repo = tmp_path / "models"
+    add_model(repo / "add")
+    gateway, url = start_gateway(repo, fresh_db(redis_url, 5), log_dir)
+    try:
+        with pytest.raises(InferenceServerException, match="explicit"):
+            httpclient.InferenceServerClient(url).load_model("add")
+    finally:
+        gateway.stop()
+
+
+def test_poll_mode_switches_versions_with_no_failed_request(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    repo = tmp_path / "models"
+    offset_model(repo / "offset", 1, 1.0)
+    db = fresh_db(redis_url, 3)
+    flags = ("--model-control-mode", "poll", "--repository-poll-secs", "0.5")
+    worker = start_worker(repo, db, log_dir, *flags)
+    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    answers: list[tuple[str, float]] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        client = httpclient.InferenceServerClient(url)
+        while not stop.is_set():
+            try:
+                r = client.infer("offset", x_input(1.0))
+                answers.append((r.get_response()["model_version"], float(r.as_numpy("Y")[0, 0])))
+            except Exception as exc:
+                failures.append(str(exc))
+
+    try:
+        wait_model_ready(url, "offset", 60, worker, gateway)
+        threads = [threading.Thread(target=stream) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        # Version 2 lands as a whole folder (as repo_sync renames one into place).
+        staging = tmp_path / "staging"
+        offset_model(staging, 2, 2.0)
+        (staging / "2").rename(repo / "offset" / "2")
+        started = time.monotonic()
+        wait_until(
+            lambda: any(v == "2" for v, _ in answers[-5:]),
+            30,
+            "version 2 to serve",
+            worker,
+            gateway,
+        )
+        took = time.monotonic() - started
+        time.sleep(0.5)
+        # A broken version 3 (no model file) leaves version 2 serving, with the reason.
+        (repo / "offset" / "3").mkdir()
+        wait_until(
+            lambda: (
+                "3"
+                in json.dumps(httpclient.InferenceServerClient(url).get_model_repository_index())
+            ),
+            10,
+            "the index to mention version 3",
+        )
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join(10)
+    finally:
+        stop.set()
+        gateway.stop()
+        worker.stop()
+    assert not failures, failures[:3]
+    assert took < 2 * 0.5 + 3, f"version 2 took {took:.1f} s to serve"
+    # Every answer came from version 1 (X+1) or version 2 (X+2), and says which.
+    assert {(v, y) for v, y in answers} <= {("1", 2.0), ("2", 3.0)}
+    assert answers[-1] == ("2", 3.0)
