@@ -18,7 +18,8 @@ A version folder ``<model>/<version>/`` of the source is copied into the cache w
     model file is there: the config's ``default_model_filename``, else its platform's or
     backend's default (model.onnx, model.pt, model.plan, model.py), else (no config, or no
     platform/backend in it) any of those; an ensemble needs none; a file or a folder of
-    that name counts. A version is thus taken one poll interval after its upload ended.
+    that name counts. A version is thus taken within two poll intervals after its upload
+    ended.
 
 A version still being uploaded (a file missing, or objects changing between polls) is
 never taken; the cache keeps what it had (the previous copy of a changed version keeps
@@ -32,10 +33,11 @@ Atomicity
 ---------
 A version (or a new model) is built in ``<cache>/.conch-sync-tmp/`` (dot-prefixed: readers
 skip it) and renamed into place; a changed version is swapped with the old one
-(``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere old renamed aside, new renamed in),
-then the old copy is deleted. Model-level files are written to a temporary file and
-``os.replace``-d. A removed model or version is renamed aside, then deleted. No reader of
-the cache ever sees a half-copied version. Symbolic links are never created.
+(``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere old renamed aside, new renamed in).
+Model-level files are written to a temporary file and ``os.replace``-d. A removed model
+or version is renamed aside. Old copies are deleted ``--delete-delay-secs`` later (a
+reader may have opened one just before the swap). No reader of the cache ever sees a
+half-copied version. Symbolic links are never created.
 
 Refused keys
 ------------

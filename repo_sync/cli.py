@@ -85,6 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="refuse larger objects (default 64G)",
     )
     p.add_argument(
+        "--delete-delay-secs",
+        type=float,
+        default=30.0,
+        metavar="SECS",
+        help="old copies of replaced or removed versions are deleted this long after, "
+        "for readers still reading them (default 30)",
+    )
+    p.add_argument(
         "--download-threads",
         type=int,
         default=4,
@@ -144,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         require_ready_marker=args.require_ready_marker,
         max_object_bytes=args.max_object_bytes,
         download_threads=max(1, args.download_threads),
+        delete_delay_secs=args.delete_delay_secs,
         progress=args.once and sys.stderr.isatty(),
     )
     try:

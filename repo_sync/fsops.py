@@ -128,7 +128,10 @@ def link_or_copy(src: Path, dest: Path) -> None:
 
 def within(root: Path, rel: str) -> Path:
     """``root/rel`` for an already-checked relative key; refuses anything outside ``root``."""
-    path = root.joinpath(*rel.split("/"))
+    segments = rel.split("/")
+    if any(seg in ("", ".", "..") for seg in segments):
+        raise ValueError(f"{rel!r} is not a plain relative path")
+    path = root.joinpath(*segments)
     base = os.path.normpath(root)
     if os.path.commonpath([base, os.path.normpath(path)]) != base or path == root:
         raise ValueError(f"{rel!r} is not inside {root}")

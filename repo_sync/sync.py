@@ -58,6 +58,9 @@ class SyncOptions:
     require_ready_marker: bool = False
     max_object_bytes: int = 64 << 30
     download_threads: int = 4
+    # Old copies of replaced or removed versions are deleted this long after they left the
+    # repository: a reader that opened one just before the swap can finish reading it.
+    delete_delay_secs: float = 30.0
     progress: bool = False  # a tqdm bar of the bytes downloaded, on stderr
 
 
@@ -172,6 +175,7 @@ class Syncer:
         self._configs: dict[str, tuple[str, bytes | None, tuple[str, ...]]] = {}
         self._warned: set[tuple[str, str]] = set()
         self._dirty = False
+        self._trash: list[tuple[float, Path]] = []  # (delete after, old copy in scratch)
         self._lock_fd: int | None = None
         if isinstance(source, LocalSource):
             a, b = os.path.realpath(source.root), os.path.realpath(self.cache)
@@ -183,6 +187,13 @@ class Syncer:
 
     def _open(self) -> None:
         self.cache.mkdir(parents=True, exist_ok=True)
+        if not (self.cache / MANIFEST).exists():  # checked before anything is written
+            others = sorted(p.name for p in self.cache.iterdir() if not p.name.startswith("."))
+            if others:
+                raise CacheError(
+                    f"{self.cache} holds {others[:5]} but no {MANIFEST}: it is not a repo_sync "
+                    "cache; give an empty or new folder"
+                )
         fd = os.open(self.cache / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -200,6 +211,7 @@ class Syncer:
             raise
 
     def close(self) -> None:
+        self._purge(everything=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -214,12 +226,6 @@ class Syncer:
     def _load_manifest(self) -> None:
         path = self.cache / MANIFEST
         if not path.exists():
-            others = sorted(p.name for p in self.cache.iterdir() if not p.name.startswith("."))
-            if others:
-                raise CacheError(
-                    f"{self.cache} holds {others[:5]} but no {MANIFEST}: it is not a repo_sync "
-                    "cache; give an empty or new folder"
-                )
             self.models = {}
             self._dirty = True
             self._save()
@@ -269,12 +275,34 @@ class Syncer:
             for child in mdir.iterdir():
                 if child.name not in rec["files"] and child.name not in rec["versions"]:
                     log.warning("cache: removing %s (no record of it)", child)
-                    fsops.discard(child, self.scratch)
+                    self._dispose(fsops.set_aside(child, self.scratch))
         for child in self.cache.iterdir():
             if not child.name.startswith(".") and child.name not in self.models:
                 log.warning("cache: removing %s (no record of it)", child)
-                fsops.discard(child, self.scratch)
+                self._dispose(fsops.set_aside(child, self.scratch))
         self._save()
+
+    def _dispose(self, old: Path | None) -> None:
+        """Delete an old copy that was set aside, now or after the grace period."""
+        if old is None:
+            return
+        if self.options.delete_delay_secs <= 0:
+            fsops.remove_tree(old)
+        else:
+            self._trash.append((time.monotonic() + self.options.delete_delay_secs, old))
+
+    def _purge(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        keep = []
+        for due, old in self._trash:
+            if everything or due <= now:
+                try:
+                    fsops.remove_tree(old)
+                except OSError as exc:
+                    log.warning("cannot delete the old copy %s: %s", old, exc)
+            else:
+                keep.append((due, old))
+        self._trash = keep
 
     def _save(self) -> None:
         if not self._dirty:
@@ -293,6 +321,7 @@ class Syncer:
     def sync_once(self) -> PassResult:
         """List the source once and bring the cache up to date with what is complete."""
         result = PassResult()
+        self._purge()
         try:
             listing = self.source.list()
         except SourceError as exc:
@@ -451,7 +480,15 @@ class Syncer:
         if cached is not None and cached[0] == info.etag:
             return cached[2]
         data: bytes | None = None
-        if info.size <= MAX_CONFIG_BYTES:
+        local: bytes | None = None
+        rec = self.models.get(name)
+        if rec is not None and rec["files"].get(CONFIG_FILE) == [info.etag, info.size]:
+            with contextlib.suppress(OSError):  # the cached copy is that very object
+                local = (self.cache / name / CONFIG_FILE).read_bytes()
+        if local is not None and len(local) == info.size:
+            data = local
+            required = required_files(name, data)
+        elif info.size <= MAX_CONFIG_BYTES:
             tmp = fsops.unique(self.scratch, "config")
             try:
                 self.source.fetch(f"{name}/{CONFIG_FILE}", info, tmp)
@@ -565,7 +602,7 @@ class Syncer:
             if not versions:
                 fsops.remove_tree(tmp)
                 return
-            fsops.put_dir(tmp, self.cache / name, self.scratch)
+            self._dispose(fsops.put_dir(tmp, self.cache / name, self.scratch))
         except (SourceError, OSError) as exc:
             fsops.remove_tree(tmp)
             for v in takes:
@@ -634,7 +671,7 @@ class Syncer:
         tmp = fsops.unique(self.scratch, f"version-{name}-{v}")
         try:
             self._build_version(tmp, name, v, version, (target, old), result, progress)
-            fsops.put_dir(tmp, target, self.scratch)
+            self._dispose(fsops.put_dir(tmp, target, self.scratch))
         except (SourceError, OSError) as exc:
             fsops.remove_tree(tmp)
             self._seen.pop((name, v), None)
@@ -693,7 +730,7 @@ class Syncer:
         vdir = self.cache / name / str(v)
         try:
             if vdir.exists():
-                fsops.discard(vdir, self.scratch)
+                self._dispose(fsops.set_aside(vdir, self.scratch))
         except OSError as exc:
             self._failed(result, f"removing {name} version {v}", exc)
             return
@@ -705,7 +742,7 @@ class Syncer:
         mdir = self.cache / name
         try:
             if mdir.exists():
-                fsops.discard(mdir, self.scratch)
+                self._dispose(fsops.set_aside(mdir, self.scratch))
         except OSError as exc:
             self._failed(result, f"removing model {name}", exc)
             return

@@ -21,6 +21,7 @@ import boto3
 import pytest
 import redis
 
+from conch.redis_server import start_private
 from conch.repository import ModelRepository
 from repo_sync import fsops
 from repo_sync.events import CHANNEL, GENERATION_KEY, Publisher, decode_event
@@ -75,7 +76,9 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start: {log_file.read_text()}")
+                    raise RuntimeError(
+                        f"moto server did not start: {log_file.read_text()}"
+                    ) from None
                 time.sleep(0.05)
         yield url
     finally:
@@ -120,9 +123,7 @@ class Store:
         for obj in listed.get("Contents", []):
             self.s3.delete_object(Bucket=self.bucket, Key=obj["Key"])
 
-    def version(
-        self, model: str, v: int, files: dict[str, bytes], *, ready: bool = False
-    ) -> None:
+    def version(self, model: str, v: int, files: dict[str, bytes], *, ready: bool = False) -> None:
         for rel, data in files.items():
             self.put(f"{model}/{v}/{rel}", data)
         if ready:
@@ -240,9 +241,7 @@ def test_only_changed_objects_are_downloaded_again(store: Store, make_syncer, ca
     store.put("m/1/b.bin", b"B" * 1200)
     syncer.sync_once()
     result = syncer.sync_once()
-    assert [(e["model"], e["version"], e["change"]) for e in result.events] == [
-        ("m", 1, "changed")
-    ]
+    assert [(e["model"], e["version"], e["change"]) for e in result.events] == [("m", 1, "changed")]
     assert gets == ["repo/m/1/b.bin"]
     assert result.downloaded == 1 and result.reused == 2
     assert (cache / "m/1/b.bin").read_bytes() == b"B" * 1200
@@ -334,7 +333,7 @@ def test_removed_version_and_model_disappear_at_once(store: Store, make_syncer, 
     store.version("a", 2, {"model.py": b"2"}, ready=True)
     store.put("b/config.pbtxt", PY_CONFIG)
     store.version("b", 1, {"model.py": b"b"}, ready=True)
-    syncer = make_syncer()
+    syncer = make_syncer(delete_delay_secs=0)
     syncer.sync_once()
     assert (cache / "a/1").is_dir() and (cache / "b/1").is_dir()
 
@@ -376,7 +375,7 @@ def test_path_escaping_keys_are_refused_and_logged(
     written = {p for p in tmp_path.rglob("*")} - before
     assert all(p.is_relative_to(cache) for p in written)
     assert tree_bytes(cache) == {"m/config.pbtxt": PY_CONFIG, "m/1/model.py": b"good"}
-    assert not any(b"evil" == p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert not any(p.read_bytes() == b"evil" for p in tmp_path.rglob("*") if p.is_file())
 
 
 # -- atomicity ----------------------------------------------------------------------------
@@ -386,6 +385,9 @@ def test_path_escaping_keys_are_refused_and_logged(
 def test_readers_never_see_a_half_copied_version(
     store: Store, make_syncer, cache: Path, monkeypatch, exchange: bool
 ):
+    """A reader scanning in a loop while the sync replaces a version again and again sees
+    the old version or the new one, whole. With renameat2 it never even misses it; with
+    the rename-aside fallback the folder may be absent for an instant, never partial."""
     if not exchange:
         monkeypatch.setattr(fsops, "exchange", lambda a, b: False)
     contents = [bytes([65 + i]) * (40_000 + 1000 * i) for i in range(8)]
@@ -396,26 +398,34 @@ def test_readers_never_see_a_half_copied_version(
 
     stop = threading.Event()
     problems: list[str] = []
-    scans = 0
+    counts = {"scans": 0, "absent": 0}
 
     def reader() -> None:
-        nonlocal scans
+        vdir = cache / "m" / "1"
         while not stop.is_set():
-            try:
+            counts["scans"] += 1
+            if exchange:
                 entry = scan(cache)["m"]
-                if entry.error:
-                    problems.append(entry.error)
-                vdir = cache / "m" / "1"
-                names = sorted(os.listdir(vdir)) if vdir.exists() else None
-                if names is not None and names != ["model.py", "w.bin"]:
-                    problems.append(f"version 1 holds {names}")
-                if names is not None:
-                    data = (vdir / "model.py").read_bytes()
-                    if data not in contents:
-                        problems.append(f"model.py has {len(data)} unknown bytes")
+                if entry.error or entry.versions != [1]:
+                    problems.append(f"scan: {entry.error or entry.versions}")
+            try:
+                fd = os.open(vdir, os.O_RDONLY | os.O_DIRECTORY)
             except FileNotFoundError:
-                pass  # the version folder went between listing and reading: never a partial one
-            scans += 1
+                counts["absent"] += 1
+                continue
+            try:
+                names = sorted(os.listdir(fd))
+                if names != ["model.py", "w.bin"]:
+                    problems.append(f"version 1 holds {names}")
+                    continue
+                for name in names:
+                    f = os.open(name, os.O_RDONLY, dir_fd=fd)
+                    with os.fdopen(f, "rb") as fh:
+                        data = fh.read()
+                    if data not in contents:
+                        problems.append(f"{name} has {len(data)} unknown bytes")
+            finally:
+                os.close(fd)
 
     thread = threading.Thread(target=reader)
     thread.start()
@@ -427,8 +437,14 @@ def test_readers_never_see_a_half_copied_version(
         stop.set()
         thread.join()
     assert problems == []
-    assert scans > 5
+    assert counts["scans"] > 5
+    if exchange:
+        assert counts["absent"] == 0
     assert (cache / "m/1/model.py").read_bytes() == contents[-1]
+    old_copies = list((cache / ".conch-sync-tmp").iterdir())
+    assert len(old_copies) == len(contents) - 1  # kept for readers, deleted after the delay
+    syncer.close()
+    assert list((cache / ".conch-sync-tmp").iterdir()) == []
 
 
 # -- events -------------------------------------------------------------------------------
@@ -488,27 +504,31 @@ def test_events_are_published_on_the_channel(store: Store, make_syncer, redis_ur
     pubsub.close()
 
 
-def test_events_wait_for_redis_when_it_is_down(store: Store, make_syncer, redis_url: str):
+def test_events_wait_for_redis_when_it_is_down(store: Store, make_syncer):
     store.put("m/config.pbtxt", PY_CONFIG)
     store.version("m", 1, {"model.py": b"1"}, ready=True)
-    publisher = Publisher(f"redis://127.0.0.1:{_free_port()}/0")  # nothing listens there
+    port = _free_port()
+    publisher = Publisher(f"redis://127.0.0.1:{port}/0")  # nothing listens there yet
     syncer = make_syncer(publisher=publisher)
     assert syncer.sync_once().generation is None
-    assert (cache_file := syncer.cache / "m/1/model.py").read_bytes() == b"1"
+    assert (syncer.cache / "m/1/model.py").read_bytes() == b"1"  # the files still move
     assert publisher.backlog == 2
 
-    client = redis.Redis.from_url(redis_url)
-    pubsub = client.pubsub()
-    pubsub.subscribe(CHANNEL)
-    pubsub.get_message(timeout=2)
-    publisher.redis_url = redis_url  # Redis is back
-    syncer.sync_once()
-    assert [(e["version"], e["change"]) for e in _drain(pubsub, 2)] == [
-        (None, "added"),
-        (1, "added"),
-    ]
-    assert publisher.backlog == 0 and cache_file.exists()
-    pubsub.close()
+    server = start_private(port)  # Redis is back
+    try:
+        pubsub = redis.Redis.from_url(server.url).pubsub()
+        pubsub.subscribe(CHANNEL)
+        pubsub.get_message(timeout=2)
+        assert syncer.sync_once().generation == 1
+        assert [(e["version"], e["change"]) for e in _drain(pubsub, 2)] == [
+            (None, "added"),
+            (1, "added"),
+        ]
+        assert publisher.backlog == 0
+        pubsub.close()
+    finally:
+        syncer.close()
+        server.stop()
 
 
 # -- the daemon and the command line --------------------------------------------------------
@@ -533,14 +553,15 @@ def test_daemon_takes_a_new_version_within_two_poll_intervals(store: Store, make
     finally:
         stop.set()
         thread.join()
-    assert took <= 2 * 0.3 + 0.5, took
+    assert took <= 2 * 0.3 + 1.0, took
 
 
-def _cli_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("REDIS_URL", None)
-    env.update(extra)
-    return env
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run a command line with the test's AWS settings (no REDIS_URL), plus ``env``."""
+    full_env = dict(os.environ)
+    full_env.pop("REDIS_URL", None)
+    full_env.update(env)
+    return subprocess.run(args, env=full_env, capture_output=True, text=True, timeout=60)
 
 
 def test_cli_once_with_the_usual_aws_settings(store: Store, s3_endpoint: str, tmp_path: Path):
@@ -548,13 +569,10 @@ def test_cli_once_with_the_usual_aws_settings(store: Store, s3_endpoint: str, tm
     store.version("m", 1, {"model.py": b"1"})  # no marker: --once polls twice
     store.version("m", 2, {"model.py": b"2"}, ready=True)
     cache = tmp_path / "from-module"
-    done = subprocess.run(
-        [sys.executable, "-m", "repo_sync", "--source", f"s3://{store.bucket}/repo"]
-        + ["--model-repository", str(cache), "--once", "--repository-poll-secs", "0.2"],
-        env=_cli_env(AWS_ENDPOINT_URL=s3_endpoint),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = _cli(
+        *(sys.executable, "-m", "repo_sync", "--source", f"s3://{store.bucket}/repo"),
+        *("--model-repository", str(cache), "--once", "--repository-poll-secs", "0.2"),
+        AWS_ENDPOINT_URL=s3_endpoint,
     )
     assert done.returncode == 0, done.stderr
     assert tree_bytes(cache) == {
@@ -567,41 +585,61 @@ def test_cli_once_with_the_usual_aws_settings(store: Store, s3_endpoint: str, tm
     assert conch
     host = s3_endpoint.removeprefix("http://")
     cache2 = tmp_path / "from-conch"
-    done = subprocess.run(
-        [conch, "sync", "--source", f"s3://{host}/{store.bucket}/repo/"]  # Triton's form
-        + ["--model-repository", str(cache2), "--once", "--repository-poll-secs", "0.2"],
-        env=_cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = _cli(
+        *(conch, "sync", "--source", f"s3://{host}/{store.bucket}/repo/"),  # Triton's form
+        *("--model-repository", str(cache2), "--once", "--repository-poll-secs", "0.2"),
     )
     assert done.returncode == 0, done.stderr
     assert tree_bytes(cache2) == tree_bytes(cache)
 
 
+def test_cli_daemon_syncs_publishes_and_stops_on_sigterm(
+    store: Store, s3_endpoint: str, tmp_path: Path, redis_url: str
+):
+    cache = tmp_path / "daemon"
+    pubsub = redis.Redis.from_url(redis_url).pubsub()
+    pubsub.subscribe(CHANNEL)
+    pubsub.get_message(timeout=2)
+    env = dict(os.environ, AWS_ENDPOINT_URL_S3=s3_endpoint, REDIS_URL=redis_url)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "repo_sync", "--source", f"s3://{store.bucket}/repo"),
+            *("--model-repository", str(cache), "--repository-poll-secs", "0.2"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        store.put("m/config.pbtxt", PY_CONFIG)
+        store.version("m", 1, {"model.py": b"1"}, ready=True)
+        events = _drain(pubsub, 2, timeout=20)
+        assert [(e["model"], e["version"]) for e in events] == [("m", None), ("m", 1)]
+        assert (cache / "m/1/model.py").read_bytes() == b"1"
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+        pubsub.close()
+    assert proc.returncode == 0, out
+    assert "stopping" in out
+
+
 def test_cli_refuses_a_folder_that_is_not_its_cache(store: Store, tmp_path: Path):
     (tmp_path / "served" / "other").mkdir(parents=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "repo_sync", "--source", f"s3://{store.bucket}/repo"]
-        + ["--model-repository", str(tmp_path / "served"), "--once"],
-        env=_cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = _cli(
+        *(sys.executable, "-m", "repo_sync", "--source", f"s3://{store.bucket}/repo"),
+        *("--model-repository", str(tmp_path / "served"), "--once"),
     )
     assert done.returncode == 2
     assert "not a repo_sync cache" in done.stderr
-    assert sorted(os.listdir(tmp_path / "served")) == [".conch-sync.lock", "other"]
+    assert os.listdir(tmp_path / "served") == ["other"]  # nothing written
 
 
 def test_cli_once_fails_when_the_bucket_is_missing(s3_endpoint: str, tmp_path: Path):
-    done = subprocess.run(
-        [sys.executable, "-m", "repo_sync", "--source", "s3://no-such-bucket-here/x"]
-        + ["--model-repository", str(tmp_path / "c"), "--once", "--s3-endpoint-url", s3_endpoint],
-        env=_cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = _cli(
+        *(sys.executable, "-m", "repo_sync", "--source", "s3://no-such-bucket-here/x"),
+        *("--model-repository", str(tmp_path / "c"), "--once", "--s3-endpoint-url", s3_endpoint),
     )
     assert done.returncode == 1
     assert "NoSuchBucket" in done.stderr
