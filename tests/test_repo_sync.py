@@ -687,3 +687,124 @@ def test_local_folder_source(tmp_path: Path, caplog):
             ("ens", "removed"),
         ]
         assert not (cache / "ens").exists()
+
+
+# -- end to end: S3 -> conch sync -> workers and gateways in poll mode -------------------
+
+
+def test_new_s3_version_goes_live_with_no_failed_request(
+    s3_endpoint: str, store: Store, tmp_path: Path, redis_url: str
+) -> None:
+    """Upload version 2 while requests stream: it serves within two poll intervals, no
+    request fails, every answer is version 1's or 2's; a half-uploaded version 3 is not
+    taken, and a broken one leaves version 2 serving with the reason."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from harness import Service, conch, start_gateway, start_worker, wait_model_ready, wait_until
+    from models import offset_model
+
+    poll = 1.0
+    built = tmp_path / "built"
+    for v, offset in ((1, 1.0), (2, 2.0)):
+        offset_model(built / "offset", v, offset)
+    store.put("offset/config.pbtxt", (built / "offset" / "config.pbtxt").read_bytes())
+    store.version(
+        "offset",
+        1,
+        {"model.onnx": (built / "offset" / "1" / "model.onnx").read_bytes()},
+        ready=True,
+    )
+    db = redis_url.rsplit("/", 1)[0] + "/2"
+    redis.Redis.from_url(db).flushdb()
+    cache = tmp_path / "cache"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {"AWS_ENDPOINT_URL": s3_endpoint}
+    sync = Service(
+        "sync",
+        conch(
+            "sync",
+            "--source",
+            f"s3://{store.bucket}/repo",
+            "--model-repository",
+            str(cache),
+            "--repository-poll-secs",
+            str(poll),
+            "--redis-url",
+            db,
+        ),
+        logs,
+        env,
+    )
+    wait_until(
+        lambda: (cache / "offset" / "1" / "model.onnx").is_file(), 30, "the first sync", sync
+    )
+    flags = ("--model-control-mode", "poll", "--repository-poll-secs", str(poll))
+    worker = start_worker(cache, db, logs, *flags)
+    gateway, url = start_gateway(cache, db, logs, *flags)
+    answers: list[tuple[str, float]] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        client = httpclient.InferenceServerClient(url)
+        x = httpclient.InferInput("X", [1, 4], "FP32")
+        x.set_data_from_numpy(np.ones((1, 4), np.float32))
+        while not stop.is_set():
+            try:
+                r = client.infer("offset", [x])
+                answers.append((r.get_response()["model_version"], float(r.as_numpy("Y")[0, 0])))
+            except Exception as exc:
+                failures.append(str(exc))
+
+    threads = [threading.Thread(target=stream) for _ in range(3)]
+    try:
+        wait_model_ready(url, "offset", 60, worker, gateway)
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        store.version(
+            "offset",
+            2,
+            {"model.onnx": (built / "offset" / "2" / "model.onnx").read_bytes()},
+            ready=True,
+        )
+        uploaded = time.monotonic()
+        wait_until(
+            lambda: any(v == "2" for v, _ in answers[-3:]),
+            30,
+            "version 2 to serve",
+            sync,
+            worker,
+            gateway,
+        )
+        took = time.monotonic() - uploaded
+        # Half uploaded: no model file, no marker. Never taken.
+        store.put("offset/3/notes.txt", b"the model file is still uploading")
+        time.sleep(3 * poll)
+        assert not (cache / "offset" / "3").exists()
+        # Broken: complete by the marker, but the model file is garbage.
+        store.version("offset", 3, {"model.onnx": b"not an onnx model"}, ready=True)
+        wait_until(lambda: (cache / "offset" / "3").is_dir(), 30, "version 3 to be mirrored", sync)
+        index = httpclient.InferenceServerClient(url)
+
+        def broken_reported() -> bool:
+            rows = index.get_model_repository_index()
+            return any(r["name"] == "offset" and "3" in r.get("reason", "") for r in rows) or any(
+                r["name"] == "offset" and r.get("version") == "3" and r.get("reason") for r in rows
+            )
+
+        wait_until(broken_reported, 30, "version 3's failure to be reported", worker)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        gateway.stop()
+        worker.stop()
+        sync.stop()
+    assert not failures, failures[:3]
+    assert took < 2 * poll + 1.5, f"version 2 served {took:.1f} s after its upload"
+    assert {a for a in answers} <= {("1", 2.0), ("2", 3.0)}
+    assert answers[-1] == ("2", 3.0)  # the broken version 3 never took over
