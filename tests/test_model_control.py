@@ -76,6 +76,28 @@ def test_explicit_load_unload_and_index(tmp_path: Path, redis_url: str, log_dir:
             client.infer("offset", x_input(1.0)).as_numpy("Y"), np.full((1, 4), 2.0)
         )
 
+        # A model that exists only in its load request: config plus file: overrides.
+        new_config = json.dumps(
+            {
+                "name": "fresh",
+                "platform": "onnxruntime_onnx",
+                "max_batch_size": 8,
+                "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+                "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}],
+            }
+        )
+        onnx_bytes = (repo / "offset" / "1" / "model.onnx").read_bytes()
+        client.load_model("fresh", config=new_config, files={"file:1/model.onnx": onnx_bytes})
+        np.testing.assert_array_equal(
+            client.infer("fresh", x_input(5.0)).as_numpy("Y"), np.full((1, 4), 6.0)
+        )
+        assert not (repo / "fresh").exists()  # nothing was written into the repository
+        for bad in ("file:1/../../evil.onnx", "file:../x", "file:model.onnx", "file:1/a\\b"):
+            with pytest.raises(InferenceServerException, match="fresh"):
+                client.load_model("fresh", config=new_config, files={bad: b"x"})
+        with pytest.raises(InferenceServerException, match="config"):
+            client.load_model("fresh", files={"file:1/model.onnx": onnx_bytes})
+
         client.unload_model("offset")
         assert not client.is_model_ready("offset")
         index = {m["name"]: m for m in client.get_model_repository_index()}

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from . import broker, codec, ensemble, registry, scheduling, tensors, validation
+from . import broker, codec, control, ensemble, registry, scheduling, tensors, validation
 from .backends import python_utils as pb
 from .config import wire_type
 from .dispatch import Dispatcher
@@ -185,6 +185,7 @@ class BlsClient:
         self._dispatcher = dispatcher
         self._lock = threading.Lock()
         self._states: dict[str, dict[str, Any]] = {}
+        self._loaded: set[str] = set()  # explicit model control: loaded through the API
         self._states_at = float("-inf")
         self._warned_no_context = False
 
@@ -249,9 +250,26 @@ class BlsClient:
         now = time.monotonic()
         if now - self._states_at > max_age:
             states = registry.model_states(registry.snapshot(self.client))
+            explicit = self.settings.model_control_mode == "explicit"
+            loaded = control.loaded_models(self.client) if explicit else set()
             with self._lock:
-                self._states, self._states_at = states, time.monotonic()
+                self._states, self._loaded = states, loaded
+                self._states_at = time.monotonic()
         return self._states
+
+    def _check_loaded(self, name: str) -> None:
+        """Explicit model control: a model not loaded (at start or through the API) is
+        unknown, as the gateway answers a client."""
+        if self.settings.model_control_mode != "explicit":
+            return
+        wanted = set(self.settings.load_models)
+        if "*" in wanted or name in wanted:
+            return
+        self.states()
+        if name not in self._loaded:
+            raise InvalidArgument(
+                f"Request for unknown model: '{name}' has no available versions (unloaded)"
+            )
 
     # -- pb_utils calls -----------------------------------------------------------------
 
@@ -308,6 +326,7 @@ class BlsClient:
                 if problem is not None:
                     raise problem
             target = self.entry(step.model)
+            self._check_loaded(step.model)
             version = target.resolve_version("" if step.version == -1 else str(step.version))
             wire: list[WireTensor] = [
                 (n, dt, shape, raw) for n, (dt, shape, raw) in step_inputs.items()
@@ -401,6 +420,7 @@ class BlsClient:
             if problem is not None:
                 raise problem
         entry = self.entry(target)
+        self._check_loaded(target)
         version = self._version(entry, request.model_version())
         config = entry.config
         request_id = request.request_id()

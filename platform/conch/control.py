@@ -10,11 +10,15 @@ on every tick to catch up on anything it missed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -26,6 +30,7 @@ COMMANDS = "conch.control"  # {"action": "load"|"unload", "model", ...} from the
 GENERATION = "conch.repository.generation"  # bumped by every repository change
 LOADED = "conch.models.loaded"  # explicit mode: the models loaded through the API
 OVERRIDE_PREFIX = "conch.override."  # explicit load's config override, by model
+FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
 
 MODES = ("none", "poll", "explicit")
 
@@ -48,11 +53,73 @@ def loaded_models(client: redis.Redis) -> set[str]:
     return {m.decode() if isinstance(m, bytes) else m for m in client.smembers(LOADED)}
 
 
-def set_override(client: redis.Redis, model: str, config_json: str | None) -> None:
-    if config_json is None:
-        client.delete(OVERRIDE_PREFIX + model)
-    else:
-        client.set(OVERRIDE_PREFIX + model, config_json)
+def set_override(
+    client: redis.Redis, model: str, config_json: str | None, files: dict[str, bytes] | None = None
+) -> None:
+    """A load request's config (JSON) and ``file:`` contents, for every worker to read."""
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(OVERRIDE_PREFIX + model, FILES_PREFIX + model)
+    if config_json is not None:
+        pipe.set(OVERRIDE_PREFIX + model, config_json)
+    if files:
+        pipe.hset(FILES_PREFIX + model, mapping=files)
+    pipe.execute()
+
+
+def check_file_path(model: str, rel: str) -> str:
+    """``<version>/<path>`` of a ``file:`` override, refused if it could leave its folder."""
+    from repo_sync.keys import VERSION_FILE, RefusedKey, classify
+
+    try:
+        place = classify(f"{model}/{rel}")
+    except RefusedKey as exc:
+        raise ValueError(f"file:{rel} {exc.reason}") from None
+    if place.kind != VERSION_FILE:
+        raise ValueError(
+            f"file:{rel} must name a file inside a numeric version folder, as <version>/<path>"
+        )
+    return rel
+
+
+def override_dir(client: redis.Redis, model: str) -> Path | None:
+    """The model folder a load's ``file:`` overrides describe, written out locally once
+    per content (a folder named by its hash, so readers never see it half written)."""
+    files = client.hgetall(FILES_PREFIX + model)
+    if not files:
+        return None
+    items = sorted((k.decode() if isinstance(k, bytes) else k, v) for k, v in files.items())
+    digest = hashlib.sha256()
+    for rel, data in items:
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+    root = Path(tempfile.gettempdir()) / "conch-overrides"
+    final = root / f"{model}-{digest.hexdigest()[:16]}"
+    if final.is_dir():
+        return final
+    staging = Path(tempfile.mkdtemp(prefix=f".{model}-", dir=_mkdir(root)))
+    for rel, data in items:
+        target = staging / check_file_path(model, rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    try:
+        staging.rename(final)
+    except OSError:  # another process wrote the same content first
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def override_models(client: redis.Redis) -> set[str]:
+    """Models that exist only through a load request's ``file:`` overrides."""
+    return {
+        k.decode().removeprefix(FILES_PREFIX)
+        if isinstance(k, bytes)
+        else k.removeprefix(FILES_PREFIX)
+        for k in client.scan_iter(match=FILES_PREFIX + "*", count=1000)
+    }
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def get_override(client: redis.Redis, model: str) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,12 +181,17 @@ class ModelRepository:
         default_max_batch_size: int = 4,
         gpu_count: int | None = None,
         config_override: Callable[[str], str | None] | None = None,
+        folder_override: Callable[[str], Path | None] | None = None,
+        extra_models: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self.root = Path(root)
         self.auto_complete = auto_complete
         # Explicit model control: a config given with a load request (JSON) replaces
         # the model's config.pbtxt.
         self.config_override = config_override
+        # ... and its file: overrides replace the model's folder, or add a model.
+        self.folder_override = folder_override
+        self.extra_models = extra_models
         self.default_max_batch_size = default_max_batch_size
         self._gpu_count = gpu_count
 
@@ -217,6 +222,9 @@ class ModelRepository:
                 )
                 continue
             entries[child.name] = self.read_model(child.name)
+        for name in sorted(self.extra_models() if self.extra_models else ()):
+            if name not in entries and MODEL_NAME.fullmatch(name):
+                entries[name] = self.read_model(name)
         # Ensembles are checked against the models they call, once all are read.
         for entry in entries.values():
             if entry.backend == ensemble.ENSEMBLE and not entry.error:
@@ -227,7 +235,8 @@ class ModelRepository:
 
     def read_model(self, name: str) -> ModelEntry:
         """Read and complete one model; failures land in ``error``, never raise."""
-        entry = ModelEntry(name=name, path=self.root / name)
+        folder = self.folder_override(name) if self.folder_override else None
+        entry = ModelEntry(name=name, path=folder or self.root / name)
         try:
             self._read(entry)
         except ConchError as exc:

@@ -66,6 +66,12 @@ class ModelHost:
             auto_complete=settings.auto_complete,
             default_max_batch_size=settings.default_max_batch_size,
             config_override=self._override if settings.model_control_mode == "explicit" else None,
+            folder_override=(lambda n: control.override_dir(self.client, n))
+            if settings.model_control_mode == "explicit"
+            else None,
+            extra_models=(lambda: control.override_models(self.client))
+            if settings.model_control_mode == "explicit"
+            else None,
         )
 
     def _override(self, name: str) -> str | None:

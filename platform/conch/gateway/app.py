@@ -7,6 +7,8 @@ to the dispatcher → encode the reply. Every failure becomes Triton's
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import time
@@ -20,7 +22,8 @@ from .. import __version__, control
 from ..broker import new_id
 from ..config import json_to_config
 from ..dispatch import Dispatcher
-from ..errors import ConchError, InvalidArgument, Unavailable, Unsupported
+from ..errors import ConchError, InvalidArgument, Unavailable
+from ..repository import MODEL_NAME
 from ..settings import Settings
 from .catalog import Catalog
 from .dataplane import DataPlane, InferFastPath, too_large
@@ -142,11 +145,12 @@ def _require_explicit(catalog: Catalog) -> None:
 def load_model(model: str) -> Response:
     catalog = _catalog()
     _require_explicit(catalog)
+    if not MODEL_NAME.fullmatch(model) or model.startswith("."):
+        raise InvalidArgument(f"failed to load '{model}': not a valid model name")
+    limit = catalog.settings.max_input_bytes
+    if (request.content_length or 0) > limit:
+        raise too_large(request.content_length or 0, limit)
     params = _control_params(request.get_data(cache=False))
-    if any(k.startswith("file:") for k in params):
-        raise Unsupported(
-            "'file:' override parameters are not supported yet: put the files in the repository"
-        )
     config = params.get("config")
     if config is not None:
         if not isinstance(config, str):
@@ -154,12 +158,26 @@ def load_model(model: str) -> Response:
                 "parameter 'config' must be a string holding the model config as JSON"
             )
         json_to_config(config, model=model)  # a clear 400 now, not a failed load later
-    if (
-        model not in catalog.repository.scan()
-        and not (catalog.settings.model_repository / model).is_dir()
-    ):
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if not key.startswith("file:"):
+            continue
+        if config is None:
+            raise InvalidArgument(
+                f"failed to load '{model}': 'file:' parameters need a 'config' parameter too"
+            )
+        if not isinstance(value, str):
+            raise InvalidArgument(
+                f"failed to load '{model}': parameter '{key}' must be base64 text"
+            )
+        try:
+            rel = control.check_file_path(model, key.removeprefix("file:"))
+            files[rel] = base64.b64decode(value, validate=True)
+        except (ValueError, binascii.Error) as exc:
+            raise InvalidArgument(f"failed to load '{model}': {exc}") from None
+    if not files and not (catalog.settings.model_repository / model).is_dir():
         raise InvalidArgument(f"failed to load '{model}': it is not in the model repository")
-    control.set_override(catalog.client, model, config)
+    control.set_override(catalog.client, model, config, files or None)
     load_id = new_id()
     control.command(catalog.client, "load", model, id=load_id)
     catalog.refresh()

@@ -25,6 +25,8 @@ class Catalog:
             auto_complete=settings.auto_complete,
             default_max_batch_size=settings.default_max_batch_size,
             config_override=(lambda name: control.get_override(client, name)) if explicit else None,
+            folder_override=(lambda name: control.override_dir(client, name)) if explicit else None,
+            extra_models=(lambda: control.override_models(client)) if explicit else None,
         )
         self.entries: dict[str, ModelEntry] = self.repository.scan()
         self._loaded: set[str] = set()
