@@ -8,13 +8,18 @@ per worker process, made on the first call and shared by every batcher thread.
 Failures come back as the response's ``error()``, never raised, as in Triton.
 
 Before publishing, the call is checked the way the gateway checks a client's request:
-the target must be in the repository (``model_version`` -1 = its latest version), its
-inputs and requested outputs must fit the target's config (``validation``), and the
-target must not be reported broken by every live worker.
+the target must be in the repository (``model_version`` -1 = the latest version the
+serving worker has), its inputs and requested outputs must fit the target's config
+(``validation``), it must be loaded (explicit model control), and it must not be
+reported broken by every live worker. A call to an ensemble runs the ensemble's graph
+here, as the gateway would: every step a request on its model's queue.
 
 Deadline: a call inherits the deadline of the batch it is made from (the smallest of
 its requests' deadlines), which the Python backend keeps in ``CURRENT`` around
-``execute``; the BLS request's own ``timeout`` (µs) can only shorten it.
+``execute``; the BLS request's own ``timeout`` (µs) can only shorten it. ``async_exec``
+carries the context into its thread; a thread the model starts itself does not (a call
+from it gets the default timeout and no cycle check, and the worker logs a warning)
+unless it runs the call in ``contextvars.copy_context()``.
 
 Deadlock: the instance making a BLS call is busy until the call returns. A call to a
 model that is itself waiting on that instance (the caller itself, or a model earlier in
@@ -135,7 +140,7 @@ def check_call(ctx: CallContext, target: str) -> ConchError | None:
             f"BLS call from model '{ctx.model}' to model '{target}' would make a call chain "
             f"of {len(path)} models ({' -> '.join(path)}); conch allows at most {MAX_DEPTH}"
         )
-    if len(ctx.waiting()) >= MAX_CHAIN:
+    if len(ctx.waiting()) > MAX_CHAIN:  # the chain the call's message would carry
         return InvalidArgument(
             f"BLS call from model '{ctx.model}' to model '{target}': more than {MAX_CHAIN} "
             "models would be waiting on it"
@@ -214,7 +219,7 @@ class BlsClient:
         cached = self._entries.get(name)
         if cached is not None and now - cached[0] < CONFIG_MAX_AGE_S:
             return cached[1]
-        if not MODEL_NAME.fullmatch(name) or not (self.repository.root / name).is_dir():
+        if not MODEL_NAME.fullmatch(name) or not self._exists(name):
             with self._lock:
                 self._entries.pop(name, None)
             return None
@@ -233,6 +238,13 @@ class BlsClient:
         with self._lock:
             self._entries[name] = (now, entry)
         return entry
+
+    def _exists(self, name: str) -> bool:
+        """A folder in the repository, or one a load request gave (explicit mode)."""
+        override = getattr(self.repository, "folder_override", None)
+        if override is not None and override(name):
+            return True
+        return (self.repository.root / name).is_dir()
 
     def entry(self, name: str) -> ModelEntry:
         """The target's repository entry; an unknown or broken model is a 400."""

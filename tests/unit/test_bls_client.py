@@ -309,6 +309,29 @@ def test_bad_calls_are_refused_before_publishing(
     assert text in info.value.message
 
 
+def test_explicit_model_control_refuses_models_not_loaded(client: bls.BlsClient) -> None:
+    client.settings.model_control_mode = "explicit"
+    client.settings.load_models = ["m"]
+    client.prepare(request("m"), False, None)  # loaded at start (--load-model)
+    with pytest.raises(InvalidArgument, match="'bounded' has no available versions"):
+        client.prepare(request("bounded"), False, None)
+    client._loaded = {"bounded"}  # loaded through the API since
+    client.prepare(request("bounded"), False, None)
+
+
+def test_a_model_given_by_a_load_request_is_found(tmp_path: Path) -> None:
+    _write(tmp_path / "elsewhere", "extra")
+    repo = ModelRepository(
+        tmp_path / "models",
+        folder_override=lambda name: tmp_path / "elsewhere" / name if name == "extra" else None,
+    )
+    settings = Settings(model_repository=tmp_path / "models", redis_url="redis://unused")
+    c = bls.BlsClient(settings, repo, dispatcher=FakeDispatcher())  # type: ignore[arg-type]
+    c.states = lambda max_age=1.0: {}  # type: ignore[method-assign]
+    msg, _ = c.prepare(request("extra"), False, None)
+    assert msg.model == "extra"
+
+
 def test_errors_come_back_as_responses_naming_the_model(client: bls.BlsClient) -> None:
     token = bls.CURRENT.set(ctx("m", ()))
     try:
