@@ -313,18 +313,19 @@ class Batcher(threading.Thread):
     def execute(self, batch: list[Item]) -> None:
         started = time.time()
         replies: dict[str, Reply] = {}
+        backends = self.backends  # one consistent view, should a reload swap it
+        latest = max(backends) if backends else -1
         by_version: dict[int, list[Item]] = {}
         for item in batch:
-            by_version.setdefault(item.msg.version, []).append(item)
-        backends = self.backends  # one consistent view, should a reload swap it
-        for version, items in by_version.items():
             # -1: the client named no version; the latest this worker serves answers, so
             # a version switch never sends a request to a version that is not loaded yet.
-            used = max(backends) if version == -1 and backends else version
+            version = latest if item.msg.version == -1 else item.msg.version
+            by_version.setdefault(version, []).append(item)
+        for used, items in by_version.items():
             backend = backends.get(used)
             if backend is None:
                 err = NotFound(
-                    f"Request for unknown model version: '{self.model}' version {version} is not loaded here"
+                    f"Request for unknown model version: '{self.model}' version {used} is not loaded here"
                 )
                 for item in items:
                     replies[item.tag] = Reply(item.msg.id, error=err)

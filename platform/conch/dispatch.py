@@ -89,6 +89,10 @@ class Dispatcher:
             finally:
                 self._pending.pop(msg.id, None)
 
+        def cancel() -> None:  # the caller will not wait after all (a sibling step failed)
+            self._pending.pop(msg.id, None)
+
+        wait.cancel = cancel  # type: ignore[attr-defined]
         return wait
 
     # The listener is per process: gunicorn forks after the app is built, so it is

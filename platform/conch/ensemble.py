@@ -183,8 +183,15 @@ def run(
                     _guard(entry, step, lambda s=step, i=step_inputs: start(s, i, list(s.outputs))),
                 )
             )
-        for step, waiter in waiters:
-            out = _guard(entry, step, waiter)
+        for k, (step, waiter) in enumerate(waiters):
+            try:
+                out = _guard(entry, step, waiter)
+            except BaseException:
+                for _, later in waiters[k + 1 :]:  # nobody will wait for these replies now
+                    cancel = getattr(later, "cancel", None)
+                    if cancel is not None:
+                        cancel()
+                raise
             for name, tensor in step.outputs.items():
                 if name not in out:
                     raise Internal(

@@ -45,6 +45,21 @@ class Internal(ConchError):
     code = "INTERNAL"
 
 
+class Unknown(ConchError):
+    status = 400
+    code = "UNKNOWN"
+
+
+class AlreadyExists(ConchError):
+    status = 400
+    code = "ALREADY_EXISTS"
+
+
+class Cancelled(ConchError):
+    status = 400
+    code = "CANCELLED"
+
+
 class ModelLoadError(ConchError):
     """A model that cannot be loaded or whose config is broken. It says which and why."""
 
@@ -53,7 +68,17 @@ class ModelLoadError(ConchError):
 
 
 _BY_CODE = {
-    cls.code: cls for cls in (InvalidArgument, NotFound, Unavailable, Unsupported, Internal)
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        Unavailable,
+        Unsupported,
+        Internal,
+        Unknown,
+        AlreadyExists,
+        Cancelled,
+    )
 }
 
 

@@ -25,19 +25,6 @@ MAX_TENSORS = 1024
 # of a call chain far lower, this only bounds what a message may carry.
 MAX_CHAIN = 256
 MAX_MODEL_NAME = 200
-# Triton's error codes, as a reply may carry them.
-TRITON_CODES = frozenset(
-    {
-        "UNKNOWN",
-        "INTERNAL",
-        "NOT_FOUND",
-        "INVALID_ARG",
-        "UNAVAILABLE",
-        "UNSUPPORTED",
-        "ALREADY_EXISTS",
-        "CANCELLED",
-    }
-)
 
 
 class BadMessage(ValueError):
@@ -152,8 +139,6 @@ class Reply:
         if "err" in m:
             code, status, message = m["err"]
             error = from_code(_str(code), _str(message), _int(status))
-            if code in TRITON_CODES:
-                error.code = code  # keep UNKNOWN, CANCELLED... that have no class of their own
             return cls(rid, error=error, timing=timing)
         outputs = [_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
         return cls(

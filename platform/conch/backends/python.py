@@ -39,12 +39,15 @@ import numpy as np
 from .. import bls
 from ..config import config_to_json, json_to_config
 from ..errors import (
+    AlreadyExists,
+    Cancelled,
     ConchError,
     Internal,
     InvalidArgument,
     ModelLoadError,
     NotFound,
     Unavailable,
+    Unknown,
     Unsupported,
 )
 from . import python_utils as pb
@@ -59,30 +62,15 @@ MODEL_CLASS = "TritonPythonModel"
 # -- TritonError codes -> conch errors (HTTP status as Triton's HttpCodeFromError) --------
 
 
-class _Unknown(ConchError):
-    status = 400
-    code = "UNKNOWN"
-
-
-class _AlreadyExists(ConchError):
-    status = 400
-    code = "ALREADY_EXISTS"
-
-
-class _Cancelled(ConchError):
-    status = 400
-    code = "CANCELLED"
-
-
 _BY_TRITON_CODE: dict[int, type[ConchError]] = {
-    pb.TritonError.UNKNOWN: _Unknown,
+    pb.TritonError.UNKNOWN: Unknown,
     pb.TritonError.INTERNAL: Internal,
     pb.TritonError.NOT_FOUND: NotFound,
     pb.TritonError.INVALID_ARG: InvalidArgument,
     pb.TritonError.UNAVAILABLE: Unavailable,
     pb.TritonError.UNSUPPORTED: Unsupported,
-    pb.TritonError.ALREADY_EXISTS: _AlreadyExists,
-    pb.TritonError.CANCELLED: _Cancelled,
+    pb.TritonError.ALREADY_EXISTS: AlreadyExists,
+    pb.TritonError.CANCELLED: Cancelled,
 }
 
 
