@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -51,6 +52,10 @@ def test_explicit_load_unload_and_index(tmp_path: Path, redis_url: str, log_dir:
         index = {m["name"]: m for m in client.get_model_repository_index()}
         assert index["add"]["state"] == "READY"
         assert index["offset"] == {"name": "offset", "state": "UNAVAILABLE", "reason": "unloaded"}
+        ready_only = requests.post(
+            f"http://{url}/v2/repository/index", json={"ready": True}, timeout=10
+        ).json()
+        assert [m["name"] for m in ready_only] == ["add"]  # {"ready": true}: only what serves
         with pytest.raises(InferenceServerException, match="no available versions"):
             client.infer("offset", x_input())
 
