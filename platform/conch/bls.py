@@ -59,7 +59,7 @@ from .dispatch import Dispatcher
 from .errors import ConchError, Internal, InvalidArgument, Unavailable, Unsupported
 from .repository import MODEL_NAME, ModelEntry, ModelRepository
 from .settings import Settings
-from .wire import MAX_CHAIN, InferMessage, WireTensor
+from .wire import MAX_CHAIN, InferMessage
 
 log = logging.getLogger(__name__)
 
@@ -323,70 +323,30 @@ class BlsClient:
         ctx: CallContext | None,
         depth: int,
     ) -> dict[str, ensemble.Tensor]:
-        """An ensemble's graph, run here as the gateway runs it: every step a request on
-        its model's queue, under the BLS call's deadline, priority and call chain."""
-        if depth > ensemble.MAX_DEPTH:
-            raise InvalidArgument(
-                f"ensemble '{entry.name}': ensembles nested deeper than {ensemble.MAX_DEPTH}"
-            )
+        """An ensemble's graph, run here as the gateway runs it, under the BLS call's
+        deadline, priority and call chain."""
 
-        def start(
-            step: ensemble.Step, step_inputs: dict[str, ensemble.Tensor], outs: list[str]
-        ) -> Any:
+        def check(model: str) -> None:
             if ctx is not None:  # a step on a model waiting on this call would wait on itself
-                problem = check_call(ctx, step.model)
+                problem = check_call(ctx, model)
                 if problem is not None:
                     raise problem
-            target = self.entry(step.model)
-            self._check_loaded(step.model)
-            version = target.resolve_version("" if step.version == -1 else str(step.version))
-            wire: list[WireTensor] = [
-                (n, dt, shape, raw) for n, (dt, shape, raw) in step_inputs.items()
-            ]
-            validation.validate_request(
-                codec.InferRequest(
-                    id="",
-                    inputs=[codec.InputTensor(*t) for t in wire],
-                    outputs=[codec.RequestedOutput(o, True) for o in outs],
-                    binary_data_output=True,
-                    parameters={},
-                ),
-                target.config,
-                model_name=step.model,
-            )
-            if target.backend == ensemble.ENSEMBLE:
-                result = self._run_ensemble(target, step_inputs, outs, outer, ctx, depth + 1)
-                return lambda: result
-            reason = self._unavailable_reason(step.model)
-            if reason:
-                raise Unavailable(f"model '{step.model}' is unavailable: {reason}")
-            admission = scheduling.admit(target.config, None, outer.timeout_us or None)
-            msg = InferMessage(
-                id=broker.new_id(),
-                model=step.model,
-                version=-1 if step.version == -1 else version,
-                inputs=wire,
-                outputs=outs,
-                reply_to=None,
-                enqueued=time.time(),
-                deadline=outer.deadline,
-                priority=outer.priority,
-                params=outer.params,
-                client_id=outer.client_id,
-                timeout_us=outer.timeout_us,
-                chain=outer.chain,
-            )
-            waiter = self.dispatcher.submit(msg, max_queue_size=admission.max_queue_size)
+            self._check_loaded(model)
+            target = self.entry(model)
+            reason = self._unavailable_reason(model)
+            if reason and target.backend != ensemble.ENSEMBLE:
+                raise Unavailable(f"model '{model}' is unavailable: {reason}")
 
-            def wait() -> dict[str, ensemble.Tensor]:
-                reply = waiter()
-                if reply.error is not None:
-                    raise reply.error
-                return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
-
-            return wait
-
-        return ensemble.run(entry, inputs, wanted, start)
+        return ensemble.execute(
+            entry,
+            inputs,
+            wanted,
+            outer,
+            resolve=self.entry,
+            dispatcher=self.dispatcher,
+            check=check,
+            depth=depth,
+        )
 
     def is_ready(self, name: str, version: str | int = "") -> bool:
         """``pb_utils.is_model_ready``: a live worker reports that version READY."""

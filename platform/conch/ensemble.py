@@ -9,12 +9,13 @@ reported unavailable with the reason instead of failing requests.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .config import wire_type
-from .errors import ConchError, Internal
+from .errors import ConchError, Internal, InvalidArgument
 
 ENSEMBLE = "ensemble"
 MAX_DEPTH = 8  # ensembles of ensembles
@@ -201,6 +202,93 @@ def run(
         done = {s.index for s in ready}
         remaining = [s for s in remaining if s.index not in done]
     return {name: tensors[name] for name in wanted}
+
+
+def execute(
+    entry: Any,
+    inputs: dict[str, Tensor],
+    wanted: list[str],
+    outer: Any,
+    *,
+    resolve: Callable[[str], Any],
+    dispatcher: Any,
+    check: Callable[[str], None] | None = None,
+    depth: int = 0,
+) -> dict[str, Tensor]:
+    """Run the graph with every step a request on its model's queue.
+
+    ``outer`` (an InferMessage) lends every step its deadline, priority, parameters and
+    call chain; ``resolve`` gives a step model's entry (raising for an unknown one) and
+    ``check`` may refuse a step before it is sent (the gateway's availability check,
+    BLS's cycle check). The gateway and BLS both run ensembles through here.
+    """
+    from . import codec, scheduling, validation
+    from .broker import new_id
+    from .wire import InferMessage
+
+    if depth > MAX_DEPTH:
+        raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
+
+    def start(
+        step: Step, tensors: dict[str, Tensor], outs: list[str]
+    ) -> Callable[[], dict[str, Tensor]]:
+        if check is not None:
+            check(step.model)
+        target = resolve(step.model)
+        version = target.resolve_version("" if step.version == -1 else str(step.version))
+        wire = [(n, dt, shape, raw) for n, (dt, shape, raw) in tensors.items()]
+        # The step's inputs are checked against its own config, as a client's would be.
+        validation.validate_request(
+            codec.InferRequest(
+                id="",
+                inputs=[codec.InputTensor(*t) for t in wire],
+                outputs=[codec.RequestedOutput(o, True) for o in outs],
+                binary_data_output=True,
+                parameters={},
+            ),
+            target.config,
+            model_name=step.model,
+        )
+        if target.backend == ENSEMBLE:
+            result = execute(
+                target,
+                tensors,
+                outs,
+                outer,
+                resolve=resolve,
+                dispatcher=dispatcher,
+                check=check,
+                depth=depth + 1,
+            )
+            return lambda: result
+        admission = scheduling.admit(target.config, None, outer.timeout_us or None)
+        msg = InferMessage(
+            id=new_id(),
+            model=step.model,
+            version=-1 if step.version == -1 else version,  # -1: the worker's latest
+            inputs=wire,
+            outputs=outs,
+            reply_to=None,
+            enqueued=time.time(),
+            deadline=outer.deadline,
+            priority=outer.priority,
+            params=outer.params,
+            client_id=outer.client_id,
+            timeout_us=outer.timeout_us,
+            chain=list(outer.chain),
+        )
+        waiter = dispatcher.submit(msg, max_queue_size=admission.max_queue_size)
+
+        def wait() -> dict[str, Tensor]:
+            reply = waiter()
+            if reply.error is not None:
+                raise reply.error
+            return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
+
+        wait.cancel = getattr(waiter, "cancel", None)  # type: ignore[attr-defined]
+        return wait
+
+    return run(entry, inputs, wanted, start)
 
 
 def _guard(entry: Any, step: Step, fn: Callable[[], Any]) -> Any:

@@ -83,7 +83,15 @@ class DataPlane:
         )
         if entry.backend == ensemble.ENSEMBLE:
             inputs = {t.name: (t.datatype, tuple(t.shape), t.raw) for t in req.inputs}
-            produced = self._run_ensemble(entry, inputs, wanted, msg, depth=0)
+            produced = ensemble.execute(
+                entry,
+                inputs,
+                wanted,
+                msg,
+                resolve=self.catalog.serving,
+                dispatcher=self.dispatcher,
+                check=self._step_available,
+            )
             results = [(name, *produced[name]) for name in wanted]
         else:
             if not version:  # the worker answers with the latest it serves (see Batcher)
@@ -110,72 +118,10 @@ class DataPlane:
             accept_encoding=accept_encoding,
         )
 
-    def _run_ensemble(
-        self,
-        entry: Any,
-        inputs: dict[str, ensemble.Tensor],
-        wanted: list[str],
-        outer: InferMessage,
-        depth: int,
-    ) -> dict[str, ensemble.Tensor]:
-        """The ensemble's graph, each step a request on its model's queue under the
-        outer request's deadline and priority."""
-        if depth > ensemble.MAX_DEPTH:
-            raise InvalidArgument(
-                f"ensemble '{entry.name}': ensembles nested deeper than {ensemble.MAX_DEPTH}"
-            )
-
-        def start(step: ensemble.Step, tensors: dict[str, ensemble.Tensor], outs: list[str]):
-            target = self.catalog.serving(step.model)
-            reason = self.catalog.unavailable_reason(step.model)
-            if reason:
-                raise Unavailable(f"model '{step.model}' is unavailable: {reason}")
-            version = target.resolve_version("" if step.version == -1 else str(step.version))
-            # The step's inputs are checked against its own config, as a client's would be.
-            validation.validate_request(
-                codec.InferRequest(
-                    id="",
-                    inputs=[
-                        codec.InputTensor(n, dt, shape, raw)
-                        for n, (dt, shape, raw) in tensors.items()
-                    ],
-                    outputs=[codec.RequestedOutput(o, True) for o in outs],
-                    binary_data_output=True,
-                    parameters={},
-                ),
-                target.config,
-                model_name=step.model,
-            )
-            if target.backend == ensemble.ENSEMBLE:
-                result = self._run_ensemble(target, tensors, outs, outer, depth + 1)
-                return lambda: result
-            msg = InferMessage(
-                id=new_id(),
-                model=step.model,
-                version=version,
-                inputs=[(n, dt, shape, raw) for n, (dt, shape, raw) in tensors.items()],
-                outputs=outs,
-                reply_to=None,
-                enqueued=time.time(),
-                deadline=outer.deadline,
-                priority=outer.priority,
-                params=outer.params,
-                client_id=outer.client_id,
-                timeout_us=outer.timeout_us,
-            )
-            waiter = self.dispatcher.submit(msg)
-
-            def wait() -> dict[str, ensemble.Tensor]:
-                reply = waiter()
-                if reply.error is not None:
-                    raise reply.error
-                return {
-                    name: (dt, tuple(shape), raw) for name, dt, shape, raw in reply.outputs or ()
-                }
-
-            return wait
-
-        return ensemble.run(entry, inputs, wanted, start)
+    def _step_available(self, model: str) -> None:
+        reason = self.catalog.unavailable_reason(model)
+        if reason:
+            raise Unavailable(f"model '{model}' is unavailable: {reason}")
 
 
 def too_large(length: int, limit: int) -> InvalidArgument:
