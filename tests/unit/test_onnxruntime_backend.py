@@ -289,3 +289,25 @@ def test_kind_gpu_runs_on_a_gpu(tmp_path):
     x = np.ones((2, 4), np.float32)
     [res] = backend.execute([BackendRequest({"x": x}, ["y"])])
     np.testing.assert_allclose(res["y"], mlp_reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_auto_complete_reads_a_file_once_until_it_changes(tmp_path, monkeypatch):
+    # Repositories are rescanned on every poll: the signature is kept per file identity.
+    import conch.backends.onnxruntime as ort_backend
+
+    path = mlp(tmp_path / "model.onnx")
+    first = new_config()
+    first.name = "m"
+    OnnxRuntimeBackend.auto_complete(first, path, default_max_batch_size=4)
+    opened = []
+    real = ort_backend._ort
+    monkeypatch.setattr(ort_backend, "_ort", lambda: opened.append(1) or real())
+    again = new_config()
+    again.name = "m"
+    OnnxRuntimeBackend.auto_complete(again, path, default_max_batch_size=4)
+    assert opened == [] and again == first
+    fixed(path)  # replaced: read again
+    changed = new_config()
+    changed.name = "m"
+    OnnxRuntimeBackend.auto_complete(changed, path, default_max_batch_size=4)
+    assert opened == [1] and changed != first

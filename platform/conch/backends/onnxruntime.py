@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -210,17 +211,60 @@ def _set_dims(entry: Any, dims: list[int]) -> None:
         entry.reshape.SetInParent()
 
 
-def _open_for_inspection(model_file: Path, model: str) -> Any:
+@dataclass(frozen=True)
+class _Arg:
+    name: str
+    type: str
+    shape: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class _Signature:
+    """A model file's inputs and outputs, as an InferenceSession lists them."""
+
+    inputs: tuple[_Arg, ...]
+    outputs: tuple[_Arg, ...]
+
+    def get_inputs(self) -> tuple[_Arg, ...]:
+        return self.inputs
+
+    def get_outputs(self) -> tuple[_Arg, ...]:
+        return self.outputs
+
+
+# Repositories are read again on every poll; opening a session each time would reload
+# every model's weights. Signatures are kept per file identity (path, inode, mtime, size).
+_SIGNATURES: dict[tuple[str, int, int, int], _Signature] = {}
+
+
+def _open_for_inspection(model_file: Path, model: str) -> _Signature:
+    try:
+        st = model_file.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"model '{model}': cannot read {model_file}: {exc}") from None
+    key = (str(model_file), st.st_ino, st.st_mtime_ns, st.st_size)
+    cached = _SIGNATURES.get(key)
+    if cached is not None:
+        return cached
     ort = _ort()
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = 1
     try:
-        return ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise ModelLoadError(
             f"model '{model}': onnxruntime cannot open {model_file}: {exc}"
         ) from None
+
+    def args(items: Any) -> tuple[_Arg, ...]:
+        return tuple(_Arg(a.name, a.type, tuple(a.shape or ())) for a in items)
+
+    signature = _Signature(args(session.get_inputs()), args(session.get_outputs()))
+    if len(_SIGNATURES) > 1024:
+        _SIGNATURES.clear()
+    _SIGNATURES[key] = signature
+    return signature
 
 
 def _int_parameter(config: Any, key: str, default: int) -> int:
