@@ -297,7 +297,14 @@ def bench_conch(
             common = ["--model-repository", str(repo), "--redis-url", private.url]
             port = redis_server.free_port()
             worker = group.start("conch-worker", _conch("worker", *common))
-            gw_args = ["--http-address", "127.0.0.1", "--http-port", str(port)]
+            gw_args = [
+                "--http-address",
+                "127.0.0.1",
+                "--http-port",
+                str(port),
+                "--metrics-port",
+                str(redis_server.free_port()),
+            ]
             if args.http_workers:
                 gw_args += ["--http-workers", str(args.http_workers)]
             if args.http_thread_count:

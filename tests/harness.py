@@ -38,6 +38,7 @@ class Service:
         self, name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None
     ) -> None:
         self.name = name
+        self.metrics_url = ""  # gateways: host:port of their metrics port
         self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop)
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -95,7 +96,7 @@ def start_gateway(
     threads: int = 16,
     env: dict[str, str] | None = None,
 ) -> tuple[Service, str]:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     svc = Service(
         "gateway",
         conch(
@@ -112,11 +113,14 @@ def start_gateway(
             str(workers),
             "--http-thread-count",
             str(threads),
+            "--metrics-port",
+            str(metrics_port),
             *extra,
         ),
         log_dir,
         env,
     )
+    svc.metrics_url = f"127.0.0.1:{metrics_port}"
     url = f"127.0.0.1:{port}"
     wait_until(lambda: _live(url), 60, f"gateway on {url} to go live", svc)
     return svc, url

@@ -56,7 +56,7 @@ def counters(db: str, model: str) -> dict[str, int]:
     total = {"executions": 0, "requests": 0, "rows": 0}
     for report in registry.snapshot(redis.Redis.from_url(db)):
         for k, v in report.get("stats", {}).get(model, {}).items():
-            total[k] += v
+            total[k] = total.get(k, 0) + v
     return total
 
 

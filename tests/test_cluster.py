@@ -191,6 +191,8 @@ def test_conch_serve_runs_the_whole_stack(model_repo: Path, db: str, log_dir: Pa
             str(port),
             "--http-workers",
             "1",
+            "--metrics-port",
+            str(free_port()),
         ),
         log_dir,
     )
@@ -228,6 +230,8 @@ def test_conch_serve_starts_a_private_redis(
             str(port),
             "--http-workers",
             "1",
+            "--metrics-port",
+            str(free_port()),
         ),
         log_dir,
         env=env,

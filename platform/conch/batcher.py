@@ -144,7 +144,7 @@ class Batcher(threading.Thread):
         inflight: InFlight,
         max_attempts: int = 3,
         idle_poll: float = 1.0,
-        on_batch: Callable[[str, int, int], None] | None = None,
+        on_batch: Callable[[str, dict[str, int]], None] | None = None,
         sequencer: Sequencer | None = None,
         name: str = "",
     ) -> None:
@@ -341,7 +341,21 @@ class Batcher(threading.Thread):
                 self._send([item], replies)
                 self.sequencer.finish(item.ticket)
         if self.on_batch is not None:
-            self.on_batch(self.model, len(batch), sum(i.rows for i in batch))
+            failed = sum(1 for i in batch if replies[i.tag].error is not None)
+            self.on_batch(
+                self.model,
+                {
+                    "executions": 1,
+                    "requests": len(batch),
+                    "rows": sum(i.rows for i in batch),
+                    "success": len(batch) - failed,
+                    "failure": failed,
+                    "queue_us": sum(replies[i.tag].timing.get("queue", 0) for i in batch) // 1000,
+                    # As Triton counts it: each request is charged its batch's compute time.
+                    "compute_us": sum(replies[i.tag].timing.get("compute", 0) for i in batch)
+                    // 1000,
+                },
+            )
 
     def _send(self, items: list[Item], replies: dict[str, Reply]) -> None:
         """Reply, then ack: a crash in between re-runs the request, never loses it."""

@@ -73,7 +73,21 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _flag(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
 def _http(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-port", type=int, default=8002, help="GET /metrics here (Triton's 8002)"
+    )
+    p.add_argument(
+        "--allow-metrics",
+        type=_flag,
+        default=True,
+        metavar="BOOL",
+        help="serve metrics (default true; --allow-metrics=false to turn them off)",
+    )
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-thread-count", type=int, default=64, help="threads per gateway process")
@@ -126,6 +140,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     s.model_control_mode = args.model_control_mode
     s.repository_poll_secs = args.repository_poll_secs
     s.load_models = list(args.load_model)
+    if hasattr(args, "metrics_port"):
+        s.metrics_port, s.allow_metrics = args.metrics_port, args.allow_metrics
     if getattr(args, "http_max_input_size", None):
         s.max_input_bytes = args.http_max_input_size
     models = getattr(args, "models", "")
@@ -225,6 +241,9 @@ def serve(args: argparse.Namespace) -> int:
         str(args.http_thread_count),
         "--http-workers",
         str(args.http_workers),
+        "--metrics-port",
+        str(args.metrics_port),
+        f"--allow-metrics={str(args.allow_metrics).lower()}",
     ]
     if args.http_max_input_size:
         gateway_cmd += ["--http-max-input-size", str(args.http_max_input_size)]

@@ -45,6 +45,9 @@ class Settings:
     repository_poll_secs: float = 15.0
     load_models: list[str] = field(default_factory=list)
     log_verbose: int = 0
+    # Triton's metrics port: GET /metrics there, with Triton's nv_inference_* names.
+    allow_metrics: bool = True
+    metrics_port: int = 8002
 
 
 GEVENT_WORKER = "conch.gateway.gevent_worker.GatewayWorker"

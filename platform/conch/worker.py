@@ -273,12 +273,12 @@ class ModelHost:
         ]
         return versions, batchers
 
-    def _count(self, model: str, requests: int, rows: int) -> None:
+    def _count(self, model: str, batch: dict[str, int]) -> None:
+        """Counters per model (what the gateways' /metrics add up over workers)."""
         with self._stats_lock:
-            st = self.stats.setdefault(model, {"executions": 0, "requests": 0, "rows": 0})
-            st["executions"] += 1
-            st["requests"] += requests
-            st["rows"] += rows
+            st = self.stats.setdefault(model, {})
+            for key, value in batch.items():
+                st[key] = st.get(key, 0) + value
 
     def _states(self) -> dict[str, dict[str, Any]]:
         out = {}

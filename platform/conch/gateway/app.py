@@ -27,6 +27,7 @@ from ..repository import MODEL_NAME
 from ..settings import Settings
 from .catalog import Catalog
 from .dataplane import DataPlane, InferFastPath, too_large
+from .metrics import MetricsPort
 
 log = logging.getLogger(__name__)
 
@@ -265,4 +266,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_error_handler(Exception, _unexpected)
     catalog.follow()
     app.wsgi_app = InferFastPath(app.wsgi_app, plane)  # type: ignore[method-assign]
+    if settings.allow_metrics:
+        app.wsgi_app = MetricsPort(app.wsgi_app, catalog, settings.metrics_port)  # type: ignore[method-assign]
     return app

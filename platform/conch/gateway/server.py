@@ -27,10 +27,13 @@ class _Gunicorn(BaseApplication):
 
 
 def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
+    binds = [bind]
+    if settings.allow_metrics:
+        binds.append(f"{bind.rsplit(':', 1)[0]}:{settings.metrics_port}")
     _Gunicorn(
         settings,
         {
-            "bind": bind,
+            "bind": binds,
             "workers": workers,
             "worker_class": gateway_worker_class(),
             "worker_connections": max(threads, 1000),
