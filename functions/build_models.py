@@ -360,7 +360,7 @@ def classifier_weights(seed: int = CLASSIFIER_SEED, root: Path = HERE) -> dict[s
         elif lexicon.get(word) == "positive":
             table[i, 2] += 3.0
         else:
-            table[i, 1] += 0.5
+            table[i, 1] += 0.25
     return {
         "E": table,
         "W": np.eye(3, dtype=np.float32),

@@ -304,3 +304,20 @@ def test_committed_tiny_cnn_matches_a_fresh_build(fresh):
     assert (FUNCTIONS / "tiny_cnn" / "config.pbtxt").read_text() == (
         fresh / "tiny_cnn" / "config.pbtxt"
     ).read_text(), "functions/tiny_cnn/config.pbtxt differs from the script's; rerun it"
+
+
+# ---------------------------------------------------------- the sentiment classifier
+
+
+def test_committed_classifier_matches_a_fresh_build_and_the_reference(fresh):
+    committed = FUNCTIONS / "classifier" / "1" / "model.onnx"
+    hint = f"{committed} differs from what functions/build_models.py builds; rerun it"
+    assert committed.read_bytes() == (fresh / "classifier" / "1" / "model.onnx").read_bytes(), hint
+    assert (FUNCTIONS / "classifier" / "config.pbtxt").read_text() == bm.CLASSIFIER_CONFIG, hint
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 100, size=(5, bm.SEQUENCE_LENGTH)).astype(np.int64)
+    mask = (np.arange(bm.SEQUENCE_LENGTH)[None, :] < rng.integers(1, 33, size=(5, 1))).astype(
+        np.int64
+    )
+    (got,) = _session(committed).run(None, {"INPUT_IDS": ids, "ATTENTION_MASK": mask})
+    np.testing.assert_allclose(got, bm.reference_classifier(ids, mask), rtol=1e-5, atol=1e-6)
