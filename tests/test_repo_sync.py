@@ -805,6 +805,6 @@ def test_new_s3_version_goes_live_with_no_failed_request(
         worker.stop()
         sync.stop()
     assert not failures, failures[:3]
-    assert took < 2 * poll + 1.5, f"version 2 served {took:.1f} s after its upload"
+    assert took < 2 * poll, f"version 2 served {took:.1f} s after its upload: over two polls"
     assert {a for a in answers} <= {("1", 2.0), ("2", 3.0)}
     assert answers[-1] == ("2", 3.0)  # the broken version 3 never took over
