@@ -90,7 +90,7 @@ def build_repository(root: Path) -> Path:
     add_model(root / "add_batched", max_batch_size=16, delay_us=20000)
     slow_model(root / "slow")
     # Policies over a ~40 ms model that runs one request at a time.
-    slow_model(root / "step", matmuls=1, max_batch_size=1, delay_us=1)
+    slow_model(root / "step", seconds=0.04, max_batch_size=1, delay_us=1)
     with_config(root / "step", root / "step_prio", "priority_levels: 2 default_priority_level: 2")
     with_config(
         root / "step",
@@ -122,13 +122,50 @@ def rng_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def slow_model(
-    path: Path, *, matmuls: int = 24, max_batch_size: int = 8, delay_us: int = 200_000
-) -> None:
-    """Y = X + 1, after a chain of 1024² matmuls that costs about a second on one core.
+_MATMUL_S: list[float] = []  # one 1024² matmul on one core here, measured once
 
-    The chain starts from the input, so onnxruntime cannot fold it away at load.
+
+def matmul_seconds() -> float:
+    """What one link of ``slow_model``'s chain costs on this machine (one onnxruntime thread).
+
+    Machines differ threefold; tests that need a model to take a given time size its
+    chain from this rather than assume a speed.
     """
+    if not _MATMUL_S:
+        import tempfile
+        import time
+
+        import onnxruntime as ort
+
+        links = 4
+        with tempfile.TemporaryDirectory() as tmp:
+            _slow_graph(Path(tmp), links, max_batch_size=1, delay_us=1)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+            session = ort.InferenceSession(str(Path(tmp) / "1" / "model.onnx"), opts)
+            x = np.ones((1, 4), np.float32)
+            best = float("inf")
+            for _ in range(4):
+                t = time.perf_counter()
+                session.run(None, {"X": x})
+                best = min(best, time.perf_counter() - t)
+        _MATMUL_S.append(best / links)
+    return _MATMUL_S[0]
+
+
+def slow_model(
+    path: Path, *, seconds: float = 1.0, max_batch_size: int = 8, delay_us: int = 200_000
+) -> None:
+    """Y = X + 1, after a chain of 1024² matmuls that costs ``seconds`` on one idle core.
+
+    The chain starts from the input, so onnxruntime cannot fold it away at load. On a
+    busy machine it takes longer, never shorter.
+    """
+    links = max(1, round(seconds / matmul_seconds()))
+    _slow_graph(path, links, max_batch_size=max_batch_size, delay_us=delay_us)
+
+
+def _slow_graph(path: Path, matmuls: int, *, max_batch_size: int, delay_us: int) -> None:
     eye = helper.make_tensor(
         "EYE", TensorProto.FLOAT, [1024, 1024], np.eye(1024, dtype=np.float32).ravel()
     )
