@@ -140,6 +140,46 @@ _REASONS = {
 }
 
 
+def serve_infer(
+    plane: DataPlane,
+    match: re.Match[str],
+    *,
+    length: int,
+    read: Callable[[int], bytes],
+    header: Callable[[str], str | None],
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    """One infer call, whatever server carries it: (status, headers, body), never raises.
+
+    ``length`` is the Content-Length (0 when absent), ``read`` reads the body and
+    ``header`` looks a request header up by name.
+    """
+    try:
+        limit = plane.settings.max_input_bytes
+        if length > limit:
+            raise too_large(length, limit)
+        body = read(length) if length else read(limit + 1)
+        payload, headers = plane.infer(
+            match.group(1),
+            match.group(2) or "",
+            body,
+            header_length=header("Inference-Header-Content-Length"),
+            content_encoding=header("Content-Encoding"),
+            accept_encoding=header("Accept-Encoding"),
+        )
+        status = 200
+    except ConchError as exc:
+        status, payload = exc.status, orjson.dumps({"error": exc.message})
+        headers = {"Content-Type": "application/json"}
+    except Exception as exc:  # never a bare 500 page: Triton's error body, always
+        status, payload = 500, orjson.dumps({"error": f"internal error: {exc}"})
+        headers = {"Content-Type": "application/json"}
+    return status, [*headers.items(), ("Content-Length", str(len(payload)))], payload
+
+
+def status_line(status: int) -> str:
+    return f"{status} {_REASONS.get(status, 'Error')}"
+
+
 class InferFastPath:
     """WSGI middleware: infer calls go straight to the data plane, the rest to Flask.
 
@@ -157,31 +197,14 @@ class InferFastPath:
             return self.app(environ, start_response)
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
-            limit = self.plane.settings.max_input_bytes
-            if length > limit:
-                raise too_large(length, limit)
-            body = (
-                environ["wsgi.input"].read(length)
-                if length
-                else environ["wsgi.input"].read(limit + 1)
-            )
-            payload, headers = self.plane.infer(
-                match.group(1),
-                match.group(2) or "",
-                body,
-                header_length=environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"),
-                content_encoding=environ.get("HTTP_CONTENT_ENCODING"),
-                accept_encoding=environ.get("HTTP_ACCEPT_ENCODING"),
-            )
-            status = 200
-        except ConchError as exc:
-            status, payload = exc.status, orjson.dumps({"error": exc.message})
-            headers = {"Content-Type": "application/json"}
-        except Exception as exc:  # never a bare 500 page: Triton's error body, always
-            status, payload = 500, orjson.dumps({"error": f"internal error: {exc}"})
-            headers = {"Content-Type": "application/json"}
-        start_response(
-            f"{status} {_REASONS.get(status, 'Error')}",
-            [*headers.items(), ("Content-Length", str(len(payload)))],
+        except ValueError:
+            length = 0
+        status, headers, payload = serve_infer(
+            self.plane,
+            match,
+            length=length,
+            read=environ["wsgi.input"].read,
+            header=lambda name: environ.get("HTTP_" + name.upper().replace("-", "_")),
         )
+        start_response(status_line(status), headers)
         return [payload]

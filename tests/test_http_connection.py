@@ -1,0 +1,166 @@
+"""HTTP/1.1 on the wire for infer calls, which the gateway's worker answers without WSGI.
+
+Keep-alive, ``Connection: close``, HTTP/1.0, ``Expect: 100-continue`` and the metrics
+port, byte for byte over raw sockets; and the same answers from the plain WSGI path
+(gunicorn's gthread worker), which shares the data plane.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+
+from harness import reference_mlp, start_gateway, start_worker, wait_model_ready
+
+
+@pytest.fixture(scope="module")
+def services(model_repo: Path, redis_url: str, log_dir: Path) -> Iterator[dict[str, str]]:
+    worker = start_worker(model_repo, redis_url, log_dir, "--models", "mlp")
+    gevent_gw, gevent_url = start_gateway(model_repo, redis_url, log_dir)
+    wsgi_gw, wsgi_url = start_gateway(
+        model_repo, redis_url, log_dir, env={"CONCH_HTTP_WORKER_CLASS": "gthread"}
+    )
+    try:
+        for url in (gevent_url, wsgi_url):
+            wait_model_ready(url, "mlp", 90, worker, gevent_gw, wsgi_gw)
+        yield {
+            "gevent": gevent_url,
+            "wsgi": wsgi_url,
+            "metrics": gevent_gw.metrics_url,
+        }
+    finally:
+        gevent_gw.stop()
+        wsgi_gw.stop()
+        worker.stop()
+
+
+def _body(x: np.ndarray) -> bytes:
+    return json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}
+            ]
+        }
+    ).encode()
+
+
+def _request(body: bytes, *, version: str = "1.1", headers: str = "") -> bytes:
+    return (
+        f"POST /v2/models/mlp/infer HTTP/{version}\r\nHost: test\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{headers}\r\n"
+    ).encode() + body
+
+
+def _read_response(sock: socket.socket, buf: bytearray) -> tuple[str, dict[str, str], bytes]:
+    """One response off the socket; bytes after it stay in ``buf``."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a full response: {bytes(buf)!r}"
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", 0))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a body"
+        rest += chunk
+    buf[:] = rest[length:]
+    return lines[0], headers, rest[:length]
+
+
+def _outputs(body: bytes) -> np.ndarray:
+    out = json.loads(body)["outputs"][0]
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+@pytest.mark.parametrize("server", ["gevent", "wsgi"])
+def test_keep_alive_serves_several_requests_on_one_connection(
+    services: dict[str, str], server: str
+) -> None:
+    xs = [np.random.default_rng(i).standard_normal((1 + i, 64), dtype=np.float32) for i in range(3)]
+    with _connect(services[server]) as sock:
+        buf = bytearray()
+        sock.sendall(b"".join(_request(_body(x)) for x in xs))  # pipelined, too
+        for x in xs:
+            status, headers, body = _read_response(sock, buf)
+            assert status == "HTTP/1.1 200 OK", body
+            assert headers["connection"] == "keep-alive"
+            assert headers["content-type"] == "application/json"
+            assert "date" in headers
+            np.testing.assert_allclose(_outputs(body), reference_mlp(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("version", "headers"), [("1.1", "Connection: close\r\n"), ("1.0", "")], ids=["close", "1.0"]
+)
+def test_connection_closes_when_the_client_asks(
+    services: dict[str, str], version: str, headers: str
+) -> None:
+    x = np.ones((1, 64), np.float32)
+    with _connect(services["gevent"]) as sock:
+        buf = bytearray()
+        sock.sendall(_request(_body(x), version=version, headers=headers))
+        status, got, body = _read_response(sock, buf)
+        assert status == f"HTTP/{version} 200 OK", body
+        assert got["connection"] == "close"
+        assert sock.recv(1) == b""  # the server closed its end
+
+
+def test_expect_100_continue_gets_the_interim_response(services: dict[str, str]) -> None:
+    x = np.ones((2, 64), np.float32)
+    body = _body(x)
+    with _connect(services["gevent"]) as sock:
+        buf = bytearray()
+        head = _request(b"", headers="Expect: 100-continue\r\n").replace(
+            b"Content-Length: 0", f"Content-Length: {len(body)}".encode()
+        )
+        sock.sendall(head)
+        status, _, _ = _read_response(sock, buf)
+        assert status == "HTTP/1.1 100 Continue"
+        sock.sendall(body)
+        status, _, got = _read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK", got
+        np.testing.assert_allclose(_outputs(got), reference_mlp(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("server", ["gevent", "wsgi"])
+def test_errors_are_tritons_on_both_paths(services: dict[str, str], server: str) -> None:
+    url = f"http://{services[server]}/v2/models"
+    r = requests.post(f"{url}/mlp/infer", data=b"{not json", timeout=30)
+    assert r.status_code == 400 and "error" in r.json()
+    r = requests.post(f"{url}/nope/infer", data=_body(np.ones((1, 64), np.float32)), timeout=30)
+    assert r.status_code == 400 and "nope" in r.json()["error"]
+    r = requests.post(f"{url}/..%2Fmlp/infer", data=b"{}", timeout=30)  # decoded: has a "/"
+    assert r.status_code == 404
+    # The stock client over either path.
+    client = httpclient.InferenceServerClient(services[server])
+    x = np.ones((1, 64), np.float32)
+    inp = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+    inp.set_data_from_numpy(x)
+    got = client.infer("mlp", [inp]).as_numpy("OUTPUT0")
+    np.testing.assert_allclose(got, reference_mlp(x), rtol=1e-4, atol=1e-5)
+
+
+def test_the_metrics_port_does_not_serve_infer(services: dict[str, str]) -> None:
+    r = requests.post(
+        f"http://{services['metrics']}/v2/models/mlp/infer",
+        data=_body(np.ones((1, 64), np.float32)),
+        timeout=30,
+    )
+    assert r.status_code == 404
