@@ -88,6 +88,7 @@ def build_repository(root: Path) -> Path:
     identity_model(root / "identity")
     add_model(root / "add")
     add_model(root / "add_batched", max_batch_size=16, delay_us=20000)
+    transpose_model(root / "transpose")
     slow_model(root / "slow")
     # Policies over a ~40 ms model that runs one request at a time.
     slow_model(root / "step", seconds=0.04, max_batch_size=1, delay_us=1)
@@ -120,6 +121,24 @@ def build_repository(root: Path) -> Path:
 
 def rng_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def transpose_model(path: Path) -> None:
+    """Y = each 2x2 matrix of X transposed; the config shows them as rows of 4 (``reshape``)."""
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["X"], ["Y"], perm=[0, 2, 1])],
+        "transpose",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 2, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 2, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _save(model, path / "1" / "model.onnx")
+    (path / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]\n'
+    )
 
 
 _MATMUL_S: list[float] = []  # one 1024² matmul on one core here, measured once

@@ -24,7 +24,7 @@ def stack(model_repo: Path, redis_url: str, log_dir: Path) -> Iterator[str]:
     worker = start_worker(model_repo, redis_url, log_dir)
     gateway, url = start_gateway(model_repo, redis_url, log_dir, workers=2)
     try:
-        for m in ("mlp", "mlp_autocomplete", "identity", "add"):
+        for m in ("mlp", "mlp_autocomplete", "identity", "add", "transpose"):
             wait_model_ready(url, m, 90, worker, gateway)
         yield url
     finally:
@@ -256,6 +256,18 @@ def test_readiness(client) -> None:
     assert client.is_model_ready("mlp", "1")
     assert not client.is_model_ready("broken")
     assert not client.is_model_ready("nope")
+
+
+def test_config_reshape_is_what_clients_see(client) -> None:
+    # The model takes [batch, 2, 2]; its config shows rows of 4 with reshape { [2, 2] }.
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    inp = httpclient.InferInput("X", [3, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("transpose", [inp])
+    got = result.as_numpy("Y")
+    np.testing.assert_array_equal(got, x.reshape(3, 2, 2).transpose(0, 2, 1).reshape(3, 4))
+    meta = client.get_model_metadata("transpose")
+    assert meta["inputs"][0]["shape"] == [-1, 4]
 
 
 def test_repository_index(client) -> None:

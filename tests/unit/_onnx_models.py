@@ -117,6 +117,30 @@ def scalar(path: Path) -> Path:
     return _save(graph, path)
 
 
+def row_scalar(path: Path) -> Path:
+    """out = s * 2 with input shape [N]: one scalar per batch row."""
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["s", "two"], ["out"])],
+        "row_scalar",
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N"])],
+        initializer=[two],
+    )
+    return _save(graph, path)
+
+
+def square(path: Path) -> Path:
+    """y = transpose of each 2x2 matrix x (shape [N, 2, 2]): the layout shows a reshape."""
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])],
+        "square",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 2])],
+    )
+    return _save(graph, path)
+
+
 def write_model(
     repo: Path,
     name: str,

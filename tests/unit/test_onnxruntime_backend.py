@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _onnx_models import fixed, half_bool, mlp, mlp_reference, strings, write_model
+from _onnx_models import (
+    fixed,
+    half_bool,
+    mlp,
+    mlp_reference,
+    row_scalar,
+    scalar,
+    square,
+    strings,
+    write_model,
+)
 
 from conch.backends import BACKENDS, BackendRequest, InstanceSpec, backend_class
 from conch.backends.onnxruntime import OnnxRuntimeBackend, gpu_available
@@ -132,6 +142,40 @@ def test_execute_batches_requests_of_different_sizes(tmp_path):
         assert not isinstance(result, ConchError), result
         assert result["y"].shape == (x.shape[0], 3)
         np.testing.assert_allclose(result["y"], mlp_reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_scalar_io_runs_through_its_reshape(tmp_path):
+    # Auto-complete gives a scalar dims [1] reshaped to []: clients send [1], the model takes [].
+    backend = loaded(tmp_path, scalar)
+    (result,) = backend.execute([BackendRequest({"s": np.array([2.5], np.float32)}, ["out"])])
+    assert not isinstance(result, ConchError), result
+    np.testing.assert_array_equal(result["out"], np.array([2.5], np.float32))
+
+
+def test_batched_row_scalars_run_through_their_reshape(tmp_path):
+    backend = loaded(tmp_path, row_scalar, config="max_batch_size: 8")
+    assert list(backend.spec.config.input[0].dims) == [1]
+    xs = [np.arange(n, dtype=np.float32).reshape(n, 1) + n for n in (1, 3)]
+    results = backend.execute([BackendRequest({"s": x}, ["out"]) for x in xs])
+    for x, r in zip(xs, results, strict=True):
+        assert not isinstance(r, ConchError), r
+        np.testing.assert_array_equal(r["out"], x * 2)  # [n, 1] back, as the config says
+
+
+def test_config_reshape_is_applied_both_ways(tmp_path):
+    config = """
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+"""
+    backend = loaded(tmp_path, square, config=config)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (r,) = backend.execute([BackendRequest({"x": x}, ["y"])])
+    assert not isinstance(r, ConchError), r
+    want = x.reshape(3, 2, 2).transpose(0, 2, 1).reshape(3, 4)
+    np.testing.assert_array_equal(r["y"], want)
+    (bad,) = backend.execute([BackendRequest({"x": np.ones((1, 3), np.float32)}, ["y"])])
+    assert isinstance(bad, InvalidArgument) and "reshape [2, 2]" in bad.message
 
 
 def test_execute_non_batching_model_runs_each_request(tmp_path):

@@ -18,6 +18,34 @@ import numpy as np
 from ..errors import ConchError, Internal, InvalidArgument
 
 
+def to_model_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np.ndarray:
+    """``arr`` as the model takes it: the config's ``reshape`` behind the batch dimension."""
+    if not entry.HasField("reshape"):
+        return arr
+    lead = arr.shape[:1] if batched else ()
+    try:
+        return arr.reshape((*lead, *(int(d) for d in entry.reshape.shape)))
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"model '{model}': input '{entry.name}' of shape {list(arr.shape)} does not fit "
+            f"its reshape {list(entry.reshape.shape)}: {exc}"
+        ) from None
+
+
+def to_config_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np.ndarray:
+    """An output the model produced in its ``reshape`` shape, as the config's ``dims``."""
+    if not entry.HasField("reshape"):
+        return arr
+    lead = arr.shape[:1] if batched else ()
+    try:
+        return arr.reshape((*lead, *(int(d) for d in entry.dims)))
+    except ValueError as exc:
+        raise Internal(
+            f"model '{model}': output '{entry.name}' of shape {list(arr.shape)} does not fit "
+            f"its dims {list(entry.dims)}: {exc}"
+        ) from None
+
+
 @dataclass(frozen=True)
 class InstanceSpec:
     """One model instance, as Triton names them: ``<group>_<index>``."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import model_config_pb2
 from ..errors import Internal, InvalidArgument, ModelLoadError
-from .base import InstanceSpec, ModelSpec, TensorBackend
+from .base import InstanceSpec, ModelSpec, TensorBackend, to_config_shape, to_model_shape
 
 log = logging.getLogger(__name__)
 
@@ -342,26 +342,6 @@ def set_interop_threads_once(count: int) -> None:
 # --------------------------------------------------------------------------- tensors
 
 
-def shape_for_model(
-    entry: Any, arr_shape: tuple[int, ...], batched: bool
-) -> tuple[int, ...] | None:
-    """The shape the model sees for a config tensor: its ``reshape``, behind the batch dim."""
-    if not entry.HasField("reshape"):
-        return None
-    lead = arr_shape[:1] if batched else ()
-    return (*lead, *(int(d) for d in entry.reshape.shape))
-
-
-def shape_for_client(
-    entry: Any, arr_shape: tuple[int, ...], batched: bool
-) -> tuple[int, ...] | None:
-    """The shape a client gets for an output the model produced in its ``reshape`` shape."""
-    if not entry.HasField("reshape"):
-        return None
-    lead = arr_shape[:1] if batched else ()
-    return (*lead, *(int(d) for d in entry.dims))
-
-
 def numpy_to_torch(arr: np.ndarray, dtype_name: str) -> Any:
     """A tensor sharing ``arr``'s memory (BF16 arrives as uint16 bit patterns)."""
     torch = _torch()
@@ -521,15 +501,7 @@ class PyTorchBackend(TensorBackend):
             entry = self._inputs.get(name)
             if entry is None:
                 raise InvalidArgument(f"unexpected input '{name}' for model '{self.spec.name}'")
-            shape = shape_for_model(entry, arr.shape, batched)
-            if shape is not None:
-                try:
-                    arr = arr.reshape(shape)
-                except ValueError as exc:
-                    raise InvalidArgument(
-                        f"model '{self.spec.name}': input '{name}' of shape {list(arr.shape)} "
-                        f"does not fit its reshape {list(entry.reshape.shape)}: {exc}"
-                    ) from None
+            arr = to_model_shape(self.spec.name, entry, arr, batched)
             tensor = numpy_to_torch(arr, self._input_dtypes[name])
             if self.device is not None and self.device.type != "cpu":
                 tensor = tensor.to(self.device)
@@ -586,15 +558,7 @@ class PyTorchBackend(TensorBackend):
                     f"config but the model produced {tensor.dtype}"
                 )
             arr = torch_to_numpy(tensor)
-            shape = shape_for_client(self._outputs[name], arr.shape, batched)
-            if shape is not None:
-                try:
-                    arr = arr.reshape(shape)
-                except ValueError as exc:
-                    raise Internal(
-                        f"model '{model}': output '{name}' of shape {list(arr.shape)} does "
-                        f"not fit its dims {list(self._outputs[name].dims)}: {exc}"
-                    ) from None
+            arr = to_config_shape(model, self._outputs[name], arr, batched)
             if batch is not None and (arr.ndim == 0 or arr.shape[0] != batch):
                 raise Internal(
                     f"model '{model}': output '{name}' has shape {list(arr.shape)}, but the "

@@ -25,12 +25,10 @@ import numpy as np
 
 from ..config import model_config_pb2
 from ..errors import Internal, InvalidArgument, ModelLoadError
-from .base import InstanceSpec, ModelSpec, TensorBackend
+from .base import InstanceSpec, ModelSpec, TensorBackend, to_config_shape, to_model_shape
 from .pytorch import (
     CONFIG_TO_TORCH,
     numpy_to_torch,
-    shape_for_client,
-    shape_for_model,
     torch_to_numpy,
 )
 
@@ -505,15 +503,7 @@ class TensorRTBackend(TensorBackend):
                 if t is None:
                     raise InvalidArgument(f"unexpected input '{name}' for model '{model}'")
                 entry = self._entries[name]
-                shape = shape_for_model(entry, arr.shape, batched)
-                if shape is not None:
-                    try:
-                        arr = arr.reshape(shape)
-                    except ValueError as exc:
-                        raise InvalidArgument(
-                            f"model '{model}': input '{name}' of shape {list(arr.shape)} does "
-                            f"not fit its reshape {list(entry.reshape.shape)}: {exc}"
-                        ) from None
+                arr = to_model_shape(model, entry, arr, batched)
                 self._check_profile(t, arr.shape)
                 host = numpy_to_torch(arr, CONFIG_TO_TORCH[t.dtype or ""])
                 buf = host.to(self.device, non_blocking=True).contiguous()
@@ -547,9 +537,7 @@ class TensorRTBackend(TensorBackend):
                 if name not in results:
                     raise InvalidArgument(f"model '{model}' has no output '{name}'")
                 arr = torch_to_numpy(results[name])  # waits for the stream
-                shape = shape_for_client(self._entries[name], arr.shape, batched)
-                if shape is not None:
-                    arr = arr.reshape(shape)
+                arr = to_config_shape(model, self._entries[name], arr, batched)
                 if batch is not None and (arr.ndim == 0 or arr.shape[0] != batch):
                     raise Internal(
                         f"model '{model}': output '{name}' has shape {list(arr.shape)}, but the "
