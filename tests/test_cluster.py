@@ -4,6 +4,7 @@ deadlines, `conch serve` as one command, and perf_analyzer driving it all."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -283,6 +284,11 @@ def test_perf_analyzer_runs_against_the_server(
             timeout=240,
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # "statistics" is advertised: perf_analyzer reads them around every window and
+        # prints the server's side (queue, compute) next to its own.
+        assert "Server: " in proc.stdout and "compute infer" in proc.stdout, proc.stdout[-3000:]
+        counts = [int(n) for n in re.findall(r"Inference count: (\d+)", proc.stdout)]
+        assert counts and all(n > 0 for n in counts), proc.stdout[-3000:]
         rows = csv.read_text().splitlines()
         assert rows[0].startswith("Concurrency")
         throughputs = [float(r.split(",")[1]) for r in rows[1:]]

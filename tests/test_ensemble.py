@@ -353,3 +353,5 @@ def test_perf_analyzer_runs_the_sentiment_ensemble(url: str, tmp_path: Path) -> 
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Throughput" in proc.stdout
+    # With statistics advertised, perf_analyzer reads the ensemble's and its steps' stats.
+    assert "Server: " in proc.stdout and "Composing models:" in proc.stdout, proc.stdout[-3000:]

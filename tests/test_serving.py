@@ -56,7 +56,7 @@ def test_health_and_server_metadata(client) -> None:
     assert meta["name"] == "conch"
     assert "binary_tensor_data" in meta["extensions"]
     assert "model_configuration" in meta["extensions"]
-    assert "statistics" not in meta["extensions"]  # not served, so never advertised
+    assert "statistics" in meta["extensions"]
 
 
 def test_model_metadata(client) -> None:
@@ -268,6 +268,51 @@ def test_config_reshape_is_what_clients_see(client) -> None:
     np.testing.assert_array_equal(got, x.reshape(3, 2, 2).transpose(0, 2, 1).reshape(3, 4))
     meta = client.get_model_metadata("transpose")
     assert meta["inputs"][0]["shape"] == [-1, 4]
+
+
+def _add(client, rows: int) -> None:
+    a = np.full((rows, 4), float(rows), np.float32)
+    inputs = []
+    for name in ("A", "B"):
+        inp = httpclient.InferInput(name, [rows, 4], "FP32")
+        inp.set_data_from_numpy(a)
+        inputs.append(inp)
+    np.testing.assert_array_equal(client.infer("add", inputs).as_numpy("OUT"), a * 2)
+
+
+def test_statistics_count_what_ran(client) -> None:
+    def stats() -> dict:
+        (entry,) = client.get_inference_statistics("add")["model_stats"]
+        return entry
+
+    before = stats()
+    for rows in (1, 2, 3):  # add has no dynamic batching: one execution each
+        _add(client, rows)
+    after = stats()
+    assert after["name"] == "add" and after["version"] == "1"
+    assert after["inference_count"] - before["inference_count"] == 6
+    assert after["execution_count"] - before["execution_count"] == 3
+    assert after["last_inference"] > 0 and after["last_inference"] >= before["last_inference"]
+    for phase in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        grew = {
+            k: after["inference_stats"][phase][k] - before["inference_stats"][phase][k]
+            for k in ("count", "ns")
+        }
+        assert grew["count"] == 3 and grew["ns"] > 0, (phase, grew)
+    assert after["inference_stats"]["fail"] == before["inference_stats"]["fail"]
+    s = after["inference_stats"]
+    assert s["success"]["ns"] >= s["queue"]["ns"] + s["compute_infer"]["ns"]  # the whole stay
+    sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
+    old = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}
+    assert all(sizes[n] - old.get(n, 0) >= 1 for n in (1, 2, 3)), sizes
+    # One version, every model, an unknown model: Triton's routes and errors.
+    (v1,) = client.get_inference_statistics("add", "1")["model_stats"]
+    assert v1["version"] == "1" and v1["execution_count"] >= after["execution_count"]
+    names = {m["name"] for m in client.get_inference_statistics()["model_stats"]}
+    assert {"add", "mlp", "identity"} <= names
+    with pytest.raises(InferenceServerException) as exc:
+        client.get_inference_statistics("no_such_model")
+    assert exc.value.status() == "400"
 
 
 def test_repository_index(client) -> None:

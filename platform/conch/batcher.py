@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from . import broker, tensors
+from . import broker, statistics, tensors
 from .backends import Backend, BackendRequest
 from .config import output_types
 from .errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
@@ -315,6 +315,7 @@ class Batcher(threading.Thread):
         replies: dict[str, Reply] = {}
         backends = self.backends  # one consistent view, should a reload swap it
         latest = max(backends) if backends else -1
+        runs: list[statistics.Execution] = []
         by_version: dict[int, list[Item]] = {}
         for item in batch:
             # -1: the client named no version; the latest this worker serves answers, so
@@ -330,15 +331,18 @@ class Batcher(threading.Thread):
                 for item in items:
                     replies[item.tag] = Reply(item.msg.id, error=err)
                 continue
-            self._run(backend, items, replies, started)
+            phases = self._run(backend, items, replies, started)
             for item in items:
                 replies[item.tag].version = used
+            if phases is not None:
+                runs.append(self._execution(used, items, replies, phases))
         if self.sequencer is None:
-            self._send(batch, replies)
+            self._send(batch, replies, runs)
         else:
-            for item in sorted(batch, key=lambda i: i.ticket):
+            ordered = sorted(batch, key=lambda i: i.ticket)
+            for k, item in enumerate(ordered):
                 self.sequencer.wait_turn(item.ticket)
-                self._send([item], replies)
+                self._send([item], replies, runs if k == len(ordered) - 1 else [])
                 self.sequencer.finish(item.ticket)
         if self.on_batch is not None:
             failed = sum(1 for i in batch if replies[i.tag].error is not None)
@@ -357,9 +361,38 @@ class Batcher(threading.Thread):
                 },
             )
 
-    def _send(self, items: list[Item], replies: dict[str, Reply]) -> None:
+    def _execution(
+        self,
+        version: int,
+        items: list[Item],
+        replies: dict[str, Reply],
+        phases: tuple[int, int, int],
+    ) -> statistics.Execution:
+        """The statistics of one execution: its phases, and how its requests ended."""
+        now = time.time()
+        run = statistics.Execution(version, batch_size=sum(i.rows for i in items))
+        run.input_ns, run.infer_ns, run.output_ns = phases
+        for item in items:
+            reply = replies[item.tag]
+            took = max(0, int((now - item.msg.enqueued) * 1e9))
+            if reply.error is None:
+                run.success += 1
+                run.rows += item.rows
+                run.success_ns += took
+                run.queue_ns += reply.timing.get("queue", 0)
+            else:
+                run.fail += 1
+                run.fail_ns += took
+        return run
+
+    def _send(
+        self, items: list[Item], replies: dict[str, Reply], runs: list[statistics.Execution]
+    ) -> None:
         """Reply, then ack: a crash in between re-runs the request, never loses it."""
         pipe = self.client.pipeline(transaction=False)
+        now_ms = int(time.time() * 1000)
+        for run in runs:
+            statistics.record(pipe, self.model, run, now_ms)
         by_list: dict[str, list[bytes]] = {}
         for item in items:
             if item.msg.reply_to:
@@ -374,7 +407,10 @@ class Batcher(threading.Thread):
 
     def _run(
         self, backend: Backend, items: list[Item], replies: dict[str, Reply], started: float
-    ) -> None:
+    ) -> tuple[int, int, int] | None:
+        """Run ``items`` on ``backend``; the ns spent reading inputs, computing and
+        writing outputs, or None when nothing ran."""
+        t_in = time.perf_counter_ns()
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
         for item in items:
@@ -405,7 +441,7 @@ class Batcher(threading.Thread):
             )
             runnable.append(item)
         if not runnable:
-            return
+            return None
         t0 = time.perf_counter_ns()
         try:
             results = backend.execute(requests)
@@ -414,7 +450,8 @@ class Batcher(threading.Thread):
         except Exception as exc:
             log.exception("%s: backend failed", self.name)
             results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
-        compute_ns = time.perf_counter_ns() - t0
+        t_out = time.perf_counter_ns()
+        compute_ns = t_out - t0
         rows = sum(i.rows for i in runnable)
         for item, result in zip(runnable, results, strict=True):
             timing = {"queue": int((started - item.msg.enqueued) * 1e9), "compute": compute_ns}
@@ -433,6 +470,7 @@ class Batcher(threading.Thread):
                 )
                 continue
             replies[item.tag] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
+        return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
 
     def _reply(self, pipe: redis.client.Pipeline, msg: InferMessage, reply: Reply) -> None:
         if msg.reply_to:

@@ -18,7 +18,7 @@ import redis
 from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
-from .. import __version__, control
+from .. import __version__, control, statistics
 from ..broker import new_id
 from ..config import json_to_config
 from ..dispatch import Dispatcher
@@ -37,6 +37,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "schedule_policy",
+    "statistics",
 ]
 
 v2 = Blueprint("v2", __name__)
@@ -91,6 +92,30 @@ def model_ready(model: str, version: int | None = None) -> Response:
     if not _catalog().version_ready(model, v):
         return _json({"error": "Model version not ready"}, 400)
     return _empty()
+
+
+@v2.get("/v2/models/stats")
+@v2.get("/v2/models/<model>/stats")
+@v2.get("/v2/models/<model>/versions/<int:version>/stats")
+def model_statistics(model: str | None = None, version: int | None = None) -> Response:
+    """Triton's statistics extension: all models, one model, or one version."""
+    catalog = _catalog()
+    if model is None:
+        names = [
+            n
+            for n, e in sorted(catalog.entries.items())
+            if catalog.is_loaded(n) and e.config is not None and not e.error
+        ]
+        wanted = {n: list(catalog.entries[n].versions) for n in names}
+    else:
+        entry = catalog.serving(model)
+        versions = [entry.resolve_version(str(version))] if version is not None else entry.versions
+        wanted = {model: list(versions)}
+    out = []
+    for name, versions in wanted.items():
+        counters = statistics.read(catalog.client, name)
+        out.extend(statistics.model_stats(name, v, counters.get(v, {})) for v in versions)
+    return _json({"model_stats": out})
 
 
 @v2.get("/v2/models/<model>/config")

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .. import codec, ensemble, scheduling, validation
+from .. import codec, ensemble, scheduling, statistics, validation
 from ..broker import new_id
 from ..dispatch import Dispatcher
 from ..errors import ConchError, InvalidArgument, Unavailable
@@ -83,15 +83,25 @@ class DataPlane:
         )
         if entry.backend == ensemble.ENSEMBLE:
             inputs = {t.name: (t.datatype, tuple(t.shape), t.raw) for t in req.inputs}
-            produced = ensemble.execute(
-                entry,
-                inputs,
-                wanted,
-                msg,
-                resolve=self.catalog.serving,
-                dispatcher=self.dispatcher,
-                check=self._step_available,
-            )
+            rows = req.inputs[0].shape[0] if config.max_batch_size > 0 and req.inputs else 1
+            run = statistics.Execution(v, batch_size=rows)
+            try:
+                produced = ensemble.execute(
+                    entry,
+                    inputs,
+                    wanted,
+                    msg,
+                    resolve=self.catalog.serving,
+                    dispatcher=self.dispatcher,
+                    check=self._step_available,
+                )
+            except ConchError:
+                run.fail, run.fail_ns = 1, int((time.time() - now) * 1e9)
+                statistics.record_now(self.dispatcher.client, model, run)
+                raise
+            run.success, run.rows = 1, rows
+            run.success_ns = run.infer_ns = int((time.time() - now) * 1e9)
+            statistics.record_now(self.dispatcher.client, model, run)
             results = [(name, *produced[name]) for name in wanted]
         else:
             if not version:  # the worker answers with the latest it serves (see Batcher)

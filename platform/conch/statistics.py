@@ -1,0 +1,152 @@
+"""Triton's statistics extension: counts and times per model version.
+
+Workers add each batch's numbers to one Redis hash per model, in the pipeline that
+already sends the batch's replies (no extra round trip), so every gateway reads the
+same current totals, summed over all workers, with no reporting interval in between.
+Durations follow Triton's accounting: each request in a batch is charged the batch's
+compute time; ``success`` runs from the gateway's enqueue to the worker's reply.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+KEY_PREFIX = "conch.stats."
+# Triton's inference_stats entries, each {"count", "ns"}.
+DURATIONS = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
+
+
+# KEYS: the model's hash. ARGV: version, last-inference ms (0: leave it), then field/amount
+# pairs. One command per batch instead of one per counter.
+_RECORD_LUA = """
+local v = ARGV[1] .. '|'
+for i = 3, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], v .. ARGV[i], ARGV[i + 1])
+end
+if ARGV[2] ~= '0' then
+  redis.call('HSET', KEYS[1], v .. 'last_inference', ARGV[2])
+end
+return 0
+"""
+
+
+def key(model: str) -> str:
+    return KEY_PREFIX + model
+
+
+@dataclass
+class Execution:
+    """One model execution of one version, and the requests it answered."""
+
+    version: int
+    batch_size: int  # rows run together
+    rows: int = 0  # rows of the requests that succeeded
+    success: int = 0
+    success_ns: int = 0
+    fail: int = 0
+    fail_ns: int = 0
+    queue_ns: int = 0  # summed over the requests that succeeded
+    input_ns: int = 0  # the execution's phases, once
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+def record(pipe: redis.client.Pipeline, model: str, run: Execution, now_ms: int) -> None:
+    """Queue ``run``'s increments on ``pipe`` (the caller executes it)."""
+    ok = run.success
+    increments = {
+        "inference_count": run.rows,
+        "execution_count": 1,
+        "success.count": ok,
+        "success.ns": run.success_ns,
+        "fail.count": run.fail,
+        "fail.ns": run.fail_ns,
+        "queue.count": ok,
+        "queue.ns": run.queue_ns,
+        # Triton charges every request in a batch with the whole batch's phases.
+        "compute_input.count": ok,
+        "compute_input.ns": run.input_ns * ok,
+        "compute_infer.count": ok,
+        "compute_infer.ns": run.infer_ns * ok,
+        "compute_output.count": ok,
+        "compute_output.ns": run.output_ns * ok,
+        f"batch.{run.batch_size}.count": 1,
+        f"batch.{run.batch_size}.compute_input": run.input_ns,
+        f"batch.{run.batch_size}.compute_infer": run.infer_ns,
+        f"batch.{run.batch_size}.compute_output": run.output_ns,
+    }
+    args: list[str | int] = [run.version, now_ms if ok else 0]
+    for field, amount in increments.items():
+        if amount:
+            args += [field, amount]
+    pipe.eval(_RECORD_LUA, 1, key(model), *args)
+
+
+def record_now(client: redis.Redis, model: str, run: Execution) -> None:
+    """Record ``run`` in a round trip of its own (what the gateway runs: ensembles)."""
+    pipe = client.pipeline(transaction=False)
+    record(pipe, model, run, int(time.time() * 1000))
+    pipe.execute()
+
+
+def read(client: redis.Redis, model: str) -> dict[int, dict[str, int]]:
+    """version -> its counters, as recorded so far."""
+    out: dict[int, dict[str, int]] = {}
+    for raw_field, raw_value in client.hgetall(key(model)).items():
+        field = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
+        version, _, name = field.partition("|")
+        if not version.isdigit():
+            continue
+        out.setdefault(int(version), {})[name] = int(raw_value)
+    return out
+
+
+def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, Any]:
+    """One entry of Triton's ``model_stats`` list; every key perf_analyzer reads is present."""
+
+    def duration(phase: str) -> dict[str, int]:
+        return {"count": counters.get(f"{phase}.count", 0), "ns": counters.get(f"{phase}.ns", 0)}
+
+    sizes = sorted(
+        {int(f.split(".")[1]) for f in counters if f.startswith("batch.") and f.endswith(".count")}
+    )
+    batch_stats = []
+    for size in sizes:
+        n = counters.get(f"batch.{size}.count", 0)
+        batch_stats.append(
+            {
+                "batch_size": size,
+                **{
+                    phase: {"count": n, "ns": counters.get(f"batch.{size}.{phase}", 0)}
+                    for phase in BATCH_PHASES
+                },
+            }
+        )
+    return {
+        "name": name,
+        "version": str(version),
+        "last_inference": counters.get("last_inference", 0),
+        "inference_count": counters.get("inference_count", 0),
+        "execution_count": counters.get("execution_count", 0),
+        "inference_stats": {phase: duration(phase) for phase in DURATIONS},
+        "response_stats": {},
+        "batch_stats": batch_stats,
+        "memory_usage": [],
+    }
+
+
+__all__ = ["Execution", "key", "model_stats", "read", "record", "record_now"]
