@@ -55,6 +55,20 @@ def test_metrics_count_requests_and_queue(tmp_path: Path, redis_url: str, log_di
         assert sample(text, "nv_inference_request_failure", "add") == 0
         assert sample(text, "nv_inference_queue_duration_us", "add") > 0
         assert sample(text, "nv_inference_compute_infer_duration_us", "add") > 0
+        for name in ("input", "output"):
+            assert f"# TYPE nv_inference_compute_{name}_duration_us counter" in text
+        # End to end covers the queue and the compute, and every series names its version.
+        assert sample(text, "nv_inference_request_duration_us", "add") >= sample(
+            text, "nv_inference_queue_duration_us", "add"
+        ) + sample(text, "nv_inference_compute_infer_duration_us", "add")
+        assert re.search(r'^nv_inference_count\{model="add",version="1"\} 10$', text, re.M), text
+        # A worker that goes takes nothing with it: counters never run backwards.
+        worker.stop()
+        worker = start_worker(repo, db, log_dir, "--models", "add")
+        wait_model_ready(url, "add", 60, worker, gateway)
+        assert sample(scraped(), "nv_inference_count", "add") == 10
+        client.infer("add", inputs)
+        assert sample(scraped(), "nv_inference_count", "add") == 12
         # The pending gauge is the queue's depth: "idle" has no worker, so its request waits.
         with contextlib.suppress(Exception):
             client.infer("idle", inputs, timeout=200_000)

@@ -1,38 +1,59 @@
 """Prometheus metrics with Triton's names, served on the metrics port (8002).
 
-Workers count per model; any gateway adds up the live workers' reports, so every
-gateway answers the same totals. The queue gauge is read from Redis itself: it is the
-number KEDA scales on. Counters of a worker that has gone drop out with it, which
-Prometheus reads as a counter reset.
+The counters are the statistics extension's (``conch.statistics``): per model version,
+summed over every worker that ever ran it and kept in Redis, so any gateway answers
+the same totals and a worker that goes away takes nothing with it (no false counter
+resets). The queue gauge is read from Redis itself: it is the number KEDA scales on.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .. import broker, registry
+from .. import broker, registry, statistics
 from .catalog import Catalog
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# (Triton's metric, worker counter, help text)
+# (Triton's metric, statistics counter, divisor, help text)
 COUNTERS = (
     (
         "nv_inference_request_success",
-        "success",
+        "success.count",
+        1,
         "Number of successful inference requests, all batch sizes",
     ),
-    ("nv_inference_count", "rows", "Number of inferences performed (batch elements)"),
-    ("nv_inference_exec_count", "executions", "Number of model executions performed"),
+    ("nv_inference_count", "inference_count", 1, "Number of inferences performed (batch elements)"),
+    ("nv_inference_exec_count", "execution_count", 1, "Number of model executions performed"),
+    (
+        "nv_inference_request_duration_us",
+        ("success.ns", "fail.ns"),
+        1000,
+        "Cumulative inference request duration in microseconds",
+    ),
     (
         "nv_inference_queue_duration_us",
-        "queue_us",
+        "queue.ns",
+        1000,
         "Cumulative inference queuing duration in microseconds",
     ),
     (
+        "nv_inference_compute_input_duration_us",
+        "compute_input.ns",
+        1000,
+        "Cumulative compute input duration in microseconds",
+    ),
+    (
         "nv_inference_compute_infer_duration_us",
-        "compute_us",
+        "compute_infer.ns",
+        1000,
         "Cumulative compute inference duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "compute_output.ns",
+        1000,
+        "Cumulative compute output duration in microseconds",
     ),
 )
 
@@ -48,21 +69,18 @@ def render(catalog: Catalog) -> bytes:
     """Prometheus text format, written out by hand: Triton's counter names carry no
     ``_total`` (prometheus_client would add one), and values are plain integers."""
     client = catalog.client
-    totals: dict[str, dict[str, int]] = {}
-    for report in registry.snapshot(client):
-        for model, stats in report.get("stats", {}).items():
-            mine = totals.setdefault(model, {})
-            for key, value in stats.items():
-                mine[key] = mine.get(key, 0) + int(value)
     states = catalog.states()
-    served = sorted(
-        set(totals) | {n for n, e in catalog.entries.items() if e.backend != "ensemble"}
-    )
+    counters: dict[str, dict[int, dict[str, int]]] = {}
+    for name, entry in sorted(catalog.entries.items()):
+        if entry.config is None or entry.error or not catalog.is_loaded(name):
+            continue
+        recorded = statistics.read(client, name)
+        counters[name] = {v: recorded.get(v, {}) for v in sorted({*entry.versions, *recorded})}
 
-    def version(model: str) -> str:
+    def latest_ready(model: str) -> str:
         versions = states.get(model, {}).get("versions", {})
         ready = [int(v) for v, st in versions.items() if st == registry.READY]
-        return str(max(ready)) if ready else "1"
+        return str(max(ready)) if ready else str(max(counters[model], default=1))
 
     lines: list[str] = []
 
@@ -71,22 +89,30 @@ def render(catalog: Catalog) -> bytes:
         lines.append(f"# TYPE {name} {kind}")
         lines.extend(f"{name}{{{_labels(labels)}}} {int(value)}" for labels, value in rows)
 
-    for name, key, doc in COUNTERS:
+    def value(c: dict[str, int], fields: str | tuple[str, ...], divisor: int) -> int:
+        names = (fields,) if isinstance(fields, str) else fields
+        return sum(c.get(f, 0) for f in names) // divisor
+
+    for metric, fields, divisor, doc in COUNTERS:
         rows = [
-            ({"model": m, "version": version(m)}, totals.get(m, {}).get(key, 0)) for m in served
+            ({"model": m, "version": str(v)}, value(c, fields, divisor))
+            for m, by_version in counters.items()
+            for v, c in by_version.items()
         ]
-        family(name, doc, "counter", rows)
+        family(metric, doc, "counter", rows)
     failures = [
-        (
-            {"model": m, "reason": "BACKEND", "version": version(m)},
-            totals.get(m, {}).get("failure", 0),
-        )
-        for m in served
+        ({"model": m, "reason": "BACKEND", "version": str(v)}, c.get("fail.count", 0))
+        for m, by_version in counters.items()
+        for v, c in by_version.items()
     ]
     family(
         "nv_inference_request_failure", "Number of failed inference requests", "counter", failures
     )
-    pending = [({"model": m, "version": version(m)}, broker.queue_depth(client, m)) for m in served]
+    pending = [
+        ({"model": m, "version": latest_ready(m)}, broker.queue_depth(client, m))
+        for m, entry in sorted(catalog.entries.items())
+        if m in counters and entry.backend != "ensemble"
+    ]
     family(
         "nv_inference_pending_request_count",
         "Instantaneous number of pending requests awaiting execution per-model.",
