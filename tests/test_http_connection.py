@@ -122,6 +122,26 @@ def test_connection_closes_when_the_client_asks(
         assert sock.recv(1) == b""  # the server closed its end
 
 
+@pytest.mark.parametrize("server", ["gevent", "wsgi"])
+def test_a_chunked_body_is_read_whole(services: dict[str, str], server: str) -> None:
+    x = np.random.default_rng(5).standard_normal((3, 64), dtype=np.float32)
+    body = _body(x)
+    chunks = b"".join(
+        f"{len(body[i : i + 500]):x}\r\n".encode() + body[i : i + 500] + b"\r\n"
+        for i in range(0, len(body), 500)
+    )
+    head = (
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: test\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    with _connect(services[server]) as sock:
+        buf = bytearray()
+        sock.sendall(head + chunks + b"0\r\n\r\n")
+        status, _, got = _read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK", got
+        np.testing.assert_allclose(_outputs(got), reference_mlp(x), rtol=1e-4, atol=1e-5)
+
+
 def test_expect_100_continue_gets_the_interim_response(services: dict[str, str]) -> None:
     x = np.ones((2, 64), np.float32)
     body = _body(x)
