@@ -197,3 +197,81 @@ def test_poll_mode_switches_versions_with_no_failed_request(
     # Every answer came from version 1 (X+1) or version 2 (X+2), and says which.
     assert {(v, y) for v, y in answers} <= {("1", 2.0), ("2", 3.0)}
     assert answers[-1] == ("2", 3.0)
+
+
+CONTROLLER_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
+output [
+  { name: "Y" data_type: TYPE_FP32 dims: [ 1, 4 ] },
+  { name: "READY_AFTER" data_type: TYPE_BOOL dims: [ 1 ] },
+  { name: "ERR" data_type: TYPE_STRING dims: [ 1 ] }
+]
+"""
+
+# Loads "offset", calls it, unloads it, then asks for a model that does not exist.
+CONTROLLER_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            pb_utils.load_model("offset")
+            answer = pb_utils.InferenceRequest(
+                model_name="offset", inputs=[pb_utils.Tensor("X", x)], requested_output_names=["Y"]
+            ).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            y = pb_utils.get_output_tensor_by_name(answer, "Y").as_numpy()
+            pb_utils.unload_model("offset")
+            ready = pb_utils.is_model_ready("offset")
+            try:
+                pb_utils.load_model("nope")
+                err = "loaded"
+            except pb_utils.TritonModelException as exc:
+                err = str(exc)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [
+                        pb_utils.Tensor("Y", y),
+                        pb_utils.Tensor("READY_AFTER", np.array([ready])),
+                        pb_utils.Tensor("ERR", np.array([err.encode()], dtype=object)),
+                    ]
+                )
+            )
+        return responses
+"""
+
+
+def test_a_python_model_loads_and_unloads_models(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    repo = tmp_path / "models"
+    offset_model(repo / "offset", 1, 1.0)
+    (repo / "controller" / "1").mkdir(parents=True)
+    (repo / "controller" / "config.pbtxt").write_text(CONTROLLER_CONFIG)
+    (repo / "controller" / "1" / "model.py").write_text(CONTROLLER_MODEL)
+    db = fresh_db(redis_url, 5)
+    flags = ("--model-control-mode", "explicit", "--load-model", "controller")
+    worker = start_worker(repo, db, log_dir, *flags)
+    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    client = httpclient.InferenceServerClient(url, network_timeout=120)
+    try:
+        wait_model_ready(url, "controller", 60, worker, gateway)
+        assert not client.is_model_ready("offset")
+        result = client.infer("controller", x_input(2.0))
+        np.testing.assert_array_equal(result.as_numpy("Y"), np.full((1, 4), 3.0))
+        assert result.as_numpy("READY_AFTER").tolist() == [False]
+        err = result.as_numpy("ERR")[0].decode()
+        assert "nope" in err and "not in the model repository" in err, err
+        assert not client.is_model_ready("offset")  # unloaded for the whole server
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert index["offset"]["state"] == "UNAVAILABLE"
+    finally:
+        gateway.stop()
+        worker.stop()

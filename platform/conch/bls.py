@@ -52,7 +52,17 @@ from typing import Any
 import numpy as np
 import redis
 
-from . import broker, codec, control, ensemble, registry, scheduling, tensors, validation
+from . import (
+    broker,
+    codec,
+    control,
+    ensemble,
+    model_control,
+    registry,
+    scheduling,
+    tensors,
+    validation,
+)
 from .backends import python_utils as pb
 from .config import wire_type
 from .dispatch import Dispatcher
@@ -367,6 +377,34 @@ class BlsClient:
 
         # "Not ready" from the cache is asked again: a worker may have just come up.
         return ready(self.states()) or ready(self.states(max_age=0.05))
+
+    def load(self, name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+        """``pb_utils.load_model``: as the HTTP load route, files keyed ``file:<v>/<path>``."""
+        stripped: dict[str, bytes] = {}
+        for key, data in (files or {}).items():
+            if not isinstance(key, str) or not key.startswith("file:"):
+                raise InvalidArgument(
+                    f"failed to load '{name}': file keys are 'file:<version>/<path>', not {key!r}"
+                )
+            if not isinstance(data, bytes | bytearray):
+                raise InvalidArgument(f"failed to load '{name}': {key} must be bytes")
+            stripped[key.removeprefix("file:")] = bytes(data)
+        model_control.load(
+            self.client,
+            self.settings,
+            str(name),
+            config=config or None,
+            files=stripped,
+            states=lambda: self.states(max_age=0.05),
+        )
+        with self._lock:
+            self._entries.pop(str(name), None)  # read it again: the load may have changed it
+
+    def unload(self, name: str) -> None:
+        """``pb_utils.unload_model``."""
+        model_control.unload(
+            self.client, self.settings, str(name), states=lambda: self.states(max_age=0.05)
+        )
 
     # -- building the message -----------------------------------------------------------
 

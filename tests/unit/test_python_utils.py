@@ -162,7 +162,7 @@ def test_request_accessors() -> None:
     assert pb.InferenceRequest().parameters() == "{}"
 
 
-def test_bls_outside_a_worker_answers_an_error_and_model_control_is_not_available() -> None:
+def test_bls_and_model_control_outside_a_worker_say_they_need_one() -> None:
     req = _request()
     for resp in (req.exec(), asyncio.run(req.async_exec())):
         assert resp.has_error()
@@ -173,9 +173,9 @@ def test_bls_outside_a_worker_answers_an_error_and_model_control_is_not_availabl
         pb.is_model_ready("other")
     with pytest.raises(pb.TritonModelException, match="decoupled"):
         req.get_response_sender()
-    with pytest.raises(pb.TritonModelException, match="not available yet"):
+    with pytest.raises(pb.TritonModelException, match="needs a conch worker"):
         pb.load_model("other")
-    with pytest.raises(pb.TritonModelException, match="not available yet"):
+    with pytest.raises(pb.TritonModelException, match="needs a conch worker"):
         pb.unload_model("other")
     with pytest.raises(pb.TritonModelException, match="rescheduling"):
         req.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)

@@ -17,10 +17,11 @@ process rather than in a stub process with shared memory:
   ``async_exec``) goes through the named model's queue; the worker installs the client
   that does it (``conch.bls``). It answers every failure with an error response, as
   Triton does; a call to a model already waiting on the caller (itself, or A -> B -> A)
-  is refused at once instead of deadlocking. ``exec(decoupled=True)``, model control from
-  a model (``load_model``, ``unload_model``) and decoupled responses are not available
-  yet: the first answers an error response, the others raise ``TritonModelException``.
-  ``is_model_ready`` reads the workers' registry.
+  is refused at once instead of deadlocking. ``exec(decoupled=True)`` and decoupled
+  responses are not available yet: the first answers an error response, the second
+  raises ``TritonModelException``. ``is_model_ready`` reads the workers' registry;
+  ``load_model`` and ``unload_model`` do what the model control API does (explicit mode
+  only, as in Triton) and raise ``TritonModelException`` when it fails.
 - Response ``parameters`` are accepted and kept on the object; the HTTP reply does not
   carry them.
 
@@ -35,7 +36,7 @@ import ctypes
 import json
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -85,9 +86,6 @@ TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_CPU_PINNED = 1
 TRITONSERVER_MEMORY_GPU = 2
 
-_MODEL_CONTROL_NOT_YET = (
-    "model control from a Python model (load_model, unload_model) is not available yet in conch"
-)
 _NO_WORKER = (
     "business logic scripting (calling another model from a Python model) needs a conch "
     "worker, and this process is not one"
@@ -592,12 +590,25 @@ class InferenceRequest:
         return f"InferenceRequest(id={self._request_id!r}, inputs={names})"
 
 
+def _model_control(what: str, model_name: str, call: Callable[[Any], None]) -> None:
+    client = _bls_client
+    if client is None:
+        raise TritonModelException(f"{_NO_WORKER}: {what}('{model_name}') cannot run")
+    try:
+        call(client)
+    except Exception as exc:
+        raise TritonModelException(str(getattr(exc, "message", exc))) from None
+
+
 def load_model(model_name: str, config: str = "", files: Any = None) -> None:
-    raise TritonModelException(f"{_MODEL_CONTROL_NOT_YET}: load_model('{model_name}') cannot run")
+    """Load (or reload) a model, with an optional config (JSON) and ``file:`` contents;
+    returns once a worker serves it. Explicit model control mode only."""
+    _model_control("load_model", model_name, lambda c: c.load(model_name, config, files))
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise TritonModelException(f"{_MODEL_CONTROL_NOT_YET}: unload_model('{model_name}') cannot run")
+    """Unload a model; returns once no worker serves it. Explicit model control mode only."""
+    _model_control("unload_model", model_name, lambda c: c.unload(model_name))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:

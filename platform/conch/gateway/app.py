@@ -11,19 +11,15 @@ import base64
 import binascii
 import json
 import logging
-import time
 from typing import Any
 
 import redis
 from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
-from .. import __version__, control, statistics
-from ..broker import new_id
-from ..config import json_to_config
+from .. import __version__, model_control, statistics
 from ..dispatch import Dispatcher
-from ..errors import ConchError, InvalidArgument, Unavailable
-from ..repository import MODEL_NAME
+from ..errors import ConchError, InvalidArgument
 from ..settings import Settings
 from .catalog import Catalog
 from .dataplane import DataPlane, InferFastPath, too_large
@@ -142,9 +138,6 @@ def repository_index() -> Response:
 
 
 # -- model control (explicit mode) ----------------------------------------------------
-LOAD_WAIT_S = 120.0
-
-
 def _control_params(body: bytes) -> dict[str, Any]:
     if not body.strip():
         return {}
@@ -160,85 +153,50 @@ def _control_params(body: bytes) -> dict[str, Any]:
     return params
 
 
-def _require_explicit(catalog: Catalog) -> None:
-    if catalog.settings.model_control_mode != "explicit":
-        raise InvalidArgument(
-            "explicit model load / unload is not allowed: start conch with --model-control-mode explicit"
-        )
-
-
 @v2.post("/v2/repository/models/<model>/load")
 def load_model(model: str) -> Response:
     catalog = _catalog()
-    _require_explicit(catalog)
-    if not MODEL_NAME.fullmatch(model) or model.startswith("."):
-        raise InvalidArgument(f"failed to load '{model}': not a valid model name")
+    model_control.require_explicit(catalog.settings)
     limit = catalog.settings.max_input_bytes
     if (request.content_length or 0) > limit:
         raise too_large(request.content_length or 0, limit)
     params = _control_params(request.get_data(cache=False))
-    config = params.get("config")
-    if config is not None:
-        if not isinstance(config, str):
-            raise InvalidArgument(
-                "parameter 'config' must be a string holding the model config as JSON"
-            )
-        json_to_config(config, model=model)  # a clear 400 now, not a failed load later
     files: dict[str, bytes] = {}
     for key, value in params.items():
         if not key.startswith("file:"):
             continue
-        if config is None:
-            raise InvalidArgument(
-                f"failed to load '{model}': 'file:' parameters need a 'config' parameter too"
-            )
         if not isinstance(value, str):
             raise InvalidArgument(
                 f"failed to load '{model}': parameter '{key}' must be base64 text"
             )
         try:
-            rel = control.check_file_path(model, key.removeprefix("file:"))
-            files[rel] = base64.b64decode(value, validate=True)
+            files[key.removeprefix("file:")] = base64.b64decode(value, validate=True)
         except (ValueError, binascii.Error) as exc:
-            raise InvalidArgument(f"failed to load '{model}': {exc}") from None
-    if not files and not (catalog.settings.model_repository / model).is_dir():
-        raise InvalidArgument(f"failed to load '{model}': it is not in the model repository")
-    control.set_override(catalog.client, model, config, files or None)
-    load_id = new_id()
-    control.command(catalog.client, "load", model, id=load_id)
-    catalog.refresh()
-    deadline = time.monotonic() + LOAD_WAIT_S
-    while time.monotonic() < deadline:
-        st = catalog.states(max_age=0.05).get(model, {})
-        if load_id in st.get("load_ids", ()) and not st.get("loading"):
-            if any(v == "READY" for v in st.get("versions", {}).values()):
-                return _empty()
-            raise InvalidArgument(
-                f"failed to load '{model}': {st.get('reason') or 'no version loaded'}"
-            )
-        time.sleep(0.05)
-    raise Unavailable(
-        f"failed to load '{model}': no worker finished loading it within {LOAD_WAIT_S:.0f} s"
+            raise InvalidArgument(f"failed to load '{model}': {key}: {exc}") from None
+    model_control.load(
+        catalog.client,
+        catalog.settings,
+        model,
+        config=params.get("config"),
+        files=files,
+        states=lambda: catalog.states(max_age=0.05),
+        refresh=catalog.refresh,
     )
+    return _empty()
 
 
 @v2.post("/v2/repository/models/<model>/unload")
 def unload_model(model: str) -> Response:
     catalog = _catalog()
-    _require_explicit(catalog)
-    _control_params(
-        request.get_data(cache=False)
-    )  # unload_dependents: ensembles follow their steps
-    control.command(catalog.client, "unload", model)
-    control.set_override(catalog.client, model, None)
-    catalog.refresh()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        st = catalog.states(max_age=0.05).get(model, {})
-        if not any(v == "READY" for v in st.get("versions", {}).values()):
-            return _empty()
-        time.sleep(0.05)
-    raise Unavailable(f"failed to unload '{model}': a worker still serves it after 30 s")
+    _control_params(request.get_data(cache=False))  # unload_dependents: see model_control
+    model_control.unload(
+        catalog.client,
+        catalog.settings,
+        model,
+        states=lambda: catalog.states(max_age=0.05),
+        refresh=catalog.refresh,
+    )
+    return _empty()
 
 
 # -- inference -------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""Loading and unloading models on request: Triton's explicit model control.
+
+One operation for both callers, the HTTP routes (``POST /v2/repository/models/<m>/load``)
+and a Python model's ``pb_utils.load_model``/``unload_model``: check the request, record
+its overrides, tell every worker and gateway, and wait until the model serves (or stops).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from . import control, registry
+from .broker import new_id
+from .config import json_to_config
+from .errors import InvalidArgument, Unavailable
+from .repository import MODEL_NAME
+from .settings import Settings
+
+LOAD_WAIT_S = 120.0
+UNLOAD_WAIT_S = 30.0
+_POLL_S = 0.05
+
+States = Callable[[], dict[str, dict[str, Any]]]
+
+
+def require_explicit(settings: Settings) -> None:
+    if settings.model_control_mode != "explicit":
+        raise InvalidArgument(
+            "explicit model load / unload is not allowed: start conch with --model-control-mode explicit"
+        )
+
+
+def _fresh_states(client: redis.Redis) -> States:
+    return lambda: registry.model_states(registry.snapshot(client))
+
+
+def _serving(st: dict[str, Any]) -> bool:
+    return any(v == registry.READY for v in st.get("versions", {}).values())
+
+
+def _wait(read: States, model: str, seconds: float, done: Callable[[dict[str, Any]], bool]) -> bool:
+    """Poll the workers' reports until ``done`` holds for ``model``; False after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if done(read().get(model, {})):
+            return True
+        time.sleep(_POLL_S)
+    return False
+
+
+def load(
+    client: redis.Redis,
+    settings: Settings,
+    model: str,
+    *,
+    config: str | None = None,
+    files: dict[str, bytes] | None = None,
+    states: States | None = None,
+    refresh: Callable[[], None] | None = None,
+) -> None:
+    """Load (or reload) ``model`` everywhere; return once a worker serves a version of it.
+
+    ``config`` is the model config as JSON; ``files`` maps ``<version>/<path>`` to
+    contents, for a model that exists only in this request.
+    """
+    require_explicit(settings)
+    if not MODEL_NAME.fullmatch(model) or model.startswith("."):
+        raise InvalidArgument(f"failed to load '{model}': not a valid model name")
+    if config is not None:
+        if not isinstance(config, str):
+            raise InvalidArgument(
+                "parameter 'config' must be a string holding the model config as JSON"
+            )
+        json_to_config(config, model=model)  # a clear 400 now, not a failed load later
+    checked: dict[str, bytes] = {}
+    for rel, data in (files or {}).items():
+        if config is None:
+            raise InvalidArgument(
+                f"failed to load '{model}': 'file:' parameters need a 'config' parameter too"
+            )
+        try:
+            checked[control.check_file_path(model, rel)] = data
+        except ValueError as exc:
+            raise InvalidArgument(f"failed to load '{model}': {exc}") from None
+    if not checked and not (settings.model_repository / model).is_dir():
+        raise InvalidArgument(f"failed to load '{model}': it is not in the model repository")
+    control.set_override(client, model, config, checked or None)
+    load_id = new_id()
+    control.command(client, "load", model, id=load_id)
+    if refresh is not None:
+        refresh()
+    outcome: dict[str, Any] = {}
+
+    def finished(st: dict[str, Any]) -> bool:
+        if load_id in st.get("load_ids", ()) and not st.get("loading"):
+            outcome.update(st)
+            return True
+        return False
+
+    if not _wait(states or _fresh_states(client), model, LOAD_WAIT_S, finished):
+        raise Unavailable(
+            f"failed to load '{model}': no worker finished loading it within {LOAD_WAIT_S:.0f} s"
+        )
+    if not _serving(outcome):
+        raise InvalidArgument(
+            f"failed to load '{model}': {outcome.get('reason') or 'no version loaded'}"
+        )
+
+
+def unload(
+    client: redis.Redis,
+    settings: Settings,
+    model: str,
+    *,
+    states: States | None = None,
+    refresh: Callable[[], None] | None = None,
+) -> None:
+    """Unload ``model`` everywhere; return once no worker serves it.
+
+    Triton's ``unload_dependents`` needs nothing here: ensembles run in the gateways and
+    follow their step models.
+    """
+    require_explicit(settings)
+    control.command(client, "unload", model)
+    control.set_override(client, model, None)
+    if refresh is not None:
+        refresh()
+    gone = _wait(states or _fresh_states(client), model, UNLOAD_WAIT_S, lambda st: not _serving(st))
+    if not gone:
+        raise Unavailable(
+            f"failed to unload '{model}': a worker still serves it after {UNLOAD_WAIT_S:.0f} s"
+        )
+
+
+__all__ = ["LOAD_WAIT_S", "UNLOAD_WAIT_S", "load", "require_explicit", "unload"]
