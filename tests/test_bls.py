@@ -482,9 +482,10 @@ def test_the_caller_can_answer_with_the_callees_error(url: str) -> None:
     )
 
 
-def test_model_control_is_not_available_yet(url: str) -> None:
+def test_model_control_from_a_model_needs_explicit_mode(url: str) -> None:
+    # This stack runs with --model-control-mode none; Triton refuses the same way.
     err = outcome(url, mode="load")
-    assert err.status() == "500" and "load_model('add') cannot run" in err.message()
+    assert err.status() == "500" and "--model-control-mode explicit" in err.message()
 
 
 def test_is_model_ready_reads_the_workers_registry(url: str) -> None:
