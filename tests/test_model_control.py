@@ -275,3 +275,45 @@ def test_a_python_model_loads_and_unloads_models(
     finally:
         gateway.stop()
         worker.stop()
+
+
+ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "offset" model_version: -1
+  input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" }
+} ] }
+"""
+
+
+def test_an_ensemble_loads_its_steps_and_unloads_them_when_asked(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    repo = tmp_path / "models"
+    offset_model(repo / "offset", 1, 1.0)
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    db = fresh_db(redis_url, 6)
+    flags = ("--model-control-mode", "explicit")
+    worker = start_worker(repo, db, log_dir, *flags)
+    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    client = httpclient.InferenceServerClient(url)
+    try:
+        wait_until(lambda: client.is_server_ready(), 60, "the gateway")
+        assert not client.is_model_ready("offset")
+        client.load_model("ens")  # as Triton: the ensemble's composing models load first
+        assert client.is_model_ready("offset") and client.is_model_ready("ens")
+        np.testing.assert_array_equal(
+            client.infer("ens", x_input(2.0)).as_numpy("Y"), np.full((1, 4), 3.0)
+        )
+        client.unload_model("ens")  # its step stays
+        assert not client.is_model_ready("ens") and client.is_model_ready("offset")
+        client.load_model("ens")
+        client.unload_model("ens", unload_dependents=True)  # and now its step goes too
+        assert not client.is_model_ready("ens") and not client.is_model_ready("offset")
+    finally:
+        gateway.stop()
+        worker.stop()

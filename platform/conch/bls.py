@@ -400,10 +400,14 @@ class BlsClient:
         with self._lock:
             self._entries.pop(str(name), None)  # read it again: the load may have changed it
 
-    def unload(self, name: str) -> None:
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
         """``pb_utils.unload_model``."""
         model_control.unload(
-            self.client, self.settings, str(name), states=lambda: self.states(max_age=0.05)
+            self.client,
+            self.settings,
+            str(name),
+            unload_dependents=bool(unload_dependents),
+            states=lambda: self.states(max_age=0.05),
         )
 
     # -- building the message -----------------------------------------------------------

@@ -13,11 +13,11 @@ from typing import Any
 
 import redis
 
-from . import control, registry
+from . import control, ensemble, registry
 from .broker import new_id
 from .config import json_to_config
 from .errors import InvalidArgument, Unavailable
-from .repository import MODEL_NAME
+from .repository import MODEL_NAME, ModelRepository
 from .settings import Settings
 
 LOAD_WAIT_S = 120.0
@@ -61,21 +61,28 @@ def load(
     files: dict[str, bytes] | None = None,
     states: States | None = None,
     refresh: Callable[[], None] | None = None,
+    _depth: int = 0,
 ) -> None:
     """Load (or reload) ``model`` everywhere; return once a worker serves a version of it.
 
     ``config`` is the model config as JSON; ``files`` maps ``<version>/<path>`` to
-    contents, for a model that exists only in this request.
+    contents, for a model that exists only in this request. An ensemble, which no worker
+    runs, loads its step models first (as Triton loads an ensemble's composing models).
     """
     require_explicit(settings)
     if not MODEL_NAME.fullmatch(model) or model.startswith("."):
         raise InvalidArgument(f"failed to load '{model}': not a valid model name")
+    if _depth > ensemble.MAX_DEPTH:
+        raise InvalidArgument(
+            f"failed to load '{model}': ensembles nest deeper than {ensemble.MAX_DEPTH}"
+        )
+    parsed = None
     if config is not None:
         if not isinstance(config, str):
             raise InvalidArgument(
                 "parameter 'config' must be a string holding the model config as JSON"
             )
-        json_to_config(config, model=model)  # a clear 400 now, not a failed load later
+        parsed = json_to_config(config, model=model)  # a clear 400 now, not a failed load later
     checked: dict[str, bytes] = {}
     for rel, data in (files or {}).items():
         if config is None:
@@ -88,7 +95,15 @@ def load(
             raise InvalidArgument(f"failed to load '{model}': {exc}") from None
     if not checked and not (settings.model_repository / model).is_dir():
         raise InvalidArgument(f"failed to load '{model}': it is not in the model repository")
+    steps = _ensemble_steps(settings, model, parsed)
+    for step in steps:
+        load(client, settings, step, states=states, refresh=refresh, _depth=_depth + 1)
     control.set_override(client, model, config, checked or None)
+    if steps:  # ready once its steps are: the gateways run it
+        control.command(client, "load", model)
+        if refresh is not None:
+            refresh()
+        return
     load_id = new_id()
     control.command(client, "load", model, id=load_id)
     if refresh is not None:
@@ -116,13 +131,14 @@ def unload(
     settings: Settings,
     model: str,
     *,
+    unload_dependents: bool = False,
     states: States | None = None,
     refresh: Callable[[], None] | None = None,
+    _depth: int = 0,
 ) -> None:
     """Unload ``model`` everywhere; return once no worker serves it.
 
-    Triton's ``unload_dependents`` needs nothing here: ensembles run in the gateways and
-    follow their step models.
+    With ``unload_dependents``, an ensemble's step models are unloaded too, as in Triton.
     """
     require_explicit(settings)
     control.command(client, "unload", model)
@@ -134,6 +150,34 @@ def unload(
         raise Unavailable(
             f"failed to unload '{model}': a worker still serves it after {UNLOAD_WAIT_S:.0f} s"
         )
+    if unload_dependents and _depth < ensemble.MAX_DEPTH:
+        for step in _ensemble_steps(settings, model, None):
+            unload(
+                client,
+                settings,
+                step,
+                unload_dependents=True,
+                states=states,
+                refresh=refresh,
+                _depth=_depth + 1,
+            )
+
+
+def _ensemble_steps(settings: Settings, model: str, config: Any | None) -> list[str]:
+    """The step models of ``model`` if it is an ensemble (from ``config``, else its files)."""
+    if config is None:
+        repository = ModelRepository(
+            settings.model_repository,
+            auto_complete=settings.auto_complete,
+            default_max_batch_size=settings.default_max_batch_size,
+        )
+        entry = repository.read_model(model)
+        if entry.backend != ensemble.ENSEMBLE or entry.config is None:
+            return []
+        config = entry.config
+    elif config.platform != ensemble.ENSEMBLE:
+        return []
+    return list(dict.fromkeys(s.model for s in ensemble.steps(config) if s.model != model))
 
 
 __all__ = ["LOAD_WAIT_S", "UNLOAD_WAIT_S", "load", "require_explicit", "unload"]

@@ -608,7 +608,7 @@ def load_model(model_name: str, config: str = "", files: Any = None) -> None:
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model; returns once no worker serves it. Explicit model control mode only."""
-    _model_control("unload_model", model_name, lambda c: c.unload(model_name))
+    _model_control("unload_model", model_name, lambda c: c.unload(model_name, unload_dependents))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:

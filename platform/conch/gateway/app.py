@@ -188,11 +188,12 @@ def load_model(model: str) -> Response:
 @v2.post("/v2/repository/models/<model>/unload")
 def unload_model(model: str) -> Response:
     catalog = _catalog()
-    _control_params(request.get_data(cache=False))  # unload_dependents: see model_control
+    params = _control_params(request.get_data(cache=False))
     model_control.unload(
         catalog.client,
         catalog.settings,
         model,
+        unload_dependents=bool(params.get("unload_dependents", False)),
         states=lambda: catalog.states(max_age=0.05),
         refresh=catalog.refresh,
     )
