@@ -317,3 +317,42 @@ def test_an_ensemble_loads_its_steps_and_unloads_them_when_asked(
     finally:
         gateway.stop()
         worker.stop()
+
+
+def test_a_load_is_answered_by_a_worker_that_starts_after_it(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    # The load command goes out while no worker listens; the worker that comes later
+    # picks the model up from Redis and answers that very load.
+    repo = tmp_path / "models"
+    offset_model(repo / "offset", 1, 1.0)
+    db = fresh_db(redis_url, 7)
+    flags = ("--model-control-mode", "explicit")
+    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    worker = None
+    outcome: list[object] = []
+    client = httpclient.InferenceServerClient(url, network_timeout=120)
+    try:
+        wait_until(lambda: client.is_server_ready(), 60, "the gateway")
+
+        def load() -> None:  # a client of its own: tritonclient's stay in their thread
+            try:
+                httpclient.InferenceServerClient(url, network_timeout=120).load_model("offset")
+                outcome.append("loaded")
+            except Exception as exc:
+                outcome.append(exc)
+
+        loading = threading.Thread(target=load)
+        loading.start()
+        time.sleep(1.0)
+        assert not outcome  # still waiting: nobody can load it yet
+        worker = start_worker(repo, db, log_dir, *flags)
+        loading.join(110)
+        assert outcome == ["loaded"], outcome
+        np.testing.assert_array_equal(
+            client.infer("offset", x_input(1.0)).as_numpy("Y"), np.full((1, 4), 2.0)
+        )
+    finally:
+        gateway.stop()
+        if worker is not None:
+            worker.stop()

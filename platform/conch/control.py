@@ -29,6 +29,7 @@ EVENTS = "conch.repository.events"  # {"model", "version", "change", "at"} from 
 COMMANDS = "conch.control"  # {"action": "load"|"unload", "model", ...} from the API
 GENERATION = "conch.repository.generation"  # bumped by every repository change
 LOADED = "conch.models.loaded"  # explicit mode: the models loaded through the API
+LOAD_IDS = "conch.models.load_ids"  # explicit mode: model -> id of its latest load command
 OVERRIDE_PREFIX = "conch.override."  # explicit load's config override, by model
 FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
 
@@ -40,13 +41,22 @@ def command(client: redis.Redis, action: str, model: str, **fields: Any) -> None
     pipe = client.pipeline(transaction=True)
     if action == "load":
         pipe.sadd(LOADED, model)
+        if fields.get("id"):
+            pipe.hset(LOAD_IDS, model, str(fields["id"]))
     elif action == "unload":
         pipe.srem(LOADED, model)
+        pipe.hdel(LOAD_IDS, model)
     pipe.incr(GENERATION)
     pipe.publish(
         COMMANDS, json.dumps({"action": action, "model": model, "at": time.time(), **fields})
     )
     pipe.execute()
+
+
+def last_load_id(client: redis.Redis, model: str) -> str:
+    """The id of the latest load command for ``model``, for a worker that missed it."""
+    raw = client.hget(LOAD_IDS, model)
+    return raw.decode() if isinstance(raw, bytes) else (raw or "")
 
 
 def loaded_models(client: redis.Redis) -> set[str]:
@@ -161,6 +171,10 @@ class Subscriber(threading.Thread):
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(EVENTS, COMMANDS)
         self._generation = self.client.get(GENERATION)
+        # Catch up at once on what was sent before this subscription: a command published
+        # while the process started (or while it reconnected) is not delivered again.
+        if self.on_tick is not None:
+            self._call(self.on_tick, True)
         next_tick = time.monotonic() + self.tick_s
         try:
             while not self.stopping.is_set():

@@ -107,8 +107,10 @@ class ModelHost:
         self._publish()  # LOADING, so readiness and the index say so while models load
         self._heartbeat = threading.Thread(target=self._beat, name="conch-heartbeat", daemon=True)
         self._heartbeat.start()
+        explicit = self.settings.model_control_mode == "explicit"
         for name in wanted:
-            self.serve(name, entries[name])
+            load_id = control.last_load_id(self.client, name) if explicit else ""
+            self.serve(name, entries[name], load_id=load_id)
         if self.settings.model_control_mode != "none":
             self._control = control.Subscriber(
                 self.client,
@@ -144,8 +146,8 @@ class ModelHost:
                 self.withdraw(name)
         elif self.settings.model_control_mode == "explicit" and generation_changed:
             wanted = set(self._wanted(self.repository.scan()))
-            for name in wanted - set(self.models):
-                self.reload(name)
+            for name in wanted - set(self.models):  # a load command this worker missed
+                self.reload(name, load_id=control.last_load_id(self.client, name))
             for name in [n for n in self.models if n not in wanted]:
                 self.withdraw(name)
 
