@@ -3,9 +3,11 @@ tritonclient, and poll mode following a repository folder with no failed request
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,20 @@ def fresh_db(redis_url: str, index: int) -> str:
     url = redis_url.rsplit("/", 1)[0] + f"/{index}"
     redis.Redis.from_url(url).flushdb()
     return url
+
+
+@contextlib.contextmanager
+def explicit_stack(repo: Path, db: str, log_dir: Path, *flags: str) -> Iterator[str]:
+    """A worker and a gateway in explicit mode; yields the gateway's address."""
+    flags = ("--model-control-mode", "explicit", *flags)
+    worker = start_worker(repo, db, log_dir, *flags)
+    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    try:
+        wait_until(lambda: httpclient.InferenceServerClient(url).is_server_ready(), 60, "gateway")
+        yield url
+    finally:
+        gateway.stop()
+        worker.stop()
 
 
 def x_input(value: float = 1.0) -> list[httpclient.InferInput]:
@@ -256,13 +272,9 @@ def test_a_python_model_loads_and_unloads_models(
     (repo / "controller" / "1").mkdir(parents=True)
     (repo / "controller" / "config.pbtxt").write_text(CONTROLLER_CONFIG)
     (repo / "controller" / "1" / "model.py").write_text(CONTROLLER_MODEL)
-    db = fresh_db(redis_url, 5)
-    flags = ("--model-control-mode", "explicit", "--load-model", "controller")
-    worker = start_worker(repo, db, log_dir, *flags)
-    gateway, url = start_gateway(repo, db, log_dir, *flags)
-    client = httpclient.InferenceServerClient(url, network_timeout=120)
-    try:
-        wait_model_ready(url, "controller", 60, worker, gateway)
+    with explicit_stack(repo, fresh_db(redis_url, 8), log_dir, "--load-model", "controller") as url:
+        client = httpclient.InferenceServerClient(url, network_timeout=120)
+        wait_model_ready(url, "controller", 60)
         assert not client.is_model_ready("offset")
         result = client.infer("controller", x_input(2.0))
         np.testing.assert_array_equal(result.as_numpy("Y"), np.full((1, 4), 3.0))
@@ -272,9 +284,6 @@ def test_a_python_model_loads_and_unloads_models(
         assert not client.is_model_ready("offset")  # unloaded for the whole server
         index = {m["name"]: m for m in client.get_model_repository_index()}
         assert index["offset"]["state"] == "UNAVAILABLE"
-    finally:
-        gateway.stop()
-        worker.stop()
 
 
 ENSEMBLE_CONFIG = """
@@ -296,13 +305,8 @@ def test_an_ensemble_loads_its_steps_and_unloads_them_when_asked(
     offset_model(repo / "offset", 1, 1.0)
     (repo / "ens" / "1").mkdir(parents=True)
     (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
-    db = fresh_db(redis_url, 6)
-    flags = ("--model-control-mode", "explicit")
-    worker = start_worker(repo, db, log_dir, *flags)
-    gateway, url = start_gateway(repo, db, log_dir, *flags)
-    client = httpclient.InferenceServerClient(url)
-    try:
-        wait_until(lambda: client.is_server_ready(), 60, "the gateway")
+    with explicit_stack(repo, fresh_db(redis_url, 6), log_dir) as url:
+        client = httpclient.InferenceServerClient(url)
         assert not client.is_model_ready("offset")
         client.load_model("ens")  # as Triton: the ensemble's composing models load first
         assert client.is_model_ready("offset") and client.is_model_ready("ens")
@@ -314,9 +318,6 @@ def test_an_ensemble_loads_its_steps_and_unloads_them_when_asked(
         client.load_model("ens")
         client.unload_model("ens", unload_dependents=True)  # and now its step goes too
         assert not client.is_model_ready("ens") and not client.is_model_ready("offset")
-    finally:
-        gateway.stop()
-        worker.stop()
 
 
 def test_a_load_is_answered_by_a_worker_that_starts_after_it(
