@@ -125,12 +125,26 @@ class TensorBackend(Backend):
     """A backend that runs one stacked tensor per input.
 
     Requests whose non-batch dimensions agree are concatenated along the batch
-    dimension, run once and split back; others run in their own group.
+    dimension, run once and split back; others run in their own group. Tensors whose
+    config has a ``reshape`` reach ``run`` in the model's shape and leave it in the
+    config's, so a backend never sees the difference.
     """
 
     @abstractmethod
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         """Run the model once on stacked inputs."""
+
+    def _reshape(self, tensors: dict[str, np.ndarray], *, inputs: bool) -> dict[str, np.ndarray]:
+        config = self.spec.config
+        entries = {e.name: e for e in (config.input if inputs else config.output)}
+        if not any(e.HasField("reshape") for e in entries.values()):
+            return tensors
+        batched = config.max_batch_size > 0
+        convert = to_model_shape if inputs else to_config_shape
+        return {
+            name: convert(self.spec.name, entries[name], arr, batched) if name in entries else arr
+            for name, arr in tensors.items()
+        }
 
     def execute(self, requests: list[BackendRequest]) -> list[BackendResult]:
         results: list[BackendResult | None] = [None] * len(requests)
@@ -154,7 +168,8 @@ class TensorBackend(Backend):
                     stacked = {
                         n: np.concatenate([requests[i].inputs[n] for i in group]) for n in names
                     }
-                out = self.run(stacked, wanted)
+                out = self.run(self._reshape(stacked, inputs=True), wanted)
+                out = self._reshape(out, inputs=False)
             except ConchError as exc:
                 for i in group:
                     results[i] = exc

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..config import model_config_pb2
 from ..errors import InvalidArgument, ModelLoadError
-from .base import InstanceSpec, ModelSpec, TensorBackend, to_config_shape, to_model_shape
+from .base import InstanceSpec, ModelSpec, TensorBackend
 
 log = logging.getLogger(__name__)
 
@@ -292,9 +292,6 @@ class OnnxRuntimeBackend(TensorBackend):
         self._string_inputs: set[str] = set()
         self._string_outputs: set[str] = set()
         self._output_names: list[str] = []
-        self._reshaped_inputs: dict[str, Any] = {}
-        self._reshaped_outputs: dict[str, Any] = {}
-        self._batched = False
 
     @classmethod
     def auto_complete(
@@ -382,21 +379,13 @@ class OnnxRuntimeBackend(TensorBackend):
         self._string_inputs = {a.name for a in session.get_inputs() if a.type == "tensor(string)"}
         self._string_outputs = {a.name for a in session.get_outputs() if a.type == "tensor(string)"}
         self._output_names = [a.name for a in session.get_outputs()]
-        # Tensors whose config has a ``reshape`` (a scalar's dims [1] -> [], among others).
-        self._reshaped_inputs = {e.name: e for e in config.input if e.HasField("reshape")}
-        self._reshaped_outputs = {e.name: e for e in config.output if e.HasField("reshape")}
-        self._batched = config.max_batch_size > 0
         self.session = session
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        model = self.spec.name
         feed = {}
         for name, arr in inputs.items():
             if name in self._string_inputs:
                 arr = _bytes_to_str(arr, name)
-            entry = self._reshaped_inputs.get(name)
-            if entry is not None:
-                arr = to_model_shape(model, entry, arr, self._batched)
             feed[name] = arr
         names = list(outputs) or self._output_names
         values = self.session.run(names, feed)
@@ -404,9 +393,6 @@ class OnnxRuntimeBackend(TensorBackend):
         for name, value in zip(names, values, strict=True):
             if name in self._string_outputs:
                 value = _str_to_bytes(np.asarray(value))
-            entry = self._reshaped_outputs.get(name)
-            if entry is not None:
-                value = to_config_shape(model, entry, np.asarray(value), self._batched)
             result[name] = value
         return result
 

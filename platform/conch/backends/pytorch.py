@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import model_config_pb2
 from ..errors import Internal, InvalidArgument, ModelLoadError
-from .base import InstanceSpec, ModelSpec, TensorBackend, to_config_shape, to_model_shape
+from .base import InstanceSpec, ModelSpec, TensorBackend
 
 log = logging.getLogger(__name__)
 
@@ -485,14 +485,14 @@ class PyTorchBackend(TensorBackend):
                 scope.enter_context(torch.cuda.stream(self._stream))
             scope.enter_context(grad)
             scope.enter_context(torch.jit.optimized_execution(self._optimized))
-            call_args = self._arguments(inputs, batched)
+            call_args = self._arguments(inputs)
             result = self.module(*call_args)
-            host = self._collect(result, outputs, batch, batched)
+            host = self._collect(result, outputs, batch)
         if self._stream is not None and self._clean_cache:
             torch.cuda.empty_cache()
         return host
 
-    def _arguments(self, inputs: dict[str, np.ndarray], batched: bool) -> list[Any]:
+    def _arguments(self, inputs: dict[str, np.ndarray]) -> list[Any]:
         """``forward()``'s arguments: the inputs as tensors, on the instance's device."""
         plan = self.plan
         assert plan is not None
@@ -501,7 +501,6 @@ class PyTorchBackend(TensorBackend):
             entry = self._inputs.get(name)
             if entry is None:
                 raise InvalidArgument(f"unexpected input '{name}' for model '{self.spec.name}'")
-            arr = to_model_shape(self.spec.name, entry, arr, batched)
             tensor = numpy_to_torch(arr, self._input_dtypes[name])
             if self.device is not None and self.device.type != "cpu":
                 tensor = tensor.to(self.device)
@@ -518,9 +517,7 @@ class PyTorchBackend(TensorBackend):
             )
         return call_args
 
-    def _collect(
-        self, result: Any, outputs: list[str], batch: int | None, batched: bool
-    ) -> dict[str, np.ndarray]:
+    def _collect(self, result: Any, outputs: list[str], batch: int | None) -> dict[str, np.ndarray]:
         torch = _torch()
         plan = self.plan
         assert plan is not None
@@ -558,7 +555,6 @@ class PyTorchBackend(TensorBackend):
                     f"config but the model produced {tensor.dtype}"
                 )
             arr = torch_to_numpy(tensor)
-            arr = to_config_shape(model, self._outputs[name], arr, batched)
             if batch is not None and (arr.ndim == 0 or arr.shape[0] != batch):
                 raise Internal(
                     f"model '{model}': output '{name}' has shape {list(arr.shape)}, but the "

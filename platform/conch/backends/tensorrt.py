@@ -25,7 +25,7 @@ import numpy as np
 
 from ..config import model_config_pb2
 from ..errors import Internal, InvalidArgument, ModelLoadError
-from .base import InstanceSpec, ModelSpec, TensorBackend, to_config_shape, to_model_shape
+from .base import InstanceSpec, ModelSpec, TensorBackend
 from .pytorch import (
     CONFIG_TO_TORCH,
     numpy_to_torch,
@@ -402,7 +402,6 @@ class TensorRTBackend(TensorBackend):
         self.device: Any = None
         self._inputs: dict[str, EngineTensor] = {}
         self._outputs: dict[str, EngineTensor] = {}
-        self._entries: dict[str, Any] = {}
 
     @classmethod
     def auto_complete(
@@ -474,7 +473,6 @@ class TensorRTBackend(TensorBackend):
                 stream.synchronize()
         self._inputs = {t.name: t for t in tensors if t.is_input}
         self._outputs = {t.name: t for t in tensors if not t.is_input}
-        self._entries = {e.name: e for e in [*config.input, *config.output]}
         self.runtime, self.engine, self.context = runtime, engine, context
         self.stream, self.device = stream, device
         log.info(
@@ -502,8 +500,6 @@ class TensorRTBackend(TensorBackend):
                 t = self._inputs.get(name)
                 if t is None:
                     raise InvalidArgument(f"unexpected input '{name}' for model '{model}'")
-                entry = self._entries[name]
-                arr = to_model_shape(model, entry, arr, batched)
                 self._check_profile(t, arr.shape)
                 host = numpy_to_torch(arr, CONFIG_TO_TORCH[t.dtype or ""])
                 buf = host.to(self.device, non_blocking=True).contiguous()
@@ -537,7 +533,6 @@ class TensorRTBackend(TensorBackend):
                 if name not in results:
                     raise InvalidArgument(f"model '{model}' has no output '{name}'")
                 arr = torch_to_numpy(results[name])  # waits for the stream
-                arr = to_config_shape(model, self._entries[name], arr, batched)
                 if batch is not None and (arr.ndim == 0 or arr.shape[0] != batch):
                     raise Internal(
                         f"model '{model}': output '{name}' has shape {list(arr.shape)}, but the "
