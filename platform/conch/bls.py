@@ -379,22 +379,13 @@ class BlsClient:
         return ready(self.states()) or ready(self.states(max_age=0.05))
 
     def load(self, name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-        """``pb_utils.load_model``: as the HTTP load route, files keyed ``file:<v>/<path>``."""
-        stripped: dict[str, bytes] = {}
-        for key, data in (files or {}).items():
-            if not isinstance(key, str) or not key.startswith("file:"):
-                raise InvalidArgument(
-                    f"failed to load '{name}': file keys are 'file:<version>/<path>', not {key!r}"
-                )
-            if not isinstance(data, bytes | bytearray):
-                raise InvalidArgument(f"failed to load '{name}': {key} must be bytes")
-            stripped[key.removeprefix("file:")] = bytes(data)
+        """``pb_utils.load_model``: what the HTTP load route does."""
         model_control.load(
             self.client,
             self.settings,
             str(name),
             config=config or None,
-            files=stripped,
+            files=dict(files or {}),
             states=lambda: self.states(max_age=0.05),
         )
         with self._lock:

@@ -65,8 +65,8 @@ def load(
 ) -> None:
     """Load (or reload) ``model`` everywhere; return once a worker serves a version of it.
 
-    ``config`` is the model config as JSON; ``files`` maps ``<version>/<path>`` to
-    contents, for a model that exists only in this request. An ensemble, which no worker
+    ``config`` is the model config as JSON; ``files`` maps ``file:<version>/<path>`` to
+    contents (Triton's keys), for a model that exists only in this request. An ensemble, which no worker
     runs, loads its step models first (as Triton loads an ensemble's composing models).
     """
     require_explicit(settings)
@@ -84,13 +84,19 @@ def load(
             )
         parsed = json_to_config(config, model=model)  # a clear 400 now, not a failed load later
     checked: dict[str, bytes] = {}
-    for rel, data in (files or {}).items():
+    for key, data in (files or {}).items():
+        if not isinstance(key, str) or not key.startswith("file:"):
+            raise InvalidArgument(
+                f"failed to load '{model}': file keys are 'file:<version>/<path>', not {key!r}"
+            )
+        if not isinstance(data, bytes | bytearray):
+            raise InvalidArgument(f"failed to load '{model}': {key} must be bytes")
         if config is None:
             raise InvalidArgument(
                 f"failed to load '{model}': 'file:' parameters need a 'config' parameter too"
             )
         try:
-            checked[control.check_file_path(model, rel)] = data
+            checked[control.check_file_path(model, key.removeprefix("file:"))] = bytes(data)
         except ValueError as exc:
             raise InvalidArgument(f"failed to load '{model}': {exc}") from None
     if not checked and not (settings.model_repository / model).is_dir():

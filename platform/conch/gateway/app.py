@@ -170,7 +170,7 @@ def load_model(model: str) -> Response:
                 f"failed to load '{model}': parameter '{key}' must be base64 text"
             )
         try:
-            files[key.removeprefix("file:")] = base64.b64decode(value, validate=True)
+            files[key] = base64.b64decode(value, validate=True)
         except (ValueError, binascii.Error) as exc:
             raise InvalidArgument(f"failed to load '{model}': {key}: {exc}") from None
     model_control.load(
