@@ -106,6 +106,7 @@ def build_repository(root: Path) -> Path:
     with_config(root / "step", root / "step_bounded", "default_queue_policy { max_queue_size: 2 }")
     add_model(root / "add_preferred", max_batch_size=16, delay_us=1_000_000, extra="")
     with_config(root / "add_preferred", root / "add_pref4", "preferred_batch_size: [ 4 ]")
+    batch_probe(root / "batch_probe")
     loop_model(root / "loop_ordered")
     loop_model(root / "loop_unordered", preserve_ordering=False)
     gpu = root / "gpu_mlp"
@@ -298,3 +299,40 @@ def offset_model(path: Path, version: int, offset: float) -> None:
             'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
             'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         )
+
+
+BATCH_PROBE = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.executions = 0
+
+    def execute(self, requests):
+        # Sleeps for the largest X in the batch, then tells every request which
+        # execution it was in and how many requests that execution held.
+        xs = [pb_utils.get_input_tensor_by_name(r, "X").as_numpy() for r in requests]
+        time.sleep(float(max(x.max() for x in xs)))
+        self.executions += 1
+        out = []
+        for x in xs:
+            info = np.array([[self.executions, len(requests)]] * x.shape[0], np.int32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", info)]))
+        return out
+"""
+
+
+def batch_probe(path: Path) -> None:
+    """A Python model whose output says which execution served a request, and its size."""
+    (path / "1").mkdir(parents=True)
+    (path / "1" / "model.py").write_text(BATCH_PROBE)
+    (path / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 0 }\n"
+    )

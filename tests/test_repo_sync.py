@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -17,11 +16,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 import redis
 
-from conch.redis_server import start_private
+from conch.redis_server import free_port, start_private
 from conch.repository import ModelRepository
 from repo_sync import fsops
 from repo_sync.events import CHANNEL, GENERATION_KEY, Publisher, decode_event
@@ -37,63 +35,6 @@ input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 ONNX_CONFIG = b'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A moto S3 server process on a free loopback port, and dummy AWS settings for boto3."""
-    saved = dict(os.environ)
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_EC2_METADATA_DISABLED="true",
-        AWS_CONFIG_FILE=str(tmp_path_factory.mktemp("aws") / "none"),
-        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path_factory.mktemp("aws") / "none"),
-    )
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        os.environ.pop(var, None)
-    port = _free_port()
-    log_file = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log_file, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"moto server did not start: {log_file.read_text()}"
-                    ) from None
-                time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-@pytest.fixture(scope="session")
-def s3(s3_endpoint: str):
-    return boto3.client("s3", endpoint_url=s3_endpoint)
 
 
 @pytest.fixture()
@@ -507,7 +448,7 @@ def test_events_are_published_on_the_channel(store: Store, make_syncer, redis_ur
 def test_events_wait_for_redis_when_it_is_down(store: Store, make_syncer):
     store.put("m/config.pbtxt", PY_CONFIG)
     store.version("m", 1, {"model.py": b"1"}, ready=True)
-    port = _free_port()
+    port = free_port()
     publisher = Publisher(f"redis://127.0.0.1:{port}/0")  # nothing listens there yet
     syncer = make_syncer(publisher=publisher)
     assert syncer.sync_once().generation is None

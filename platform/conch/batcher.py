@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from . import broker, statistics, tensors
+from . import broker, jobs, statistics, tensors
 from .backends import Backend, BackendRequest
 from .config import output_types
 from .errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
@@ -253,6 +253,12 @@ class Batcher(threading.Thread):
             return None
         if msg.deadline and now > msg.deadline:
             log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
+            if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
+                error = Unavailable(
+                    f"Request timeout expired: the job waited in the queue of model "
+                    f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
+                )
+                self._reply(pipe, msg, Reply(msg.id, error=error))
             return None
         if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
             if msg.delay_on_timeout:
@@ -395,7 +401,9 @@ class Batcher(threading.Thread):
             statistics.record(pipe, self.model, run, now_ms)
         by_list: dict[str, list[bytes]] = {}
         for item in items:
-            if item.msg.reply_to:
+            if item.msg.job_ttl:
+                jobs.store(pipe, item.msg.id, self.model, replies[item.tag], item.msg.job_ttl)
+            elif item.msg.reply_to:
                 by_list.setdefault(item.msg.reply_to, []).append(replies[item.tag].pack())
         for key, packed in by_list.items():  # one push per gateway process, not per request
             pipe.rpush(key, *packed)
@@ -473,6 +481,8 @@ class Batcher(threading.Thread):
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
 
     def _reply(self, pipe: redis.client.Pipeline, msg: InferMessage, reply: Reply) -> None:
-        if msg.reply_to:
+        if msg.job_ttl:
+            jobs.store(pipe, msg.id, self.model, reply, msg.job_ttl)
+        elif msg.reply_to:
             pipe.rpush(msg.reply_to, reply.pack())
             pipe.expire(msg.reply_to, REPLY_TTL_S)

@@ -33,6 +33,7 @@ from .redis_link import RedisLink
 from .wire import BadMessage
 
 TASK_NAME = "conch.infer"
+JOBS_QUEUE = "conch.jobs"  # the Celery queue of job tasks (conch.offline), on every worker
 QUEUE_PREFIX = "conch.model."
 PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
 # One sub-list per step, 0 the highest (kombu's order on Redis). Online requests take
@@ -79,9 +80,19 @@ def wake_key(queue: str) -> str:
 
 
 def envelope(
-    payload: dict, *, task_id: str, queue: str, priority: int, reply_to: str | None
+    payload: dict,
+    *,
+    task_id: str,
+    queue: str,
+    priority: int,
+    reply_to: str | None,
+    task: str = TASK_NAME,
 ) -> bytes:
-    """A Celery protocol-2 message whose single argument is our msgpack payload."""
+    """A Celery protocol-2 message whose single argument is our msgpack payload.
+
+    Infer requests (``TASK_NAME``) reply on their own list, so Celery keeps no result
+    for them; other tasks (an offline batch job) keep theirs in the result backend.
+    """
     body = msgpack.packb([[payload], {}, _EMBED], use_bin_type=True)
     return orjson.dumps(
         {
@@ -90,7 +101,7 @@ def envelope(
             "content-type": "application/x-msgpack",
             "headers": {
                 "lang": "py",
-                "task": TASK_NAME,
+                "task": task,
                 "id": task_id,
                 "shadow": None,
                 "eta": None,
@@ -104,7 +115,7 @@ def envelope(
                 "argsrepr": "",
                 "kwargsrepr": "",
                 "origin": _ORIGIN,
-                "ignore_result": True,
+                "ignore_result": task == TASK_NAME,
             },
             "properties": {
                 "correlation_id": task_id,

@@ -36,6 +36,8 @@ class Settings:
         default_factory=lambda: _env_float("CONCH_VISIBILITY_TIMEOUT_S", 6.0)
     )
     max_attempts: int = field(default_factory=lambda: _env_int("CONCH_MAX_ATTEMPTS", 3))
+    # How long an async job's result (and its record) is kept: Celery's result_expires.
+    job_ttl_s: int = field(default_factory=lambda: _env_int("CONCH_JOB_TTL_S", 86_400))
     auto_complete: bool = True
     default_max_batch_size: int = 4
     models: list[str] | None = None  # the worker serves these; None = all

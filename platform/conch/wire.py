@@ -51,6 +51,9 @@ class InferMessage:
     # BLS: the models whose instances wait on this request (outermost first); empty for a
     # request from a client. See conch.bls.
     chain: list[str] = field(default_factory=list)
+    # An async job (conch.jobs): its result is stored for this many seconds instead of
+    # being pushed to a reply list; 0 for a request someone waits on.
+    job_ttl: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -72,6 +75,8 @@ class InferMessage:
         }
         if self.chain:  # only BLS requests carry one; a client's message stays as it was
             body["chain"] = list(self.chain)
+        if self.job_ttl:
+            body["job"] = self.job_ttl
         return body
 
     @classmethod
@@ -79,7 +84,7 @@ class InferMessage:
         if not isinstance(m, dict):
             raise BadMessage("message is not a map")
         try:
-            inputs = [_tensor(t) for t in _list(m["inputs"], MAX_TENSORS)]
+            inputs = [read_tensor(t) for t in _list(m["inputs"], MAX_TENSORS)]
             outputs = [_str(o) for o in _list(m["outputs"], MAX_TENSORS)]
             reply_to = m.get("reply_to")
             params = m.get("params") or {}
@@ -102,6 +107,7 @@ class InferMessage:
                 client_id=_str(m.get("cid", "")),
                 timeout_us=_int(m.get("tmo", 0)),
                 chain=[_model_name(c) for c in _list(m.get("chain") or [], MAX_CHAIN)],
+                job_ttl=_int(m.get("job", 0)),
             )
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None
@@ -140,7 +146,7 @@ class Reply:
             code, status, message = m["err"]
             error = from_code(_str(code), _str(message), _int(status))
             return cls(rid, error=error, timing=timing)
-        outputs = [_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
+        outputs = [read_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
         return cls(
             rid,
             outputs=outputs,
@@ -158,7 +164,8 @@ def _unpack(data: bytes) -> Any:
         raise BadMessage(f"undecodable msgpack: {exc}") from None
 
 
-def _tensor(t: Any) -> WireTensor:
+def read_tensor(t: Any) -> WireTensor:
+    """A [name, datatype, shape, bytes] list read from Redis, checked."""
     if not isinstance(t, list | tuple) or len(t) != 4:
         raise BadMessage("tensor is not [name, datatype, shape, bytes]")
     name, datatype, shape, raw = t

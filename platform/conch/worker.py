@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from celery import Celery, bootsteps
 
-from . import bls, broker, control, ensemble, registry
+from . import bls, broker, control, ensemble, jobs, offline, registry
 from .backends import Backend, backend_class
 from .batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from .errors import ConchError, ModelLoadError
@@ -29,7 +29,6 @@ from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
 
-JOBS_QUEUE = "conch.jobs"
 HEARTBEAT_S = 1.5
 
 
@@ -358,7 +357,7 @@ def make_celery(settings: Settings) -> Celery:
         accept_content=["msgpack", "json"],
         result_accept_content=["msgpack", "json"],
         task_serializer="msgpack",
-        task_default_queue=JOBS_QUEUE,
+        task_default_queue=broker.JOBS_QUEUE,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -375,7 +374,37 @@ def make_celery(settings: Settings) -> Celery:
     )
     app.conch_settings = settings
     app.steps["worker"].add(ModelServing)
+    _register_jobs(app, settings)
     return app
+
+
+def _register_jobs(app: Celery, settings: Settings) -> None:
+    """Offline batch jobs run as Celery tasks; their results live in Celery's backend."""
+    app.conf.update(
+        result_backend=settings.redis_url,
+        result_serializer="msgpack",
+        result_expires=settings.job_ttl_s,
+        task_track_started=True,
+    )
+    repository = ModelRepository(
+        settings.model_repository,
+        auto_complete=settings.auto_complete,
+        default_max_batch_size=settings.default_max_batch_size,
+    )
+
+    @app.task(name=offline.TASK_NAME)
+    def batch_job(payload: dict[str, Any]) -> dict[str, Any]:
+        job_id = jobs.check_id(str(payload.get("id", "")))
+        client = redis.Redis.from_url(settings.redis_url)
+        return offline.run(
+            client,
+            job_id,
+            repository.read_model,
+            max_line_bytes=settings.max_input_bytes,
+            # Keeps kombu from restoring the task's message while it runs (its
+            # delivery tag is the job id), however long the job takes.
+            keepalive=lambda: broker.touch(client, [job_id]),
+        )
 
 
 def run(settings: Settings, *, loglevel: str = "INFO") -> None:
@@ -386,7 +415,7 @@ def run(settings: Settings, *, loglevel: str = "INFO") -> None:
             "--pool=threads",
             "--concurrency=1",
             f"--loglevel={loglevel}",
-            f"--queues={JOBS_QUEUE}",
+            f"--queues={broker.JOBS_QUEUE}",
             f"--hostname=conch@{socket.gethostname()}.{os.getpid()}",
             "--without-gossip",
             "--without-mingle",

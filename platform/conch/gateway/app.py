@@ -21,6 +21,7 @@ from .. import __version__, model_control, statistics
 from ..dispatch import Dispatcher
 from ..errors import ConchError, InvalidArgument
 from ..settings import Settings
+from . import job_routes
 from .catalog import Catalog
 from .dataplane import DataPlane, InferFastPath, too_large
 from .metrics import MetricsPort
@@ -34,6 +35,7 @@ EXTENSIONS = [
     "parameters",
     "schedule_policy",
     "statistics",
+    "async_jobs",  # conch's own: /v2/models/<m>/jobs and /v2/jobs/<id> (job_routes)
 ]
 
 v2 = Blueprint("v2", __name__)
@@ -244,7 +246,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["conch.catalog"] = catalog
     app.extensions["conch.dataplane"] = plane
     app.url_map.strict_slashes = False
+    app.url_map.merge_slashes = False  # "/v2/jobs//result" is a 404, not a redirect page
     app.register_blueprint(v2)
+    app.register_blueprint(job_routes.bp)
     app.register_error_handler(ConchError, _conch_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)

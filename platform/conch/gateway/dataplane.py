@@ -10,20 +10,32 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from .. import codec, ensemble, scheduling, statistics, validation
-from ..broker import new_id
+from .. import broker, codec, ensemble, jobs, scheduling, statistics, validation
 from ..dispatch import Dispatcher
-from ..errors import ConchError, InvalidArgument, Unavailable
+from ..errors import ConchError, InvalidArgument, Unavailable, Unsupported
+from ..repository import ModelEntry
 from ..settings import Settings
-from ..wire import InferMessage
+from ..wire import InferMessage, Reply, WireTensor
 from .catalog import Catalog
 
 # Triton's infer route: a model name without "/", an optional numeric version.
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer/?")
+
+
+@dataclass
+class Prepared:
+    """A decoded, checked request and the message that will carry it."""
+
+    entry: ModelEntry
+    request: codec.InferRequest
+    msg: InferMessage
+    admission: scheduling.Admission
+    version: int  # the version resolved now; the worker may answer with a newer latest
 
 
 class DataPlane:
@@ -42,6 +54,120 @@ class DataPlane:
         content_encoding: str | None,
         accept_encoding: str | None,
     ) -> tuple[bytes, dict[str, str]]:
+        p = self.prepare(model, version, body, header_length, content_encoding)
+        entry, msg, v = p.entry, p.msg, p.version
+        now = msg.enqueued
+        if entry.backend == ensemble.ENSEMBLE:
+            inputs = {t.name: (t.datatype, tuple(t.shape), t.raw) for t in p.request.inputs}
+            rows = (
+                p.request.inputs[0].shape[0]
+                if entry.config.max_batch_size > 0 and p.request.inputs
+                else 1
+            )
+            run = statistics.Execution(v, batch_size=rows)
+            try:
+                produced = ensemble.execute(
+                    entry,
+                    inputs,
+                    msg.outputs,
+                    msg,
+                    resolve=self.catalog.serving,
+                    dispatcher=self.dispatcher,
+                    check=self._step_available,
+                )
+            except ConchError:
+                run.fail, run.fail_ns = 1, int((time.time() - now) * 1e9)
+                statistics.record_now(self.dispatcher.client, model, run)
+                raise
+            run.success, run.rows = 1, rows
+            run.success_ns = run.infer_ns = int((time.time() - now) * 1e9)
+            statistics.record_now(self.dispatcher.client, model, run)
+            results = [(name, *produced[name]) for name in msg.outputs]
+        else:
+            if not version:  # the worker answers with the latest it serves (see Batcher)
+                msg.version = -1
+            reply = self.dispatcher.call(msg, max_queue_size=p.admission.max_queue_size)
+            if reply.error is not None:
+                raise reply.error
+            results = list(reply.outputs or ())
+            v = reply.version if reply.version > 0 else v
+        return self.respond(entry, p.request, v, results, accept_encoding)
+
+    def submit_job(
+        self,
+        model: str,
+        version: str,
+        body: bytes,
+        *,
+        header_length: str | None,
+        content_encoding: str | None,
+    ) -> jobs.JobRecord:
+        """Queue an infer request as an async job, below every online request."""
+        p = self.prepare(model, version, body, header_length, content_encoding)
+        if p.entry.backend == ensemble.ENSEMBLE:
+            raise Unsupported(
+                f"model '{model}' is an ensemble, which runs in the gateway; async jobs run "
+                "on a model's queue: submit the ensemble's steps, or call infer"
+            )
+        msg, req = p.msg, p.request
+        msg.priority = broker.PRIORITY_ASYNC
+        msg.version = msg.version if version else -1
+        # A job waits behind online traffic for as long as it must: no deadline unless
+        # the client set a 'timeout', and the online queue policy does not apply.
+        msg.deadline = msg.enqueued + msg.timeout_us / 1e6 if msg.timeout_us else 0.0
+        msg.queue_deadline, msg.delay_on_timeout = 0.0, False
+        msg.job_ttl = self.settings.job_ttl_s
+        record = jobs.JobRecord(
+            id=msg.id,
+            model=model,
+            version=version,
+            submitted=msg.enqueued,
+            detail={
+                "id": req.id,
+                "outputs": None
+                if req.outputs is None
+                else [[o.name, o.binary, o.class_count] for o in req.outputs],
+                "binary_data_output": req.binary_data_output,
+            },
+        )
+        pipe = self.dispatcher.client.pipeline(transaction=False)
+        record.save(pipe, msg.job_ttl)
+        pipe.execute()
+        self.dispatcher.publisher.publish(
+            model, msg.to_dict(), task_id=msg.id, priority=msg.priority, reply_to=None
+        )
+        return record
+
+    def job_result(
+        self, record: jobs.JobRecord, reply: Reply, accept_encoding: str | None
+    ) -> tuple[bytes, dict[str, str]]:
+        """A finished job's result, encoded as its infer call would have been answered."""
+        if reply.error is not None:
+            raise reply.error
+        asked = record.detail
+        request = codec.InferRequest(
+            id=asked["id"],
+            inputs=[],
+            outputs=None
+            if asked["outputs"] is None
+            else [codec.RequestedOutput(n, bool(b), int(k)) for n, b, k in asked["outputs"]],
+            binary_data_output=bool(asked["binary_data_output"]),
+            parameters={},
+        )
+        entry = self.catalog.serving(record.model)
+        return self.respond(
+            entry, request, reply.version, list(reply.outputs or ()), accept_encoding
+        )
+
+    def prepare(
+        self,
+        model: str,
+        version: str,
+        body: bytes,
+        header_length: str | None,
+        content_encoding: str | None,
+    ) -> Prepared:
+        """Decode and check a request against its model: every 4xx is raised here."""
         settings = self.settings
         entry = self.catalog.serving(model)
         v = entry.resolve_version(version)
@@ -64,7 +190,7 @@ class DataPlane:
         else:
             wanted = [o.name for o in req.outputs]
         msg = InferMessage(
-            id=new_id(),
+            id=broker.new_id(),
             model=model,
             version=v,
             inputs=[(t.name, t.datatype, tuple(t.shape), t.raw) for t in req.inputs],
@@ -81,50 +207,31 @@ class DataPlane:
             client_id=req.id,
             timeout_us=timeout_us or 0,
         )
-        if entry.backend == ensemble.ENSEMBLE:
-            inputs = {t.name: (t.datatype, tuple(t.shape), t.raw) for t in req.inputs}
-            rows = req.inputs[0].shape[0] if config.max_batch_size > 0 and req.inputs else 1
-            run = statistics.Execution(v, batch_size=rows)
-            try:
-                produced = ensemble.execute(
-                    entry,
-                    inputs,
-                    wanted,
-                    msg,
-                    resolve=self.catalog.serving,
-                    dispatcher=self.dispatcher,
-                    check=self._step_available,
-                )
-            except ConchError:
-                run.fail, run.fail_ns = 1, int((time.time() - now) * 1e9)
-                statistics.record_now(self.dispatcher.client, model, run)
-                raise
-            run.success, run.rows = 1, rows
-            run.success_ns = run.infer_ns = int((time.time() - now) * 1e9)
-            statistics.record_now(self.dispatcher.client, model, run)
-            results = [(name, *produced[name]) for name in wanted]
-        else:
-            if not version:  # the worker answers with the latest it serves (see Batcher)
-                msg.version = -1
-            reply = self.dispatcher.call(msg, max_queue_size=admission.max_queue_size)
-            if reply.error is not None:
-                raise reply.error
-            results = list(reply.outputs or ())
-            v = reply.version if reply.version > 0 else v
+        return Prepared(entry, req, msg, admission, v)
+
+    def respond(
+        self,
+        entry: ModelEntry,
+        request: codec.InferRequest,
+        version: int,
+        results: list[WireTensor],
+        accept_encoding: str | None,
+    ) -> tuple[bytes, dict[str, str]]:
+        """The HTTP body and headers of an infer response, as ``request`` asked for it."""
         wire_types = self.catalog.output_types(entry)
         outputs = [
             codec.OutputTensor(name, wire_types.get(name, dt), tuple(shape), raw)
             for name, dt, shape, raw in results
         ]
-        labels = entry.labels() if any(o.class_count for o in (req.outputs or ())) else None
+        labels = entry.labels() if any(o.class_count for o in (request.outputs or ())) else None
         return codec.encode_response(
-            model_name=model,
-            model_version=str(v),
-            request_id=req.id,
+            model_name=entry.name,
+            model_version=str(version),
+            request_id=request.id,
             outputs=outputs,
-            request=req,
+            request=request,
             labels=labels,
-            batched=config.max_batch_size > 0,
+            batched=entry.config.max_batch_size > 0,
             accept_encoding=accept_encoding,
         )
 

@@ -1,0 +1,192 @@
+"""Offline batch jobs through the real path: JSONL in a real S3-API server (moto's server
+mode), a real worker running the job's Celery task, the gateway's HTTP routes."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import requests
+import tritonclient.http as httpclient
+from test_jobs import result, submit, wait_done
+
+from conch import broker
+
+from harness import reference_mlp, start_gateway, start_worker, wait_model_ready, wait_until
+
+MODELS = ("mlp", "batch_probe")
+
+
+@pytest.fixture(scope="module")
+def db(redis_url: str) -> str:
+    url = redis_url.rsplit("/", 1)[0] + "/11"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture(scope="module")
+def stack(model_repo: Path, db: str, log_dir: Path, s3_endpoint: str) -> Iterator[str]:
+    env = {"AWS_ENDPOINT_URL": s3_endpoint}
+    worker = start_worker(model_repo, db, log_dir, "--models", ",".join(MODELS), env=env)
+    gateway, url = start_gateway(model_repo, db, log_dir, threads=16)
+    try:
+        for m in MODELS:
+            wait_model_ready(url, m, 90, worker, gateway)
+        yield url
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+@pytest.fixture()
+def bucket(s3) -> str:
+    name = f"data-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+def mlp_line(i: int) -> dict:
+    x = np.random.default_rng(i).standard_normal((1 + i % 3, 64), dtype=np.float32)
+    return {
+        "id": f"r{i}",
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": list(x.shape),
+                "data": x.ravel().tolist(),
+            }
+        ],
+    }
+
+
+def put_jsonl(s3, bucket: str, key: str, lines: list[str]) -> None:
+    s3.put_object(Bucket=bucket, Key=key, Body=("\n".join(lines) + "\n").encode())
+
+
+def submit_batch(url: str, model: str, spec: dict) -> requests.Response:
+    return requests.post(f"http://{url}/v2/models/{model}/batch", json=spec)
+
+
+def read_jsonl(s3, bucket: str, key: str) -> list[dict]:
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+    return [json.loads(line) for line in body.splitlines()]
+
+
+def test_a_batch_job_answers_every_line_in_order(stack: str, s3, bucket: str) -> None:
+    lines = [json.dumps(mlp_line(i)) for i in range(150)]
+    lines.insert(
+        7,
+        json.dumps(
+            {
+                "id": "bad",
+                "inputs": [{"name": "NOPE", "datatype": "FP32", "shape": [1, 1], "data": [1]}],
+            }
+        ),
+    )
+    lines.insert(9, "{not json")
+    put_jsonl(s3, bucket, "in/requests.jsonl", lines)
+    spec = {"input": f"s3://{bucket}/in/requests.jsonl", "output": f"s3://{bucket}/out/r.jsonl"}
+    r = submit_batch(stack, "mlp", spec)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["kind"] == "batch" and job["status"] == "PENDING"
+    assert r.headers["Location"] == f"/v2/jobs/{job['id']}"
+    status = wait_done(stack, job["id"], timeout=60)
+    assert status["status"] == "SUCCESS", status
+    assert status["progress"] == {"lines": 152, "failed": 2}
+    assert status["output"] == spec["output"]
+    assert requests.get(f"http://{stack}/v2/jobs/{job['id']}/result").json() == status
+    out = read_jsonl(s3, bucket, "out/r.jsonl")
+    assert len(out) == 152
+    assert out[7] == {"id": "bad", "error": out[7]["error"]} and "NOPE" in out[7]["error"]
+    assert "error" in out[9] and "parse" in out[9]["error"]
+    answers = [o for k, o in enumerate(out) if k not in (7, 9)]
+    for i, got in enumerate(answers):
+        want = reference_mlp(
+            np.array(mlp_line(i)["inputs"][0]["data"], np.float32).reshape(1 + i % 3, 64)
+        )
+        assert got["id"] == f"r{i}" and got["model_name"] == "mlp"
+        (output,) = got["outputs"]
+        assert output["name"] == "OUTPUT0" and output["shape"] == list(want.shape)
+        np.testing.assert_allclose(np.array(output["data"]).reshape(want.shape), want, atol=1e-5)
+
+
+def test_bad_batch_jobs_are_refused_before_anything_is_queued(
+    stack: str, db: str, bucket: str
+) -> None:
+    client = redis.Redis.from_url(db)
+    queued, records = client.llen(broker.JOBS_QUEUE), len(client.keys("conch.job.*"))
+    good_in = f"s3://{bucket}/in.jsonl"
+    for model, spec, want in (
+        ("mlp", {"input": "/etc/passwd", "output": f"s3://{bucket}/o"}, "s3://bucket/key"),
+        ("mlp", {"input": f"s3://{bucket}/../x", "output": f"s3://{bucket}/o"}, "refused"),
+        ("mlp", {"input": good_in, "output": f"s3://{bucket}/a//b"}, "refused"),
+        ("mlp", {"input": good_in, "output": good_in}, "must not be"),
+        ("mlp", {"input": good_in}, "output"),
+        ("mlp", {"input": good_in, "output": f"s3://{bucket}/o", "extra": 1}, "batch job is"),
+        ("no_such_model", {"input": good_in, "output": f"s3://{bucket}/o"}, "unknown model"),
+    ):
+        r = submit_batch(stack, model, spec)
+        assert r.status_code == 400, (spec, r.status_code, r.text)
+        assert want in r.json()["error"], (spec, r.json())
+    r = requests.post(f"http://{stack}/v2/models/mlp/batch", data=b"{oops")
+    assert r.status_code == 400 and "parse" in r.json()["error"]
+    assert client.llen(broker.JOBS_QUEUE) == queued
+    assert len(client.keys("conch.job.*")) == records
+
+
+def test_a_missing_input_object_fails_the_job_and_says_so(stack: str, bucket: str) -> None:
+    spec = {"input": f"s3://{bucket}/absent.jsonl", "output": f"s3://{bucket}/out.jsonl"}
+    r = submit_batch(stack, "mlp", spec)
+    assert r.status_code == 202, r.text
+    status = wait_done(stack, r.json()["id"], timeout=60)
+    assert status["status"] == "FAILURE" and "absent.jsonl" in status["error"], status
+
+
+def _probe(value: float) -> list[httpclient.InferInput]:
+    i = httpclient.InferInput("X", [1, 1], "FP32")
+    i.set_data_from_numpy(np.full((1, 1), value, np.float32))
+    return [i]
+
+
+def test_online_outranks_async_which_outranks_offline(stack: str, db: str, s3, bucket: str) -> None:
+    """Point 4 of issue 3: a batch is filled from the highest priority down."""
+    client = redis.Redis.from_url(db)
+    probe_line = json.dumps(
+        {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0.05]}]}
+    )
+    put_jsonl(s3, bucket, "probe.jsonl", [probe_line] * 6)
+    bulk = broker.priority_key(broker.queue_name("batch_probe"), broker.PRIORITY_BULK)
+    with ThreadPoolExecutor(4) as pool:
+        blocker = pool.submit(
+            lambda: httpclient.InferenceServerClient(stack).infer("batch_probe", _probe(2.0))
+        )
+        wait_until(lambda: client.zcard(broker.UNACKED_INDEX) > 0, 10, "the blocker to start")
+        # Queued in the worst order: offline chunks first, then async jobs, then online.
+        spec = {"input": f"s3://{bucket}/probe.jsonl", "output": f"s3://{bucket}/probe-out.jsonl"}
+        batch_job = submit_batch(stack, "batch_probe", spec).json()["id"]
+        wait_until(lambda: client.llen(bulk) == 6, 10, "the offline chunks to be queued")
+        jobs = [submit(stack, "batch_probe", _probe(0.05)) for _ in range(6)]
+        online = [
+            pool.submit(
+                lambda: httpclient.InferenceServerClient(stack).infer("batch_probe", _probe(0.05))
+            )
+            for _ in range(3)
+        ]
+        after = blocker.result().as_numpy("Y")[0][0] + 1
+        online_y = [tuple(f.result().as_numpy("Y")[0]) for f in online]
+    job_y = sorted(tuple(result(stack, j).as_numpy("Y")[0]) for j in jobs if wait_done(stack, j))
+    assert wait_done(stack, batch_job, timeout=60)["status"] == "SUCCESS"
+    offline_y = [tuple(o["outputs"][0]["data"]) for o in read_jsonl(s3, bucket, "probe-out.jsonl")]
+    # Next execution: the 3 online requests, and 5 async jobs in the free slots; then
+    # the last job with the 6 offline chunks backfilling.
+    assert online_y == [(after, 8)] * 3, online_y
+    assert job_y == [(after, 8)] * 5 + [(after + 1, 7)], job_y
+    assert offline_y == [(after + 1, 7)] * 6, offline_y

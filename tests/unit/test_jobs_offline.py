@@ -1,0 +1,91 @@
+"""Pure logic of async and batch jobs: URI checks, and job results read as untrusted data."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import redis
+
+from conch import jobs, offline
+from conch.errors import InvalidArgument, Unavailable
+from conch.wire import Reply
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["s3://data/in.jsonl", "s3://my.bucket-1/a/b/c.jsonl", "s3://abc/ü/x y.jsonl"],
+)
+def test_object_uris_that_are_taken(uri: str) -> None:
+    ref = offline.parse_uri(uri, "input")
+    assert str(ref) == uri
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "/etc/passwd",
+        "file:///etc/passwd",
+        "s3://data",
+        "s3://data/",
+        "s3://Data/x",  # bucket names are lower case
+        "s3://ab/x",  # and at least 3 characters
+        "s3://data/../x",
+        "s3://data/a/./b",
+        "s3://data/a//b",
+        "s3://data/a/",
+        "s3://data/a\\..\\b",
+        "s3://data/a\x00b",
+        "s3://data/" + "k" * 1025,
+        42,
+        None,
+    ],
+)
+def test_object_uris_that_are_refused(uri: object) -> None:
+    with pytest.raises(InvalidArgument):
+        offline.parse_uri(uri, "input")
+
+
+def test_job_ids_name_nothing_but_jobs() -> None:
+    assert jobs.check_id("0123456789abcdef0123456789abcdef")
+    for bad in ("", "0123", "../../x", "0123456789ABCDEF0123456789ABCDEF", "g" * 32):
+        with pytest.raises(InvalidArgument):
+            jobs.check_id(bad)
+
+
+def test_a_result_round_trips_and_a_failure_keeps_its_status(rclient: redis.Redis) -> None:
+    ok = Reply("a" * 32, outputs=[("OUT", "FP32", (1, 2), b"\0" * 8)], version=3)
+    bad = Reply("b" * 32, error=Unavailable("queue full"))
+    pipe = rclient.pipeline()
+    jobs.store(pipe, ok.id, "m", ok, 60)
+    jobs.store(pipe, bad.id, "m", bad, 60)
+    pipe.execute()
+    got = jobs.read(rclient, ok.id)
+    assert got.status == jobs.SUCCESS and got.reply is not None
+    assert got.reply.outputs == ok.outputs and got.reply.version == 3
+    failed = jobs.read(rclient, bad.id)
+    assert failed.status == jobs.FAILURE and failed.reply is not None
+    assert failed.reply.error is not None and failed.reply.error.status == 503
+    assert jobs.read(rclient, "c" * 32).status == jobs.PENDING
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        b"\xc1 not msgpack",
+        msgpack.packb({"status": "SUCCESS"}),
+        msgpack.packb({"status": "SUCCESS", "result": {"outputs": [["x"]]}}),
+        msgpack.packb(
+            {
+                "status": "SUCCESS",
+                "result": {
+                    "outputs": [{"name": "o", "datatype": "EVIL", "shape": [1], "data": b""}]
+                },
+            }
+        ),
+    ],
+)
+def test_an_unreadable_result_is_a_failure_not_a_crash(rclient: redis.Redis, meta: bytes) -> None:
+    rclient.set(jobs.result_key("d" * 32), meta)
+    got = jobs.read(rclient, "d" * 32)
+    assert got.status == jobs.FAILURE and got.reply is not None
+    assert got.reply.error is not None and "unreadable job result" in got.reply.error.message
