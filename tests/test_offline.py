@@ -4,6 +4,7 @@ mode), a real worker running the job's Celery task, the gateway's HTTP routes.""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -190,3 +191,30 @@ def test_online_outranks_async_which_outranks_offline(stack: str, db: str, s3, b
     assert online_y == [(after, 8)] * 3, online_y
     assert job_y == [(after, 8)] * 5 + [(after + 1, 7)], job_y
     assert offline_y == [(after + 1, 7)] * 6, offline_y
+
+
+def test_a_job_longer_than_the_visibility_timeout_runs_once(
+    model_repo: Path, redis_url: str, log_dir: Path, s3_endpoint: str, s3, bucket: str
+) -> None:
+    # kombu restores any message unacked for longer than the visibility timeout, even
+    # one a live worker is running; the job's keepalive must stop that.
+    db = redis_url.rsplit("/", 1)[0] + "/10"
+    redis.Redis.from_url(db).flushdb()
+    env = {"AWS_ENDPOINT_URL": s3_endpoint, "CONCH_VISIBILITY_TIMEOUT_S": "3"}
+    worker = start_worker(model_repo, db, log_dir, "--models", "batch_probe", env=env)
+    gateway, url = start_gateway(model_repo, db, log_dir, threads=8)
+    try:
+        wait_model_ready(url, "batch_probe", 90, worker, gateway)
+        line = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [7.0]}]}
+        put_jsonl(s3, bucket, "slow.jsonl", [json.dumps(line)])
+        spec = {"input": f"s3://{bucket}/slow.jsonl", "output": f"s3://{bucket}/slow-out.jsonl"}
+        job = submit_batch(url, "batch_probe", spec).json()["id"]
+        assert wait_done(url, job, timeout=60)["status"] == "SUCCESS"
+        client = redis.Redis.from_url(db)
+        wait_until(lambda: client.llen(broker.JOBS_QUEUE) == 0, 5, "the jobs queue to drain")
+        time.sleep(2)  # a restored copy would have started by now
+        assert worker.log().count(f"conch.batch_job[{job}] received") == 1, worker.log()[-3000:]
+        assert client.llen(broker.JOBS_QUEUE) == 0
+    finally:
+        gateway.stop()
+        worker.stop()

@@ -182,7 +182,6 @@ def run(
     *,
     s3: Any = None,
     max_line_bytes: int = 64 * 1024 * 1024,
-    keepalive: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """Run one batch job to the end; its summary is the Celery task's result."""
     record = jobs.JobRecord.load(client, job_id)
@@ -220,7 +219,6 @@ def run(
             nonlocal last_report
             if force or time.monotonic() - last_report > PROGRESS_EVERY_S:
                 jobs.report_progress(client, job_id, lines=window.next, failed=window.failed)
-                keepalive()
                 last_report = time.monotonic()
 
         for line_no, line in enumerate(_lines(s3, source)):

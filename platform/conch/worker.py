@@ -396,15 +396,22 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
     def batch_job(payload: dict[str, Any]) -> dict[str, Any]:
         job_id = jobs.check_id(str(payload.get("id", "")))
         client = redis.Redis.from_url(settings.redis_url)
-        return offline.run(
-            client,
-            job_id,
-            repository.read_model,
-            max_line_bytes=settings.max_input_bytes,
-            # Keeps kombu from restoring the task's message while it runs (its
-            # delivery tag is the job id), however long the job takes.
-            keepalive=lambda: broker.touch(client, [job_id]),
-        )
+        # Keep kombu from restoring the task's message while it runs (its delivery tag
+        # is the job id), however long the job or one of its uploads takes.
+        done = threading.Event()
+
+        def keepalive() -> None:
+            while not done.wait(min(1.0, settings.visibility_timeout_s / 3)):
+                with contextlib.suppress(redis.RedisError):
+                    broker.touch(client, [job_id])
+
+        threading.Thread(target=keepalive, name=f"job-{job_id[:8]}", daemon=True).start()
+        try:
+            return offline.run(
+                client, job_id, repository.read_model, max_line_bytes=settings.max_input_bytes
+            )
+        finally:
+            done.set()
 
 
 def run(settings: Settings, *, loglevel: str = "INFO") -> None:
