@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import redis
 import tritonclient.http as httpclient
 
 from conch.redis_server import free_port
@@ -23,7 +25,9 @@ from build_models import reference_mlp  # noqa: E402
 __all__ = [
     "ROOT",
     "Service",
+    "fresh_db",
     "reference_mlp",
+    "serving",
     "start_gateway",
     "start_worker",
     "wait_model_ready",
@@ -158,3 +162,33 @@ def wait_model_ready(url: str, model: str, timeout: float = 60, *services: Servi
             return False
 
     wait_until(ready, timeout, f"model {model} ready at {url}", *services)
+
+
+def fresh_db(redis_url: str, index: int) -> str:
+    """The URL of database ``index`` on the test Redis, emptied: one per test module."""
+    url = redis_url.rsplit("/", 1)[0] + f"/{index}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@contextmanager
+def serving(
+    repo: Path,
+    db: str,
+    log_dir: Path,
+    models: tuple[str, ...],
+    *,
+    threads: int = 16,
+    worker_env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, Service, Service]]:
+    """A worker serving ``models`` and a gateway, until every model is ready:
+    (gateway URL, worker, gateway); both are stopped on the way out."""
+    worker = start_worker(repo, db, log_dir, "--models", ",".join(models), env=worker_env)
+    gateway, url = start_gateway(repo, db, log_dir, threads=threads)
+    try:
+        for m in models:
+            wait_model_ready(url, m, 90, worker, gateway)
+        yield url, worker, gateway
+    finally:
+        gateway.stop()
+        worker.stop()

@@ -19,29 +19,20 @@ from celery import Celery
 
 from conch import broker
 
-from harness import start_gateway, start_worker, wait_model_ready, wait_until
+from harness import fresh_db, serving, wait_until
 
 MODELS = ("add_batched", "step", "batch_probe", "mlp")
 
 
 @pytest.fixture(scope="module")
 def db(redis_url: str) -> str:
-    url = redis_url.rsplit("/", 1)[0] + "/12"
-    redis.Redis.from_url(url).flushdb()
-    return url
+    return fresh_db(redis_url, 12)
 
 
 @pytest.fixture(scope="module")
 def stack(model_repo: Path, db: str, log_dir: Path) -> Iterator[str]:
-    worker = start_worker(model_repo, db, log_dir, "--models", ",".join(MODELS))
-    gateway, url = start_gateway(model_repo, db, log_dir, threads=32)
-    try:
-        for m in MODELS:
-            wait_model_ready(url, m, 90, worker, gateway)
+    with serving(model_repo, db, log_dir, MODELS, threads=32) as (url, _, _):
         yield url
-    finally:
-        gateway.stop()
-        worker.stop()
 
 
 def add_inputs(a: np.ndarray, *, binary: bool = True) -> list[httpclient.InferInput]:

@@ -12,19 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from harness import start_gateway, start_worker, wait_model_ready, wait_until
+from harness import fresh_db, start_gateway, start_worker, wait_model_ready, wait_until
 from models import add_model, offset_model
-
-
-def fresh_db(redis_url: str, index: int) -> str:
-    url = redis_url.rsplit("/", 1)[0] + f"/{index}"
-    redis.Redis.from_url(url).flushdb()
-    return url
 
 
 @contextlib.contextmanager

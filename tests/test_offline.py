@@ -19,30 +19,21 @@ from test_jobs import result, submit, wait_done
 
 from conch import broker
 
-from harness import reference_mlp, start_gateway, start_worker, wait_model_ready, wait_until
+from harness import fresh_db, reference_mlp, serving, wait_until
 
 MODELS = ("mlp", "batch_probe")
 
 
 @pytest.fixture(scope="module")
 def db(redis_url: str) -> str:
-    url = redis_url.rsplit("/", 1)[0] + "/11"
-    redis.Redis.from_url(url).flushdb()
-    return url
+    return fresh_db(redis_url, 11)
 
 
 @pytest.fixture(scope="module")
 def stack(model_repo: Path, db: str, log_dir: Path, s3_endpoint: str) -> Iterator[str]:
     env = {"AWS_ENDPOINT_URL": s3_endpoint}
-    worker = start_worker(model_repo, db, log_dir, "--models", ",".join(MODELS), env=env)
-    gateway, url = start_gateway(model_repo, db, log_dir, threads=16)
-    try:
-        for m in MODELS:
-            wait_model_ready(url, m, 90, worker, gateway)
+    with serving(model_repo, db, log_dir, MODELS, worker_env=env) as (url, _, _):
         yield url
-    finally:
-        gateway.stop()
-        worker.stop()
 
 
 @pytest.fixture()
@@ -198,13 +189,9 @@ def test_a_job_longer_than_the_visibility_timeout_runs_once(
 ) -> None:
     # kombu restores any message unacked for longer than the visibility timeout, even
     # one a live worker is running; the job's keepalive must stop that.
-    db = redis_url.rsplit("/", 1)[0] + "/10"
-    redis.Redis.from_url(db).flushdb()
+    db = fresh_db(redis_url, 10)
     env = {"AWS_ENDPOINT_URL": s3_endpoint, "CONCH_VISIBILITY_TIMEOUT_S": "3"}
-    worker = start_worker(model_repo, db, log_dir, "--models", "batch_probe", env=env)
-    gateway, url = start_gateway(model_repo, db, log_dir, threads=8)
-    try:
-        wait_model_ready(url, "batch_probe", 90, worker, gateway)
+    with serving(model_repo, db, log_dir, ("batch_probe",), worker_env=env) as (url, worker, _):
         line = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [7.0]}]}
         put_jsonl(s3, bucket, "slow.jsonl", [json.dumps(line)])
         spec = {"input": f"s3://{bucket}/slow.jsonl", "output": f"s3://{bucket}/slow-out.jsonl"}
@@ -215,6 +202,3 @@ def test_a_job_longer_than_the_visibility_timeout_runs_once(
         time.sleep(2)  # a restored copy would have started by now
         assert worker.log().count(f"conch.batch_job[{job}] received") == 1, worker.log()[-3000:]
         assert client.llen(broker.JOBS_QUEUE) == 0
-    finally:
-        gateway.stop()
-        worker.stop()
