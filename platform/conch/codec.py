@@ -64,6 +64,20 @@ class InferRequest:
     # request params (priority, timeout, custom), reserved keys kept
     parameters: dict[str, Any]
 
+    # What a queue message carries of the request (gateway infer, jobs, batch lines).
+    def wire_inputs(self) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+        return [(t.name, t.datatype, tuple(t.shape), t.raw) for t in self.inputs]
+
+    def output_names(self, config: Any) -> list[str]:
+        """The outputs asked for, in order; all of the model's when none are listed."""
+        if self.outputs is None:
+            return [o.name for o in config.output]
+        return [o.name for o in self.outputs]
+
+    def custom_parameters(self) -> dict[str, Any]:
+        """The parameters a model sees: the request's, less the protocol's own."""
+        return {k: v for k, v in self.parameters.items() if k not in RESERVED_PARAMETERS}
+
 
 @dataclass
 class OutputTensor:

@@ -275,15 +275,13 @@ def _message(
         id=broker.new_id(),
         model=entry.name,
         version=version,
-        inputs=[(t.name, t.datatype, tuple(t.shape), t.raw) for t in req.inputs],
-        outputs=[o.name for o in entry.config.output]
-        if req.outputs is None
-        else [o.name for o in req.outputs],
+        inputs=req.wire_inputs(),
+        outputs=req.output_names(entry.config),
         reply_to=reply_key,
         enqueued=now,
         deadline=0.0,  # offline work waits as long as online traffic keeps the model busy
         priority=broker.PRIORITY_BULK,
-        params={k: v for k, v in req.parameters.items() if k not in codec.RESERVED_PARAMETERS},
+        params=req.custom_parameters(),
         client_id=req.id,
     )
 

@@ -185,23 +185,17 @@ class DataPlane:
         timeout_us = req.parameters.get("timeout")
         admission = scheduling.admit(config, req.parameters.get("priority"), timeout_us)
         timeout_s = timeout_us / 1e6 if timeout_us else settings.request_timeout_s
-        if req.outputs is None:
-            wanted = [o.name for o in config.output]
-        else:
-            wanted = [o.name for o in req.outputs]
         msg = InferMessage(
             id=broker.new_id(),
             model=model,
             version=v,
-            inputs=[(t.name, t.datatype, tuple(t.shape), t.raw) for t in req.inputs],
-            outputs=wanted,
+            inputs=req.wire_inputs(),
+            outputs=req.output_names(config),
             reply_to=None,
             enqueued=now,
             deadline=now + timeout_s,
             priority=admission.step,
-            params={
-                k: val for k, val in req.parameters.items() if k not in codec.RESERVED_PARAMETERS
-            },
+            params=req.custom_parameters(),
             queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
             delay_on_timeout=admission.delay_on_timeout,
             client_id=req.id,
