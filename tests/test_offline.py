@@ -4,6 +4,7 @@ mode), a real worker running the job's Celery task, the gateway's HTTP routes.""
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from test_jobs import result, submit, wait_done
 
 from conch import broker
 
-from harness import fresh_db, reference_mlp, serving, wait_until
+from harness import fresh_db, reference_mlp, serving, start_worker, wait_until
 
 MODELS = ("mlp", "batch_probe")
 
@@ -202,3 +203,35 @@ def test_a_job_longer_than_the_visibility_timeout_runs_once(
         time.sleep(2)  # a restored copy would have started by now
         assert worker.log().count(f"conch.batch_job[{job}] received") == 1, worker.log()[-3000:]
         assert client.llen(broker.JOBS_QUEUE) == 0
+
+
+def test_a_job_whose_worker_is_killed_is_run_again_by_another(
+    model_repo: Path, redis_url: str, log_dir: Path, s3_endpoint: str, s3, bucket: str
+) -> None:
+    db = fresh_db(redis_url, 9)
+    env = {"AWS_ENDPOINT_URL": s3_endpoint, "CONCH_VISIBILITY_TIMEOUT_S": "3"}
+    fast = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0.01]}]}
+    slow = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [4.0]}]}
+    put_jsonl(
+        s3, bucket, "k.jsonl", [json.dumps(fast)] * 3 + [json.dumps(slow)] + [json.dumps(fast)] * 3
+    )
+    spec = {"input": f"s3://{bucket}/k.jsonl", "output": f"s3://{bucket}/k-out.jsonl"}
+    with serving(model_repo, db, log_dir, ("batch_probe",), worker_env=env) as (url, worker, _):
+        job = submit_batch(url, "batch_probe", spec).json()["id"]
+        # The slow line is executing once the job has sent every line (none answered yet).
+        client = redis.Redis.from_url(db)
+        wait_until(lambda: client.zcard(broker.UNACKED_INDEX) >= 2, 20, "the job to run", worker)
+        time.sleep(0.5)
+        worker.stop(signal.SIGKILL)
+        status = requests.get(f"http://{url}/v2/jobs/{job}").json()
+        assert status["status"] == "STARTED", status
+        second = start_worker(model_repo, db, log_dir, "--models", "batch_probe", env=env)
+        try:
+            status = wait_done(url, job, timeout=90)
+            assert status["status"] == "SUCCESS", status
+            assert status["progress"] == {"lines": 7, "failed": 0}
+            assert f"conch.batch_job[{job}] received" in second.log()
+        finally:
+            second.stop()
+    out = read_jsonl(s3, bucket, "k-out.jsonl")
+    assert len(out) == 7 and all("outputs" in o for o in out), out
