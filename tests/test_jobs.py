@@ -19,7 +19,7 @@ from celery import Celery
 
 from conch import broker
 
-from harness import fresh_db, serving, wait_until
+from harness import fresh_db, serving, start_gateway, wait_until
 
 MODELS = ("add_batched", "step", "batch_probe", "mlp")
 
@@ -221,3 +221,27 @@ def test_online_requests_overtake_queued_jobs_and_jobs_fill_free_slots(stack: st
     # execution, and five jobs fill its free slots (max_batch_size 8) ...
     assert [tuple(y) for y in online_y] == [(after, 8)] * 3, online_y
     assert sorted(tuple(y) for y in job_y) == [(after, 8)] * 5 + [(after + 1, 5)] * 5, job_y
+
+
+def test_a_full_job_queue_refuses_with_503(model_repo: Path, redis_url: str, log_dir: Path) -> None:
+    # No worker: the jobs wait (scale from zero) until the bound refuses the fourth.
+    db = fresh_db(redis_url, 9)
+    env = {"CONCH_MAX_QUEUED_JOBS": "3"}
+    gateway, url = start_gateway(model_repo, db, log_dir, threads=4, env=env)
+    try:
+        for _ in range(3):
+            submit(url, "step", [_step_input(0.0)])
+        r = requests.post(
+            f"http://{url}/v2/models/step/jobs",
+            json={"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [0] * 4}]},
+        )
+        assert r.status_code == 503, r.text
+        assert (
+            "maximum queue size" in r.json()["error"]
+            and "CONCH_MAX_QUEUED_JOBS" in r.json()["error"]
+        )
+        client = redis.Redis.from_url(db)
+        assert broker.queue_depth(client, "step") == 3
+        assert len(client.keys("conch.job.*")) == 3  # the refused job left no record
+    finally:
+        gateway.stop()

@@ -38,6 +38,8 @@ class Settings:
     max_attempts: int = field(default_factory=lambda: _env_int("CONCH_MAX_ATTEMPTS", 3))
     # How long an async job's result (and its record) is kept: Celery's result_expires.
     job_ttl_s: int = field(default_factory=lambda: _env_int("CONCH_JOB_TTL_S", 86_400))
+    # Async jobs a model's queue may hold before submissions get a 503 (Redis memory).
+    max_queued_jobs: int = field(default_factory=lambda: _env_int("CONCH_MAX_QUEUED_JOBS", 100_000))
     auto_complete: bool = True
     default_max_batch_size: int = 4
     models: list[str] | None = None  # the worker serves these; None = all

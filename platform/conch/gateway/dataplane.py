@@ -130,12 +130,24 @@ class DataPlane:
                 "binary_data_output": req.binary_data_output,
             },
         )
-        pipe = self.dispatcher.client.pipeline(transaction=False)
+        client = self.dispatcher.client
+        pipe = client.pipeline(transaction=False)
         record.save(pipe, msg.job_ttl)
         pipe.execute()
-        self.dispatcher.publisher.publish(
-            model, msg.to_dict(), task_id=msg.id, priority=msg.priority, reply_to=None
-        )
+        limit = self.settings.max_queued_jobs
+        if not self.dispatcher.publisher.publish(
+            model,
+            msg.to_dict(),
+            task_id=msg.id,
+            priority=msg.priority,
+            reply_to=None,
+            max_queue_size=limit,
+        ):
+            client.delete(jobs.record_key(msg.id))
+            raise Unavailable(
+                f"Exceeds maximum queue size: model '{model}' already has {limit} async jobs "
+                "waiting (CONCH_MAX_QUEUED_JOBS); retry later"
+            )
         return record
 
     def job_result(
