@@ -6,6 +6,7 @@ The bodies are made and read by the stock tritonclient (``generate_request_body`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -245,3 +246,28 @@ def test_a_full_job_queue_refuses_with_503(model_repo: Path, redis_url: str, log
         assert len(client.keys("conch.job.*")) == 3  # the refused job left no record
     finally:
         gateway.stop()
+
+
+def test_a_cancelled_job_never_runs(stack: str) -> None:
+    client = httpclient.InferenceServerClient(stack)
+
+    def executed() -> int:
+        return client.get_inference_statistics("step")["model_stats"][0]["inference_count"]
+
+    before = executed()
+    backlog = [submit(stack, "step", [_step_input(float(i))]) for i in range(8)]
+    victim = backlog[-1]
+    r = requests.delete(f"http://{stack}/v2/jobs/{victim}")
+    assert r.status_code == 200 and r.json()["status"] == "REVOKED", r.text
+    for job in backlog[:-1]:
+        assert wait_done(stack, job)["status"] == "SUCCESS"
+    r = requests.get(f"http://{stack}/v2/jobs/{victim}/result")
+    assert r.status_code == 400 and "cancelled" in r.json()["error"]
+    wait_until(lambda: executed() - before == 7, 10, "the statistics of the seven jobs")
+    time.sleep(0.5)
+    assert executed() - before == 7  # the cancelled one was dropped, not run
+    # A finished job cannot be cancelled; an unknown one is a 404.
+    r = requests.delete(f"http://{stack}/v2/jobs/{backlog[0]}")
+    assert r.status_code == 400 and "already finished (SUCCESS)" in r.json()["error"]
+    r = requests.delete(f"http://{stack}/v2/jobs/{'f' * 32}")
+    assert r.status_code == 404

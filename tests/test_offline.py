@@ -235,3 +235,30 @@ def test_a_job_whose_worker_is_killed_is_run_again_by_another(
             second.stop()
     out = read_jsonl(s3, bucket, "k-out.jsonl")
     assert len(out) == 7 and all("outputs" in o for o in out), out
+
+
+def test_a_cancelled_batch_job_stops_and_writes_nothing(
+    stack: str, db: str, s3, bucket: str
+) -> None:
+    line = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0.1]}]}
+    put_jsonl(s3, bucket, "long.jsonl", [json.dumps(line)] * 400)
+    spec = {"input": f"s3://{bucket}/long.jsonl", "output": f"s3://{bucket}/long-out.jsonl"}
+    job = submit_batch(stack, "batch_probe", spec).json()["id"]
+
+    def running() -> bool:
+        status = requests.get(f"http://{stack}/v2/jobs/{job}").json()
+        return status["status"] == "STARTED" and status["progress"]["lines"] > 0
+
+    wait_until(running, 30, "the job to answer its first lines")
+    r = requests.delete(f"http://{stack}/v2/jobs/{job}")
+    assert r.status_code == 200, r.text
+    status = wait_done(stack, job, timeout=30)
+    assert status["status"] == "REVOKED" and "cancelled" in status["error"], status
+    assert status["progress"]["lines"] < 400
+    client = redis.Redis.from_url(db)
+    bulk = broker.priority_key(broker.queue_name("batch_probe"), broker.PRIORITY_BULK)
+    wait_until(lambda: client.llen(bulk) == 0, 30, "the lines already queued to drain")
+    time.sleep(1)
+    assert requests.get(f"http://{stack}/v2/jobs/{job}").json()["status"] == "REVOKED"
+    with pytest.raises(s3.exceptions.NoSuchKey):
+        s3.get_object(Bucket=bucket, Key="long-out.jsonl")

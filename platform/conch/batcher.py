@@ -231,6 +231,10 @@ class Batcher(threading.Thread):
             else:
                 item.ticket = ticket
                 items.append(item)
+        gone = jobs.cancelled(self.client, [i.msg.id for i in items if i.msg.job_ttl])
+        if gone:  # cancelled while queued: never run
+            done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
+            items = [i for i in items if i.msg.id not in gone]
         if done:
             broker.ack(pipe, [tag for tag, _ in done])
             pipe.execute()

@@ -20,7 +20,7 @@ import msgpack
 import orjson
 import redis
 
-from .errors import ConchError, InvalidArgument, from_code
+from .errors import Cancelled, ConchError, InvalidArgument, from_code
 from .wire import BadMessage, Reply, WireTensor, read_tensor
 
 RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
@@ -28,6 +28,7 @@ RECORD_PREFIX = "conch.job."
 JOB_ID = re.compile(r"[0-9a-f]{32}")
 
 PENDING, STARTED, SUCCESS, FAILURE = "PENDING", "STARTED", "SUCCESS", "FAILURE"
+REVOKED = "REVOKED"  # Celery's name for a cancelled task
 INFER, BATCH = "infer", "batch"  # one request; an offline batch job (conch.offline)
 PROGRESS = ("lines", "failed")
 
@@ -94,8 +95,13 @@ class JobRecord:
 
 
 def report_progress(client: redis.Redis, job_id: str, **counts: int) -> None:
-    """A running batch job's counters, shown by its status."""
-    client.hset(record_key(job_id), mapping=counts)
+    """A running batch job's counters, shown by its status; raises JobCancelled once
+    the job has been cancelled."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(record_key(job_id), mapping=counts)
+    pipe.hget(record_key(job_id), "cancelled")
+    if pipe.execute()[1]:
+        raise JobCancelled(job_id)
 
 
 def iso(ts: float) -> str:
@@ -126,7 +132,16 @@ def store(pipe: redis.client.Pipeline, job_id: str, model: str, reply: Reply, tt
             "conch_code": err.code,
             "conch_status": err.status,
         }
-    meta = msgpack.packb(
+    key = result_key(job_id)
+    meta = _meta(job_id, status, result)
+    # The first result stands: a request run twice (redelivered after a crash) or one
+    # cancelled before it ran does not overwrite it.
+    pipe.set(key, meta, ex=ttl_s, nx=True)
+    pipe.publish(key, meta)  # what Celery's AsyncResult.get() listens for
+
+
+def _meta(job_id: str, status: str, result: Any) -> bytes:
+    return msgpack.packb(
         {
             "status": status,
             "result": result,
@@ -137,9 +152,43 @@ def store(pipe: redis.client.Pipeline, job_id: str, model: str, reply: Reply, tt
         },
         use_bin_type=True,
     )
-    key = result_key(job_id)
-    pipe.set(key, meta, ex=ttl_s)
-    pipe.publish(key, meta)  # what Celery's AsyncResult.get() listens for
+
+
+def cancel(client: redis.Redis, job_id: str, ttl_s: int) -> bool:
+    """Mark a job cancelled unless it has finished; False when it had.
+
+    A queued infer job is then dropped by the worker that pops it; a batch job stops
+    sending lines at its next progress report.
+    """
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(record_key(job_id), "cancelled", 1)
+    pipe.set(result_key(job_id), _revoked(job_id), ex=ttl_s, nx=True)
+    _, stored = pipe.execute()
+    return bool(stored) or read(client, job_id).status not in (SUCCESS, FAILURE)
+
+
+def revoke(client: redis.Redis, job_id: str, ttl_s: int) -> None:
+    """A running batch job's own answer to its cancel: REVOKED over its STARTED state."""
+    client.set(result_key(job_id), _revoked(job_id), ex=ttl_s)
+
+
+def _revoked(job_id: str) -> bytes:
+    error = {"exc_type": "TaskRevokedError", "exc_message": ["cancelled"], "exc_module": None}
+    return _meta(job_id, REVOKED, error)
+
+
+class JobCancelled(Exception):
+    """Raised inside a batch job once its cancel is seen."""
+
+
+def cancelled(client: redis.Redis, job_ids: list[str]) -> set[str]:
+    """Which of these jobs were cancelled (one round trip; worker side)."""
+    if not job_ids:
+        return set()
+    flags = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        flags.hget(record_key(job_id), "cancelled")
+    return {j for j, f in zip(job_ids, flags.execute(), strict=True) if f}
 
 
 @dataclass
@@ -164,6 +213,9 @@ def read(client: redis.Redis, job_id: str) -> Outcome:
             return Outcome(SUCCESS, None, done_at, summary=dict(result))
         if status == STARTED:
             return Outcome(STARTED)
+        if status == REVOKED:
+            error = Cancelled(f"job {job_id} was cancelled")
+            return Outcome(REVOKED, Reply(job_id, error=error), done_at)
         if status == SUCCESS:
             outputs: list[WireTensor] = [
                 read_tensor([o["name"], o["datatype"], o["shape"], o["data"]])

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from celery import Celery, bootsteps
+from celery.exceptions import Ignore
 
 from . import bls, broker, control, ensemble, jobs, offline, registry
 from .backends import Backend, backend_class
@@ -410,6 +411,9 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
             return offline.run(
                 client, job_id, repository.read_model, max_line_bytes=settings.max_input_bytes
             )
+        except jobs.JobCancelled:
+            jobs.revoke(client, job_id, settings.job_ttl_s)
+            raise Ignore() from None  # Celery keeps the REVOKED state written above
         finally:
             done.set()
 

@@ -107,6 +107,18 @@ def status(job_id: str) -> Response:
     return _json(_status(record, jobs.read(_plane().dispatcher.client, record.id)))
 
 
+@bp.delete("/v2/jobs/<job_id>")
+def cancel(job_id: str) -> Response:
+    """Cancel a job that has not finished: a queued request never runs; a batch job stops
+    sending lines (those already queued still run) and uploads nothing."""
+    record = _record(job_id)
+    client = _plane().dispatcher.client
+    if not jobs.cancel(client, record.id, _plane().settings.job_ttl_s):
+        outcome = jobs.read(client, record.id)
+        raise InvalidArgument(f"job {record.id} has already finished ({outcome.status})")
+    return _json(_status(record, jobs.read(client, record.id)))
+
+
 @bp.get("/v2/jobs/<job_id>/result")
 def result(job_id: str) -> Response:
     """The infer response once the job is done (or its error); 202 and the status before."""
