@@ -17,8 +17,10 @@ import redis
 import requests
 import tritonclient.http as httpclient
 from celery import Celery
+from tritonclient.utils import InferenceServerException
 
 from conch import broker
+from conch.client import JobClient, JobPending
 
 from harness import fresh_db, serving, start_gateway, wait_until
 
@@ -271,3 +273,32 @@ def test_a_cancelled_job_never_runs(stack: str) -> None:
     assert r.status_code == 400 and "already finished (SUCCESS)" in r.json()["error"]
     r = requests.delete(f"http://{stack}/v2/jobs/{'f' * 32}")
     assert r.status_code == 404
+
+
+def test_the_job_client_submits_waits_and_cancels(stack: str) -> None:
+    jc = JobClient(stack)
+    job = jc.submit("step", [_step_input(2.0)], request_id="c1")
+    got = jc.result(job, wait=30)
+    np.testing.assert_array_equal(got.as_numpy("Y"), np.full((1, 4), 3.0, np.float32))
+    assert got.get_response()["id"] == "c1"
+    # Behind a backlog: not finished at once, finished within a long poll.
+    backlog = [jc.submit("step", [_step_input(float(i))]) for i in range(10)]
+    with pytest.raises(JobPending):
+        jc.result(backlog[-1])
+    np.testing.assert_array_equal(
+        jc.result(backlog[-1], wait=30).as_numpy("Y"), np.full((1, 4), 10.0, np.float32)
+    )
+    for bad in ("abc", "61", "-1", "nan"):
+        r = requests.get(f"http://{stack}/v2/jobs/{job}/result?wait={bad}")
+        assert r.status_code == 400 and "wait" in r.json()["error"], bad
+    # A cancelled job's result is an error tritonclient's way, with its status.
+    more = [jc.submit("step", [_step_input(0.0)]) for _ in range(6)]
+    assert jc.cancel(more[-1])["status"] == "REVOKED"
+    with pytest.raises(InferenceServerException) as err:
+        jc.result(more[-1], wait=5)
+    assert err.value.status() == "400" and "cancelled" in str(err.value)
+    with pytest.raises(InferenceServerException) as err:
+        jc.submit("no_such_model", [_step_input(0.0)])
+    assert err.value.status() == "400"
+    for m in more[:-1]:
+        jc.result(m, wait=30)

@@ -164,12 +164,15 @@ def cancel(client: redis.Redis, job_id: str, ttl_s: int) -> bool:
     pipe.hset(record_key(job_id), "cancelled", 1)
     pipe.set(result_key(job_id), _revoked(job_id), ex=ttl_s, nx=True)
     _, stored = pipe.execute()
+    if stored:
+        client.publish(result_key(job_id), b"")  # wakes anyone waiting on it
     return bool(stored) or read(client, job_id).status not in (SUCCESS, FAILURE)
 
 
 def revoke(client: redis.Redis, job_id: str, ttl_s: int) -> None:
     """A running batch job's own answer to its cancel: REVOKED over its STARTED state."""
     client.set(result_key(job_id), _revoked(job_id), ex=ttl_s)
+    client.publish(result_key(job_id), b"")
 
 
 def _revoked(job_id: str) -> bytes:
@@ -238,3 +241,23 @@ def read(client: redis.Redis, job_id: str) -> Outcome:
             Reply(job_id, error=from_code("INTERNAL", f"unreadable job result: {exc}", 500)),
         )
     return Outcome(PENDING)
+
+
+def wait(client: redis.Redis, job_id: str, seconds: float) -> Outcome:
+    """The job's outcome once it has finished, or as it stands after ``seconds``.
+
+    Listens where Celery's result backend (and conch's worker) announce a result, so a
+    waiting client costs a subscription, not a poll.
+    """
+    deadline = time.monotonic() + seconds
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        pubsub.subscribe(result_key(job_id))
+        while True:
+            outcome = read(client, job_id)  # after subscribing: no result slips between
+            left = deadline - time.monotonic()
+            if outcome.status not in (PENDING, STARTED) or left <= 0:
+                return outcome
+            pubsub.get_message(timeout=min(left, 1.0))
+    finally:
+        pubsub.close()

@@ -18,6 +18,7 @@ from .dataplane import DataPlane, too_large
 
 bp = Blueprint("jobs", __name__)
 MAX_BATCH_SPEC_BYTES = 8192
+MAX_WAIT_S = 60.0
 
 
 def _plane() -> DataPlane:
@@ -121,9 +122,19 @@ def cancel(job_id: str) -> Response:
 
 @bp.get("/v2/jobs/<job_id>/result")
 def result(job_id: str) -> Response:
-    """The infer response once the job is done (or its error); 202 and the status before."""
+    """The infer response once the job is done (or its error); 202 and the status before.
+
+    ``?wait=S`` holds the call up to S seconds for the job to finish (long polling).
+    """
     record = _record(job_id)
-    outcome = jobs.read(_plane().dispatcher.client, record.id)
+    client = _plane().dispatcher.client
+    try:
+        wait = float(request.args.get("wait", 0))
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise InvalidArgument(f"'wait' must be a number of seconds from 0 to {MAX_WAIT_S}")
+    outcome = jobs.wait(client, record.id, wait) if wait else jobs.read(client, record.id)
     if outcome.status in (jobs.PENDING, jobs.STARTED):
         return _json(_status(record, outcome), 202, headers={"Retry-After": "1"})
     if record.kind == jobs.BATCH:  # its result is the output object; this says where
