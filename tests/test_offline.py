@@ -262,3 +262,22 @@ def test_a_cancelled_batch_job_stops_and_writes_nothing(
     assert requests.get(f"http://{stack}/v2/jobs/{job}").json()["status"] == "REVOKED"
     with pytest.raises(s3.exceptions.NoSuchKey):
         s3.get_object(Bucket=bucket, Key="long-out.jsonl")
+
+
+def test_a_line_past_the_size_bound_is_an_error_line_and_the_rest_run(
+    model_repo: Path, redis_url: str, log_dir: Path, s3_endpoint: str, s3, bucket: str
+) -> None:
+    db = fresh_db(redis_url, 9)
+    env = {"AWS_ENDPOINT_URL": s3_endpoint, "CONCH_MAX_INPUT_BYTES": "4096"}
+    small = json.dumps(mlp_line(0))  # under 4 KiB of JSON
+    big = json.dumps({**mlp_line(1), "id": "x" * 10_000})  # over it
+    assert len(small) < 4096 < len(big)
+    put_jsonl(s3, bucket, "sizes.jsonl", [small, big, small])
+    spec = {"input": f"s3://{bucket}/sizes.jsonl", "output": f"s3://{bucket}/sizes-out.jsonl"}
+    with serving(model_repo, db, log_dir, ("mlp",), worker_env=env) as (url, _, _):
+        job = submit_batch(url, "mlp", spec).json()["id"]
+        status = wait_done(url, job, timeout=60)
+    assert status["status"] == "SUCCESS" and status["progress"] == {"lines": 3, "failed": 1}
+    out = read_jsonl(s3, bucket, "sizes-out.jsonl")
+    assert "outputs" in out[0] and "outputs" in out[2]
+    assert "4096 bytes" in out[1]["error"], out[1]

@@ -17,7 +17,7 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 TASK_NAME = "conch.batch_job"
 WINDOW = 64  # lines in flight per job
+WINDOW_BYTES = 64 * 1024 * 1024  # and at most this much of their data in Redis
+CHUNK = 1024 * 1024
 STALL_S = 600.0  # no reply for this long: the model is not being served; give up
 PROGRESS_EVERY_S = 0.5
 
@@ -131,7 +133,8 @@ class _Window:
 
     def __init__(self, out: BinaryIO) -> None:
         self.out = out
-        self.sent: dict[str, tuple[int, codec.InferRequest]] = {}  # message id -> line
+        self.sent: dict[str, tuple[int, codec.InferRequest, int]] = {}  # id -> line, size
+        self.bytes = 0  # of the lines in flight
         self.ready: dict[int, bytes] = {}
         self.next = 0  # the next line to write
         self.lines = 0
@@ -211,6 +214,7 @@ def run(
                     continue
                 sent = window.sent.pop(reply.id, None)
                 if sent is not None:
+                    window.bytes -= sent[2]
                     window.answer(
                         sent[0], _answer_line(entry, sent[1], reply), reply.error is not None
                     )
@@ -221,21 +225,27 @@ def run(
                 jobs.report_progress(client, job_id, lines=window.next, failed=window.failed)
                 last_report = time.monotonic()
 
-        for line_no, line in enumerate(_lines(s3, source)):
+        for line_no, line in enumerate(_lines(s3, source, max_line_bytes)):
             window.lines = line_no + 1
             req: codec.InferRequest | None = None
             try:
+                if line is None:
+                    raise InvalidArgument(
+                        f"line {line_no + 1} is longer than {max_line_bytes} bytes "
+                        "(--http-max-input-size); skipped"
+                    )
                 req = codec.decode_request(line, None, None, max_body_bytes=max_line_bytes)
                 validation.validate_request(req, entry.config, model_name=entry.name)
             except ConchError as exc:
                 window.answer(line_no, _error_line(req.id if req else "", exc.message), True)
                 continue
             msg = _message(entry, req, version, reply_key)
-            window.sent[msg.id] = (line_no, req)
+            window.sent[msg.id] = (line_no, req, len(line))
+            window.bytes += len(line)
             publisher.publish(
                 entry.name, msg.to_dict(), task_id=msg.id, priority=msg.priority, reply_to=reply_key
             )
-            while len(window.sent) >= WINDOW:
+            while len(window.sent) >= WINDOW or window.bytes > WINDOW_BYTES:
                 _wait(collect, window, progress, entry.name)
             progress()
         while window.sent:
@@ -286,14 +296,35 @@ def _message(
     )
 
 
-def _lines(s3: Any, source: ObjectRef) -> Iterator[bytes]:
-    """The input object's non-blank lines, streamed."""
+def _lines(s3: Any, source: ObjectRef, limit: int) -> Iterator[bytes | None]:
+    """The input object's non-blank lines, streamed; None for one longer than ``limit``."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         body = s3.get_object(Bucket=source.bucket, Key=source.key)["Body"]
     except (BotoCoreError, ClientError) as exc:
         raise InvalidArgument(f"cannot read {source}: {exc}") from None
-    for line in body.iter_lines():
-        if line.strip():
-            yield line
+    yield from split_lines(body.iter_chunks(CHUNK), limit)
+
+
+def split_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes | None]:
+    """Non-blank lines of a byte stream, never holding more than ``limit`` bytes of one:
+    a longer line is skipped to its end and given as None (botocore's iter_lines would
+    hold all of it)."""
+    buf = b""
+    too_long = False
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if too_long:
+                too_long = False
+                yield None
+            elif line.strip():
+                yield line
+        if len(buf) > limit:
+            buf, too_long = b"", True
+    if too_long:
+        yield None
+    elif buf.strip():
+        yield buf

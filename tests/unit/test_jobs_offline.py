@@ -89,3 +89,26 @@ def test_an_unreadable_result_is_a_failure_not_a_crash(rclient: redis.Redis, met
     got = jobs.read(rclient, "d" * 32)
     assert got.status == jobs.FAILURE and got.reply is not None
     assert got.reply.error is not None and "unreadable job result" in got.reply.error.message
+
+
+def _split(data: bytes, chunk: int, limit: int) -> list[bytes | None]:
+    chunks = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+    return list(offline.split_lines(chunks, limit))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
+def test_lines_are_split_across_chunks_and_blank_ones_dropped(chunk: int) -> None:
+    data = b'{"a":1}\n\n  \n{"b":2}\r\n{"c":3}'
+    assert _split(data, chunk, 100) == [b'{"a":1}', b'{"b":2}\r', b'{"c":3}']
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+def test_an_overlong_line_is_skipped_without_being_held(chunk: int) -> None:
+    data = b"short\n" + b"x" * 50 + b"\nafter\n" + b"y" * 40
+    got = _split(data, chunk, 20)
+    # A line that overflows is None; one that ends inside the same chunk may come whole,
+    # and decode_request's own size check refuses it.
+    assert got[0] == b"short" and got[2] == b"after"
+    assert got[1] is None or len(got[1]) > 20
+    assert got[3] is None or len(got[3]) > 20
+    assert len(got) == 4
