@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -281,3 +283,26 @@ def test_a_line_past_the_size_bound_is_an_error_line_and_the_rest_run(
     out = read_jsonl(s3, bucket, "sizes-out.jsonl")
     assert "outputs" in out[0] and "outputs" in out[2]
     assert "4096 bytes" in out[1]["error"], out[1]
+
+
+def test_conch_batch_runs_a_job_with_a_progress_bar(stack: str, s3, bucket: str) -> None:
+    put_jsonl(s3, bucket, "cli.jsonl", [json.dumps(mlp_line(i)) for i in range(40)])
+    cmd = [sys.executable, "-m", "conch", "batch", "-u", stack, "-m", "mlp"]
+    done = subprocess.run(
+        [*cmd, "--input", f"s3://{bucket}/cli.jsonl", "--output", f"s3://{bucket}/cli-out.jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().splitlines()[-1]
+    assert "40 lines answered" in done.stderr and " lines" in done.stderr  # the tqdm bar
+    assert requests.get(f"http://{stack}/v2/jobs/{job}").json()["status"] == "SUCCESS"
+    assert len(read_jsonl(s3, bucket, "cli-out.jsonl")) == 40
+    refused = subprocess.run(
+        [*cmd, "--input", "/etc/passwd", "--output", f"s3://{bucket}/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "s3://bucket/key" in refused.stderr, refused.stderr

@@ -120,6 +120,17 @@ def parser() -> argparse.ArgumentParser:
     from repo_sync.cli import add_arguments as _sync
 
     _sync(sub.add_parser("sync", help="mirror a model repository from S3 or a folder (repo_sync)"))
+    batch = sub.add_parser(
+        "batch",
+        help="run an offline batch job (JSONL of infer requests in S3) and follow it",
+    )
+    batch.add_argument("-m", "--model", required=True, help="the model to run every line on")
+    batch.add_argument("-x", "--model-version", default="", help="default: the latest")
+    batch.add_argument("--input", required=True, help="s3://bucket/key of the JSONL requests")
+    batch.add_argument("--output", required=True, help="s3://bucket/key for the JSONL answers")
+    batch.add_argument("-u", "--url", default="127.0.0.1:8000", help="the gateway (host:port)")
+    batch.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
+    batch.add_argument("--log-verbose", type=int, default=0, metavar="N")
     return top
 
 
@@ -163,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         from repo_sync.cli import run as sync
 
         return sync(args)
+    if args.command == "batch":
+        return batch(args)
     if not args.model_repository.is_dir():
         raise SystemExit(f"conch: --model-repository {args.model_repository} is not a folder")
     if args.command == "worker":
@@ -193,6 +206,57 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     return serve(args)
+
+
+def batch(args: argparse.Namespace) -> int:
+    """Submit a batch job, then show its progress until it ends (0 when it succeeded)."""
+    from tqdm import tqdm
+    from tritonclient.utils import InferenceServerException
+
+    from .client import JobClient
+
+    jobs = JobClient(args.url)
+    try:
+        job = jobs.submit_batch(
+            args.model, args.input, args.output, model_version=args.model_version
+        )
+    except InferenceServerException as exc:
+        print(f"conch batch: refused ({exc.status()}): {exc.message()}", file=sys.stderr)
+        return 2
+    print(f"job {job}: {args.input} -> {args.output} on model '{args.model}'", file=sys.stderr)
+    if args.no_wait:
+        print(job)
+        return 0
+    bar = tqdm(desc=f"{args.model}", unit=" lines", dynamic_ncols=True)
+    try:
+        while True:
+            status = jobs.status(job)
+            progress = status.get("progress", {})
+            bar.update(int(progress.get("lines", 0)) - bar.n)
+            bar.set_postfix(failed=progress.get("failed", 0), status=status["status"])
+            if status["status"] not in ("PENDING", "STARTED"):
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        bar.close()
+        print(
+            f"\njob {job} keeps running; follow it at GET /v2/jobs/{job}, cancel it with "
+            f"DELETE /v2/jobs/{job}",
+            file=sys.stderr,
+        )
+        return 130
+    bar.close()
+    if status["status"] != "SUCCESS":
+        print(f"job {job} ended {status['status']}: {status.get('error', '')}", file=sys.stderr)
+        return 1
+    failed = progress.get("failed", 0)
+    print(
+        f"job {job}: {progress.get('lines', 0)} lines answered into {args.output}"
+        + (f", {failed} of them with an error line" if failed else ""),
+        file=sys.stderr,
+    )
+    print(job)
+    return 0
 
 
 def serve(args: argparse.Namespace) -> int:
