@@ -306,3 +306,15 @@ def test_conch_batch_runs_a_job_with_a_progress_bar(stack: str, s3, bucket: str)
         timeout=60,
     )
     assert refused.returncode == 2 and "s3://bucket/key" in refused.stderr, refused.stderr
+
+
+def test_an_unwritable_output_fails_the_job_before_any_work(stack: str, s3, bucket: str) -> None:
+    put_jsonl(s3, bucket, "w.jsonl", [json.dumps(mlp_line(0))])
+    spec = {"input": f"s3://{bucket}/w.jsonl", "output": "s3://no-such-bucket-here/out.jsonl"}
+    job = submit_batch(stack, "mlp", spec).json()["id"]
+    status = wait_done(stack, job, timeout=60)
+    assert status["status"] == "FAILURE" and "cannot write" in status["error"], status
+    assert status["progress"] == {"lines": 0, "failed": 0}
+    # Raised by the task, stored by Celery, answered with the error's own status.
+    r = requests.get(f"http://{stack}/v2/jobs/{job}/result")
+    assert r.status_code == 400 and "no-such-bucket-here" in r.json()["error"]

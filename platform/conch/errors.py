@@ -85,3 +85,11 @@ _BY_CODE = {
 def from_code(code: str, message: str, status: int | None = None) -> ConchError:
     """Rebuild an error sent across the broker by its Triton code."""
     return _BY_CODE.get(code, Internal)(message, status)
+
+
+def error_class(name: str) -> type[ConchError]:
+    """One of these classes by name (a Celery task's stored exc_type); Internal if none."""
+    found = next((c for c in _BY_CODE.values() if c.__name__ == name), None)
+    if found is None and name == ModelLoadError.__name__:
+        found = ModelLoadError
+    return found or Internal

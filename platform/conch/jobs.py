@@ -20,7 +20,7 @@ import msgpack
 import orjson
 import redis
 
-from .errors import Cancelled, ConchError, InvalidArgument, from_code
+from .errors import Cancelled, ConchError, InvalidArgument, error_class, from_code
 from .wire import BadMessage, Reply, WireTensor, read_tensor
 
 RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
@@ -229,11 +229,12 @@ def read(client: redis.Redis, job_id: str) -> Outcome:
         if status == FAILURE:
             message = result["exc_message"]
             message = " ".join(map(str, message)) if isinstance(message, list) else str(message)
-            error: ConchError = from_code(
-                str(result.get("conch_code") or "INTERNAL"),
-                message,
-                int(result.get("conch_status") or 500),
-            )
+            code, http = result.get("conch_code"), result.get("conch_status")
+            if code is None and result.get("exc_module") == "conch.errors":
+                # Raised by a batch job's Celery task and stored by Celery itself.
+                cls = error_class(str(result.get("exc_type")))
+                code, http = cls.code, cls.status
+            error: ConchError = from_code(str(code or "INTERNAL"), message, int(http or 500))
             return Outcome(FAILURE, Reply(job_id, error=error), done_at)
     except (BadMessage, KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         return Outcome(

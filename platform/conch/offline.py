@@ -137,7 +137,6 @@ class _Window:
         self.bytes = 0  # of the lines in flight
         self.ready: dict[int, bytes] = {}
         self.next = 0  # the next line to write
-        self.lines = 0
         self.failed = 0
 
     def answer(self, line: int, text: bytes, failed: bool) -> None:
@@ -197,6 +196,7 @@ def run(
     source = parse_uri(record.detail["input"], "input")
     target = parse_uri(record.detail["output"], "output")
     s3 = s3 or s3_client()
+    _check_writable(s3, target)  # before the work, not after it
     reply_key = f"{REPLY_PREFIX}batch.{job_id}.{uuid.uuid4().hex[:8]}"  # one per attempt
     publisher = broker.Publisher(client)
     jobs.report_progress(client, job_id, lines=0, failed=0)
@@ -226,7 +226,6 @@ def run(
                 last_report = time.monotonic()
 
         for line_no, line in enumerate(_lines(s3, source, max_line_bytes)):
-            window.lines = line_no + 1
             req: codec.InferRequest | None = None
             try:
                 if line is None:
@@ -294,6 +293,15 @@ def _message(
         params=req.custom_parameters(),
         client_id=req.id,
     )
+
+
+def _check_writable(s3: Any, target: ObjectRef) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        s3.head_bucket(Bucket=target.bucket)
+    except (BotoCoreError, ClientError) as exc:
+        raise InvalidArgument(f"cannot write {target}: {exc}") from None
 
 
 def _lines(s3: Any, source: ObjectRef, limit: int) -> Iterator[bytes | None]:

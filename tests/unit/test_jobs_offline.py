@@ -112,3 +112,22 @@ def test_an_overlong_line_is_skipped_without_being_held(chunk: int) -> None:
     assert got[1] is None or len(got[1]) > 20
     assert got[3] is None or len(got[3]) > 20
     assert len(got) == 4
+
+
+def test_a_failure_stored_by_celery_keeps_the_error_class_status(rclient: redis.Redis) -> None:
+    meta = {
+        "status": "FAILURE",
+        "result": {
+            "exc_type": "InvalidArgument",
+            "exc_message": ["bad"],
+            "exc_module": "conch.errors",
+        },
+    }
+    rclient.set(jobs.result_key("e" * 32), msgpack.packb(meta))
+    got = jobs.read(rclient, "e" * 32)
+    assert got.reply is not None and got.reply.error is not None
+    assert got.reply.error.status == 400 and got.reply.error.message == "bad"
+    meta["result"] = {"exc_type": "OSError", "exc_message": ["disk"], "exc_module": "builtins"}
+    rclient.set(jobs.result_key("e" * 32), msgpack.packb(meta))
+    error = jobs.read(rclient, "e" * 32).reply.error
+    assert error is not None and error.status == 500
