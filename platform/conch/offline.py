@@ -177,6 +177,12 @@ def _answer_line(entry: ModelEntry, req: codec.InferRequest, reply: Reply) -> by
     return body
 
 
+def new_reply_key(job_id: str) -> str:
+    """Where one attempt at a job collects its replies: a new list per attempt, so the
+    late replies of an attempt that died are never taken for this one's."""
+    return f"{REPLY_PREFIX}batch.{job_id}.{uuid.uuid4().hex[:8]}"
+
+
 def run(
     client: redis.Redis,
     job_id: str,
@@ -184,8 +190,13 @@ def run(
     *,
     s3: Any = None,
     max_line_bytes: int = 64 * 1024 * 1024,
+    reply_key: str = "",
 ) -> dict[str, Any]:
-    """Run one batch job to the end; its summary is the Celery task's result."""
+    """Run one batch job to the end; its summary is the Celery task's result.
+
+    Its lines' replies come to ``reply_key`` (``new_reply_key``), which the caller keeps
+    alive while the job runs (workers give reply lists a short TTL).
+    """
     record = jobs.JobRecord.load(client, job_id)
     if record is None:
         raise Unavailable(f"batch job {job_id} has no record (expired?)")
@@ -197,7 +208,7 @@ def run(
     target = parse_uri(record.detail["output"], "output")
     s3 = s3 or s3_client()
     _check_writable(s3, target)  # before the work, not after it
-    reply_key = f"{REPLY_PREFIX}batch.{job_id}.{uuid.uuid4().hex[:8]}"  # one per attempt
+    reply_key = reply_key or new_reply_key(job_id)
     publisher = broker.Publisher(client)
     jobs.report_progress(client, job_id, lines=0, failed=0)
     last_report = time.monotonic()

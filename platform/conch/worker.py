@@ -22,7 +22,7 @@ from celery.exceptions import Ignore
 
 from . import bls, broker, control, ensemble, jobs, offline, registry
 from .backends import Backend, backend_class
-from .batcher import Batcher, BatchPolicy, InFlight, Sequencer
+from .batcher import REPLY_TTL_S, Batcher, BatchPolicy, InFlight, Sequencer
 from .errors import ConchError, ModelLoadError
 from .repository import ModelRepository
 from .settings import Settings
@@ -399,17 +399,24 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
         client = redis.Redis.from_url(settings.redis_url)
         # Keep kombu from restoring the task's message while it runs (its delivery tag
         # is the job id), however long the job or one of its uploads takes.
+        # And its reply list from expiring while the job is busy elsewhere (a slow read).
         done = threading.Event()
+        reply_key = offline.new_reply_key(job_id)
 
         def keepalive() -> None:
             while not done.wait(min(1.0, settings.visibility_timeout_s / 3)):
                 with contextlib.suppress(redis.RedisError):
                     broker.touch(client, [job_id])
+                    client.expire(reply_key, REPLY_TTL_S)
 
         threading.Thread(target=keepalive, name=f"job-{job_id[:8]}", daemon=True).start()
         try:
             return offline.run(
-                client, job_id, repository.read_model, max_line_bytes=settings.max_input_bytes
+                client,
+                job_id,
+                repository.read_model,
+                max_line_bytes=settings.max_input_bytes,
+                reply_key=reply_key,
             )
         except jobs.JobCancelled:
             jobs.revoke(client, job_id, settings.job_ttl_s)
