@@ -14,7 +14,7 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch import registry
+from conch import broker, registry
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 
@@ -223,7 +223,7 @@ def test_full_queue_is_refused_with_503(stack: str) -> None:
     assert served  # the ones that fit are served
 
 
-def _completion_order(url: str, model: str) -> list[float]:
+def _completion_order(url: str, db: str, model: str) -> list[float]:
     """A long request, then short ones, over two instances: the order replies come back."""
     done: list[float] = []
     lock = threading.Lock()
@@ -243,7 +243,10 @@ def _completion_order(url: str, model: str) -> list[float]:
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, 150.0)]  # about half a second on one instance
-        time.sleep(0.05)
+        # The short ones go once the long one is taken (in flight), not after a guess
+        # at how long that takes on a loaded machine.
+        inflight = redis.Redis.from_url(db)
+        wait_until(lambda: inflight.zcard(broker.UNACKED_INDEX) > 0, 10, "the long request")
         for _ in range(6):
             futures.append(pool.submit(one, 1.0))  # a few milliseconds each, on the other
             time.sleep(0.01)
@@ -252,8 +255,10 @@ def _completion_order(url: str, model: str) -> list[float]:
     return done
 
 
-def test_preserve_ordering_holds_replies_back_until_earlier_ones_are_out(stack: str) -> None:
+def test_preserve_ordering_holds_replies_back_until_earlier_ones_are_out(
+    stack: str, db: str
+) -> None:
     # Without preserve_ordering the short requests overtake the long one...
-    assert _completion_order(stack, "loop_unordered")[0] == 1.0
+    assert _completion_order(stack, db, "loop_unordered")[0] == 1.0
     # ...with it, every reply leaves in the order the requests were taken.
-    assert _completion_order(stack, "loop_ordered")[0] == 150.0
+    assert _completion_order(stack, db, "loop_ordered")[0] == 150.0
