@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     import boto3
     import tritonclient.http as httpclient
 
-    from conch import redis_server
-    from conch.client import JobClient
+    from conch.devtools import redis_server
+    from conch.job_client import JobClient
 
     run_dir = run.CACHE / "runs" / ("coexist-" + time.strftime("%Y%m%d-%H%M%S"))
     run_dir.mkdir(parents=True, exist_ok=True)

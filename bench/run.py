@@ -243,9 +243,9 @@ def _conch(*args: str) -> list[str]:
 
 def _worker_counts(client: Any, model: str) -> tuple[tuple[int, int, int], float]:
     """((executions, rows, requests), oldest report time) summed over the live workers."""
-    from conch import registry
+    from conch.wire import worker_reports
 
-    reports = registry.snapshot(client)
+    reports = worker_reports.snapshot(client)
     executions = rows = requests = 0
     oldest = min((r.get("at", 0.0) for r in reports), default=0.0)
     for r in reports:
@@ -287,7 +287,7 @@ def bench_conch(
     import redis
     import tritonclient.http as httpclient
 
-    from conch import redis_server
+    from conch.devtools import redis_server
 
     say("conch: starting a private redis-server")
     private = redis_server.start_private()
@@ -355,7 +355,7 @@ def bench_conch(
 
 
 def _triton_config(model_dir: Path) -> dict[str, Any]:
-    from conch.config import config_to_json, parse_config
+    from conch.core.model_config import config_to_json, parse_config
 
     text = (model_dir / "config.pbtxt").read_text()
     return config_to_json(parse_config(text, model=model_dir.name, source="config.pbtxt"))
@@ -379,7 +379,7 @@ def write_mlserver_repo(
     variant: str, repo: Path, model_names: list[str], dest: Path, http_port: int
 ) -> Path:
     """An MLServer model repository for one variant, serving ``model_names`` from ``repo``."""
-    from conch.redis_server import free_port
+    from conch.devtools.redis_server import free_port
 
     dest.mkdir(parents=True, exist_ok=True)
     settings = {
@@ -436,7 +436,7 @@ def _http_ok(url: str) -> bool:
 def bench_mlserver(
     args: argparse.Namespace, repo: Path, pa: PaOptions, run_dir: Path, results: Results
 ) -> None:
-    from conch.redis_server import free_port
+    from conch.devtools.redis_server import free_port
 
     if not MLSERVER_BIN.exists():
         raise RuntimeError(

@@ -12,7 +12,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-# The repository's own pattern (conch.repository.MODEL_NAME), repeated here so that
+# The repository's own pattern (conch.core.repository.MODEL_NAME), repeated here so that
 # importing repo_sync stays cheap; tests check the two agree.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 # Version folders as ModelRepository reads them: decimal, no leading zero, int64.

@@ -111,9 +111,9 @@ def required_files(model: str, config_text: bytes | None) -> tuple[str, ...]:
     of its platform/backend, or, with neither, any backend's default file name (the
     config is auto-completed from whichever model file is there)."""
     from conch.backends import BACKENDS, backend_name_for
-    from conch.config import parse_config
-    from conch.ensemble import ENSEMBLE
-    from conch.errors import ModelLoadError
+    from conch.core.ensemble_graph import ENSEMBLE
+    from conch.core.errors import ModelLoadError
+    from conch.core.model_config import parse_config
 
     any_default = tuple(e.default_filename for e in BACKENDS.values())
     if config_text is None:

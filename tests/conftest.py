@@ -14,7 +14,7 @@ import boto3
 import pytest
 import redis
 
-from conch.redis_server import free_port, start_private
+from conch.devtools.redis_server import free_port, start_private
 
 
 @pytest.fixture(scope="session")

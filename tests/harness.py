@@ -14,7 +14,7 @@ from pathlib import Path
 import redis
 import tritonclient.http as httpclient
 
-from conch.redis_server import free_port
+from conch.devtools.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

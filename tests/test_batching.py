@@ -14,7 +14,7 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch import broker, registry
+from conch.wire import broker, worker_reports
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 
@@ -54,7 +54,7 @@ def stack(model_repo: Path, db: str, log_dir: Path) -> Iterator[str]:
 
 def counters(db: str, model: str) -> dict[str, int]:
     total = {"executions": 0, "requests": 0, "rows": 0}
-    for report in registry.snapshot(redis.Redis.from_url(db)):
+    for report in worker_reports.snapshot(redis.Redis.from_url(db)):
         for k, v in report.get("stats", {}).get(model, {}).items():
             total[k] = total.get(k, 0) + v
     return total

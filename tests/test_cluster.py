@@ -16,9 +16,9 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch import registry
-from conch.broker import queue_depth
-from conch.redis_server import free_port
+from conch.devtools.redis_server import free_port
+from conch.wire import worker_reports
+from conch.wire.broker import queue_depth
 
 from harness import (
     ROOT,
@@ -52,7 +52,7 @@ def add_inputs(a: np.ndarray, b: np.ndarray) -> list[httpclient.InferInput]:
 
 def worker_stats(url: str, model: str) -> dict[str, int]:
     """Requests each live worker ran for ``model``, by worker id."""
-    reports = registry.snapshot(redis.Redis.from_url(url))
+    reports = worker_reports.snapshot(redis.Redis.from_url(url))
     return {r["id"]: r.get("stats", {}).get(model, {}).get("requests", 0) for r in reports}
 
 
@@ -62,7 +62,11 @@ def test_two_workers_share_one_queue(model_repo: Path, db: str, log_dir: Path) -
     gw, url = start_gateway(model_repo, db, log_dir, workers=2, threads=32)
     try:
         wait_until(
-            lambda: len(registry.snapshot(redis.Redis.from_url(db))) == 2, 60, "two workers", w1, w2
+            lambda: len(worker_reports.snapshot(redis.Redis.from_url(db))) == 2,
+            60,
+            "two workers",
+            w1,
+            w2,
         )
         wait_model_ready(url, "add", 60, w1, w2, gw)
         rng = np.random.default_rng(7)
@@ -208,7 +212,7 @@ def test_conch_serve_runs_the_whole_stack(model_repo: Path, db: str, log_dir: Pa
     finally:
         assert serve.stop() == 0, serve.log()[-3000:]
     # Its children are gone with it.
-    assert not registry.snapshot(redis.Redis.from_url(db))
+    assert not worker_reports.snapshot(redis.Redis.from_url(db))
 
 
 def test_conch_serve_starts_a_private_redis(

@@ -8,10 +8,10 @@ import time
 import pytest
 import redis
 
-from conch import broker
-from conch.dispatch import Dispatcher
-from conch.errors import Unavailable
-from conch.wire import InferMessage, Reply
+from conch.core.errors import Unavailable
+from conch.frontend.producer import Dispatcher
+from conch.wire import broker
+from conch.wire.messages import InferMessage, Reply
 
 
 def message(deadline_s: float = 5.0) -> InferMessage:

@@ -17,7 +17,7 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch import registry
+from conch.wire import worker_reports
 
 from harness import ROOT, start_gateway, start_worker, wait_model_ready, wait_until
 from models import add_model
@@ -245,7 +245,7 @@ def test_independent_steps_run_in_parallel(url: str) -> None:
 
 def counters(db: str, model: str) -> dict[str, int]:
     total = {"executions": 0, "requests": 0}
-    for report in registry.snapshot(redis.Redis.from_url(db)):
+    for report in worker_reports.snapshot(redis.Redis.from_url(db)):
         for k in total:
             total[k] += report.get("stats", {}).get(model, {}).get(k, 0)
     return total

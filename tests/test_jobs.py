@@ -19,8 +19,8 @@ import tritonclient.http as httpclient
 from celery import Celery
 from tritonclient.utils import InferenceServerException
 
-from conch import broker
-from conch.client import JobClient, JobPending
+from conch.job_client import JobClient, JobPending
+from conch.wire import broker
 
 from harness import fresh_db, serving, start_gateway, wait_until
 

@@ -20,7 +20,7 @@ import requests
 import tritonclient.http as httpclient
 from test_jobs import result, submit, wait_done
 
-from conch import broker
+from conch.wire import broker
 
 from harness import fresh_db, reference_mlp, serving, start_worker, wait_until
 

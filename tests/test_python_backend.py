@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conch.backends import BackendRequest, backend_class
-from conch.repository import ModelRepository
+from conch.core.repository import ModelRepository
 
 from harness import ROOT, start_gateway, start_worker, wait_model_ready, wait_until
 

@@ -13,7 +13,7 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch import broker, registry
+from conch.wire import broker, worker_reports
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 
@@ -164,7 +164,7 @@ def test_redelivered_request_past_its_deadline_is_dropped(
             wait_until(lambda: "deadline passed" in second.log(), 30, "the drop", second)
             assert in_flight(db) == 0 and broker.queue_depth(redis.Redis.from_url(db), "slow") == 0
             time.sleep(2)  # a heartbeat: an execution would show in the counters
-            reports = registry.snapshot(redis.Redis.from_url(db))
+            reports = worker_reports.snapshot(redis.Redis.from_url(db))
             assert all(
                 r.get("stats", {}).get("slow", {}).get("executions", 0) == 0 for r in reports
             )

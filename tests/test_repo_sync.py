@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from conch.redis_server import free_port, start_private
-from conch.repository import ModelRepository
+from conch.core.repository import ModelRepository
+from conch.devtools.redis_server import free_port, start_private
 from repo_sync import fsops
 from repo_sync.events import CHANNEL, GENERATION_KEY, Publisher, decode_event
 from repo_sync.sources import LocalSource, S3Source

@@ -324,7 +324,7 @@ def test_repository_index(client) -> None:
 
 # -- errors: a clear 4xx in Triton's form, and nothing reaches a worker ------------------
 def _queue_depth(redis_url: str, model: str) -> int:
-    from conch.broker import queue_depth
+    from conch.wire.broker import queue_depth
 
     return queue_depth(redis.Redis.from_url(redis_url), model)
 

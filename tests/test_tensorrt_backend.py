@@ -26,9 +26,9 @@ from tritonclient.utils import InferenceServerException
 from conch.backends import BACKENDS, BackendRequest, InstanceSpec, backend_class
 from conch.backends import tensorrt as trt_backend
 from conch.backends.tensorrt import EngineTensor, TensorRTBackend, check_and_fill, trt_available
-from conch.config import new_config, parse_config
-from conch.errors import InvalidArgument, ModelLoadError
-from conch.repository import ModelRepository
+from conch.core.errors import InvalidArgument, ModelLoadError
+from conch.core.model_config import new_config, parse_config
+from conch.core.repository import ModelRepository
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 

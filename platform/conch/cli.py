@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
-from .settings import Settings
+from conch import __version__
+from conch.settings import Settings
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -179,22 +179,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model_repository.is_dir():
         raise SystemExit(f"conch: --model-repository {args.model_repository} is not a folder")
     if args.command == "worker":
-        from . import redis_server, worker
+        from conch.devtools import redis_server
+        from conch.worker import app as worker_app
 
         settings = settings_from(args)
         settings.redis_url, _ = redis_server.resolve(settings.redis_url or None)
-        worker.run(settings, loglevel="DEBUG" if args.log_verbose else "INFO")
+        worker_app.run(settings, loglevel="DEBUG" if args.log_verbose else "INFO")
         return 0
     if args.command == "gateway":
-        from .settings import gateway_uses_gevent
+        from conch.settings import gateway_uses_gevent
 
         if gateway_uses_gevent():
             # Patch before redis (and ssl through it) is imported, as gevent asks.
             from gevent import monkey
 
             monkey.patch_all()
-        from . import redis_server
-        from .gateway.server import run
+        from conch.devtools import redis_server
+        from conch.frontend.http.server import run
 
         settings = settings_from(args)
         settings.redis_url, _ = redis_server.resolve(settings.redis_url or None)
@@ -213,7 +214,7 @@ def batch(args: argparse.Namespace) -> int:
     from tqdm import tqdm
     from tritonclient.utils import InferenceServerException
 
-    from .client import JobClient
+    from conch.job_client import JobClient
 
     jobs = JobClient(args.url)
     try:
@@ -261,7 +262,7 @@ def batch(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     """The whole stack in one command: Redis if needed, one worker, the gateway."""
-    from . import redis_server
+    from conch.devtools import redis_server
 
     settings = settings_from(args)
     url, private = redis_server.resolve(settings.redis_url or None)

@@ -54,7 +54,7 @@ class Settings:
     metrics_port: int = 8002
 
 
-GEVENT_WORKER = "conch.gateway.gevent_worker.GatewayWorker"
+GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
 
 
 def gateway_worker_class() -> str:

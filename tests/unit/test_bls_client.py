@@ -17,13 +17,15 @@ import msgpack
 import numpy as np
 import pytest
 
-from conch import bls, broker, tensors
 from conch.backends import BackendRequest, backend_class
-from conch.backends import python_utils as pb
-from conch.errors import InvalidArgument, NotFound, Unavailable
-from conch.repository import ModelRepository
+from conch.backends.python import pb_utils as pb
+from conch.core import tensors
+from conch.core.errors import InvalidArgument, NotFound, Unavailable
+from conch.core.repository import ModelRepository
+from conch.frontend import bls
 from conch.settings import Settings
-from conch.wire import BadMessage, InferMessage, Reply
+from conch.wire import broker
+from conch.wire.messages import BadMessage, InferMessage, Reply
 
 # -- the call chain -----------------------------------------------------------------------
 
@@ -120,7 +122,7 @@ def test_a_bad_chain_is_a_bad_message(chain: Any) -> None:
 
 
 def test_reply_errors_keep_codes_without_a_class() -> None:
-    from conch.backends.python import error_from_triton
+    from conch.backends.python.backend import error_from_triton
 
     err = error_from_triton(pb.TritonError("nope", pb.TritonError.CANCELLED))
     back = Reply.unpack(Reply("r", error=err).pack()).error

@@ -12,7 +12,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
-from conch.codec import (
+from conch.core.errors import Internal, InvalidArgument
+from conch.core.tensors import from_numpy, to_numpy
+from conch.frontend.v2_codec import (
     HEADER_LENGTH,
     InferRequest,
     InputTensor,
@@ -23,8 +25,6 @@ from conch.codec import (
     encode_response,
     error_body,
 )
-from conch.errors import Internal, InvalidArgument
-from conch.tensors import from_numpy, to_numpy
 
 MAX = 64 * 1024 * 1024
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from conch import config as config_mod
-from conch.config import config_to_json, json_to_config, model_config_pb2, parse_config
-from conch.errors import ModelLoadError
+from conch.core import model_config as config_mod
+from conch.core.errors import ModelLoadError
+from conch.core.model_config import config_to_json, json_to_config, model_config_pb2, parse_config
 
 FULL = """
 name: "full"

@@ -126,7 +126,7 @@ def test_autocomplete_interface(fresh):
 
 
 def test_mlp_config_is_a_valid_triton_config(fresh):
-    config = pytest.importorskip("conch.config")
+    config = pytest.importorskip("conch.core.model_config")
     text = (fresh / "mlp" / "config.pbtxt").read_text()
     cfg = config.parse_config(text, model="mlp", source="config.pbtxt")
     assert cfg.name == "mlp"
@@ -273,8 +273,8 @@ def test_tiny_cnn_matches_the_numpy_reference(fresh, batch):
 
 
 def test_tiny_cnn_config_is_complete_for_the_pytorch_backend(fresh):
-    config = pytest.importorskip("conch.config")
-    from conch.repository import ModelRepository
+    config = pytest.importorskip("conch.core.model_config")
+    from conch.core.repository import ModelRepository
 
     text = (fresh / "tiny_cnn" / "config.pbtxt").read_text()
     cfg = config.parse_config(text, model="tiny_cnn", source="config.pbtxt")

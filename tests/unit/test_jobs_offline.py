@@ -6,9 +6,10 @@ import msgpack
 import pytest
 import redis
 
-from conch import jobs, offline
-from conch.errors import InvalidArgument, Unavailable
-from conch.wire import Reply
+from conch.core.errors import InvalidArgument, Unavailable
+from conch.frontend import batch_job
+from conch.wire import job_store
+from conch.wire.messages import Reply
 
 
 @pytest.mark.parametrize(
@@ -16,7 +17,7 @@ from conch.wire import Reply
     ["s3://data/in.jsonl", "s3://my.bucket-1/a/b/c.jsonl", "s3://abc/ü/x y.jsonl"],
 )
 def test_object_uris_that_are_taken(uri: str) -> None:
-    ref = offline.parse_uri(uri, "input")
+    ref = batch_job.parse_uri(uri, "input")
     assert str(ref) == uri
 
 
@@ -42,30 +43,30 @@ def test_object_uris_that_are_taken(uri: str) -> None:
 )
 def test_object_uris_that_are_refused(uri: object) -> None:
     with pytest.raises(InvalidArgument):
-        offline.parse_uri(uri, "input")
+        batch_job.parse_uri(uri, "input")
 
 
 def test_job_ids_name_nothing_but_jobs() -> None:
-    assert jobs.check_id("0123456789abcdef0123456789abcdef")
+    assert job_store.check_id("0123456789abcdef0123456789abcdef")
     for bad in ("", "0123", "../../x", "0123456789ABCDEF0123456789ABCDEF", "g" * 32):
         with pytest.raises(InvalidArgument):
-            jobs.check_id(bad)
+            job_store.check_id(bad)
 
 
 def test_a_result_round_trips_and_a_failure_keeps_its_status(rclient: redis.Redis) -> None:
     ok = Reply("a" * 32, outputs=[("OUT", "FP32", (1, 2), b"\0" * 8)], version=3)
     bad = Reply("b" * 32, error=Unavailable("queue full"))
     pipe = rclient.pipeline()
-    jobs.store(pipe, ok.id, "m", ok, 60)
-    jobs.store(pipe, bad.id, "m", bad, 60)
+    job_store.store(pipe, ok.id, "m", ok, 60)
+    job_store.store(pipe, bad.id, "m", bad, 60)
     pipe.execute()
-    got = jobs.read(rclient, ok.id)
-    assert got.status == jobs.SUCCESS and got.reply is not None
+    got = job_store.read(rclient, ok.id)
+    assert got.status == job_store.SUCCESS and got.reply is not None
     assert got.reply.outputs == ok.outputs and got.reply.version == 3
-    failed = jobs.read(rclient, bad.id)
-    assert failed.status == jobs.FAILURE and failed.reply is not None
+    failed = job_store.read(rclient, bad.id)
+    assert failed.status == job_store.FAILURE and failed.reply is not None
     assert failed.reply.error is not None and failed.reply.error.status == 503
-    assert jobs.read(rclient, "c" * 32).status == jobs.PENDING
+    assert job_store.read(rclient, "c" * 32).status == job_store.PENDING
 
 
 @pytest.mark.parametrize(
@@ -85,15 +86,15 @@ def test_a_result_round_trips_and_a_failure_keeps_its_status(rclient: redis.Redi
     ],
 )
 def test_an_unreadable_result_is_a_failure_not_a_crash(rclient: redis.Redis, meta: bytes) -> None:
-    rclient.set(jobs.result_key("d" * 32), meta)
-    got = jobs.read(rclient, "d" * 32)
-    assert got.status == jobs.FAILURE and got.reply is not None
+    rclient.set(job_store.result_key("d" * 32), meta)
+    got = job_store.read(rclient, "d" * 32)
+    assert got.status == job_store.FAILURE and got.reply is not None
     assert got.reply.error is not None and "unreadable job result" in got.reply.error.message
 
 
 def _split(data: bytes, chunk: int, limit: int) -> list[bytes | None]:
     chunks = [data[i : i + chunk] for i in range(0, len(data), chunk)]
-    return list(offline.split_lines(chunks, limit))
+    return list(batch_job.split_lines(chunks, limit))
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
@@ -120,14 +121,14 @@ def test_a_failure_stored_by_celery_keeps_the_error_class_status(rclient: redis.
         "result": {
             "exc_type": "InvalidArgument",
             "exc_message": ["bad"],
-            "exc_module": "conch.errors",
+            "exc_module": "conch.core.errors",
         },
     }
-    rclient.set(jobs.result_key("e" * 32), msgpack.packb(meta))
-    got = jobs.read(rclient, "e" * 32)
+    rclient.set(job_store.result_key("e" * 32), msgpack.packb(meta))
+    got = job_store.read(rclient, "e" * 32)
     assert got.reply is not None and got.reply.error is not None
     assert got.reply.error.status == 400 and got.reply.error.message == "bad"
     meta["result"] = {"exc_type": "OSError", "exc_message": ["disk"], "exc_module": "builtins"}
-    rclient.set(jobs.result_key("e" * 32), msgpack.packb(meta))
-    error = jobs.read(rclient, "e" * 32).reply.error
+    rclient.set(job_store.result_key("e" * 32), msgpack.packb(meta))
+    error = job_store.read(rclient, "e" * 32).reply.error
     assert error is not None and error.status == 500

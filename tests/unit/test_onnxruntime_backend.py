@@ -18,9 +18,9 @@ from _onnx_models import (
 
 from conch.backends import BACKENDS, BackendRequest, InstanceSpec, backend_class
 from conch.backends.onnxruntime import OnnxRuntimeBackend, gpu_available
-from conch.config import new_config, parse_config
-from conch.errors import ConchError, InvalidArgument, ModelLoadError
-from conch.repository import ModelRepository
+from conch.core.errors import ConchError, InvalidArgument, ModelLoadError
+from conch.core.model_config import new_config, parse_config
+from conch.core.repository import ModelRepository
 
 
 def loaded(tmp_path, builder=mlp, config=None, name="m", kind="CPU", **kw):
@@ -64,7 +64,7 @@ def test_auto_complete_types(tmp_path):
     cfg.name = "m"
     OnnxRuntimeBackend.auto_complete(cfg, half_bool(tmp_path / "m.onnx"), default_max_batch_size=4)
     pb2_types = {i.name: i.data_type for i in [*cfg.input, *cfg.output]}
-    from conch.config import model_config_pb2
+    from conch.core.model_config import model_config_pb2
 
     names = {k: model_config_pb2().DataType.Name(v) for k, v in pb2_types.items()}
     assert names == {

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from conch.backends import python_utils as pb
-from conch.backends.python import UTILS_MODULE, error_from_triton, install_utils
+from conch.backends.python import pb_utils as pb
+from conch.backends.python.backend import UTILS_MODULE, error_from_triton, install_utils
 
 # -- datatypes ----------------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ from conch.backends.pytorch import (  # noqa: E402
     named_index,
     plan_io,
 )
-from conch.errors import ConchError, Internal, ModelLoadError  # noqa: E402
-from conch.repository import ModelRepository  # noqa: E402
+from conch.core.errors import ConchError, Internal, ModelLoadError  # noqa: E402
+from conch.core.repository import ModelRepository  # noqa: E402
 
 # ------------------------------------------------------------------ TorchScript models
 

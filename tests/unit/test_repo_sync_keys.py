@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conch.repository import MODEL_NAME as REPOSITORY_MODEL_NAME
+from conch.core.repository import MODEL_NAME as REPOSITORY_MODEL_NAME
 from repo_sync import keys
 from repo_sync.keys import RefusedKey, classify
 

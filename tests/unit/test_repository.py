@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from _onnx_models import fixed, mlp, scalar, strings, write_model
 
-from conch.errors import InvalidArgument, NotFound, Unavailable
-from conch.repository import ModelRepository
+from conch.core.errors import InvalidArgument, NotFound, Unavailable
+from conch.core.repository import ModelRepository
 
 
 def scan(root: Path, **kw):
@@ -289,7 +289,7 @@ def test_repository_root_ignores_files_hidden_and_unsafe_names(tmp_path, caplog)
     write_model(tmp_path, "bad name")
     write_model(tmp_path, "semi;colon")
     (tmp_path / "README.md").write_text("hi")
-    with caplog.at_level(logging.WARNING, logger="conch.repository"):
+    with caplog.at_level(logging.WARNING, logger="conch.core.repository"):
         entries = scan(tmp_path)
     assert list(entries) == ["ok.model-1_a"]
     assert "bad name" in caplog.text and "semi;colon" in caplog.text
@@ -346,7 +346,7 @@ def test_scan_is_re_readable(tmp_path):
 
 
 def test_missing_root(tmp_path):
-    from conch.errors import ModelLoadError
+    from conch.core.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="not a directory"):
         ModelRepository(tmp_path / "nope").scan()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conch.batcher import BatchPolicy, Sequencer
-from conch.config import parse_config
-from conch.scheduling import admit
+from conch.core.model_config import parse_config
+from conch.frontend.admission import admit
+from conch.worker.batcher import BatchPolicy, Sequencer
 
 
 def cfg(text: str):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conch.statistics import DURATIONS, model_stats
+from conch.wire.statistics import DURATIONS, model_stats
 
 
 def test_a_version_with_nothing_recorded_has_every_key_at_zero() -> None:

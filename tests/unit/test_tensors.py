@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from conch.errors import InvalidArgument
-from conch.tensors import (
+from conch.core.errors import InvalidArgument
+from conch.core.tensors import (
     element_count,
     from_numpy,
     json_to_raw,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from google.protobuf import text_format
 
-from conch.codec import InferRequest, InputTensor, RequestedOutput
-from conch.errors import InvalidArgument
-from conch.validation import validate_request
+from conch.core.errors import InvalidArgument
+from conch.core.inference import InferRequest, InputTensor, RequestedOutput
+from conch.core.validation import validate_request
 
 
 def _load_pb2() -> ModuleType:

@@ -5,8 +5,15 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from ..errors import ModelLoadError
-from .base import Backend, BackendRequest, BackendResult, InstanceSpec, ModelSpec, TensorBackend
+from conch.backends.base import (
+    Backend,
+    BackendRequest,
+    BackendResult,
+    InstanceSpec,
+    ModelSpec,
+    TensorBackend,
+)
+from conch.core.errors import ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -27,7 +34,7 @@ BACKENDS: dict[str, BackendEntry] = {
     "tensorrt": BackendEntry(
         "conch.backends.tensorrt:TensorRTBackend", ("tensorrt_plan",), "model.plan"
     ),
-    "python": BackendEntry("conch.backends.python:PythonBackend", (), "model.py"),
+    "python": BackendEntry("conch.backends.python.backend:PythonBackend", (), "model.py"),
 }
 
 

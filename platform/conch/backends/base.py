@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ConchError, Internal, InvalidArgument
+from conch.core.errors import ConchError, Internal, InvalidArgument
 
 
 def to_model_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np.ndarray:
@@ -83,7 +83,7 @@ class BackendRequest:
     parameters: dict[str, Any] = field(default_factory=dict)  # custom request parameters
     timeout_us: int = 0  # the request's "timeout" parameter (microseconds), 0 if none
     deadline: float = 0.0  # epoch seconds the caller waits until; 0 = none (BLS inherits it)
-    chain: tuple[str, ...] = ()  # models waiting on this request, for BLS (conch.bls)
+    chain: tuple[str, ...] = ()  # models waiting on this request, for BLS (conch.frontend.bls)
     priority: int = 0  # the queue priority step it came from (BLS calls inherit it)
 
 

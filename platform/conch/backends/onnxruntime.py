@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import model_config_pb2
-from ..errors import InvalidArgument, ModelLoadError
-from .base import InstanceSpec, ModelSpec, TensorBackend
+from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
+from conch.core.errors import InvalidArgument, ModelLoadError
+from conch.core.model_config import model_config_pb2
 
 log = logging.getLogger(__name__)
 

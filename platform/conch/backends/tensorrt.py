@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ..config import model_config_pb2
-from ..errors import Internal, InvalidArgument, ModelLoadError
-from .base import InstanceSpec, ModelSpec, TensorBackend
-from .pytorch import (
+from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
+from conch.backends.pytorch import (
     CONFIG_TO_TORCH,
     numpy_to_torch,
     torch_to_numpy,
 )
+from conch.core.errors import Internal, InvalidArgument, ModelLoadError
+from conch.core.model_config import model_config_pb2
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,859 @@
+"""``triton_python_backend_utils`` for conch: what a Triton Python model imports as ``pb_utils``.
+
+The python backend registers this module in ``sys.modules`` under Triton's name before it
+imports a ``model.py``, so ``import triton_python_backend_utils as pb_utils`` works in
+model files written for Triton. It is written from the API as Triton documents it:
+tensors, requests and responses, errors, the config helpers, ``ModelConfig`` for
+``auto_complete_config`` and ``Logger``.
+
+Differences from Triton, all of them because conch runs the model inside its worker
+process rather than in a stub process with shared memory:
+
+- Tensors always live in CPU memory (``is_cpu()`` is True). ``Tensor.from_dlpack`` copies
+  a GPU tensor to the CPU (through its ``cpu()`` method) or refuses it.
+- BF16 tensors reach the model as ``uint16`` arrays holding the bit patterns, the way
+  conch carries BF16 everywhere; ``triton_to_numpy_type`` has no numpy type for BF16.
+- Business logic scripting (``InferenceRequest(model_name=...).exec()`` and
+  ``async_exec``) goes through the named model's queue; the worker installs the client
+  that does it (``conch.frontend.bls``). It answers every failure with an error response, as
+  Triton does; a call to a model already waiting on the caller (itself, or A -> B -> A)
+  is refused at once instead of deadlocking. ``exec(decoupled=True)`` and decoupled
+  responses are not available yet: the first answers an error response, the second
+  raises ``TritonModelException``. ``is_model_ready`` reads the workers' registry;
+  ``load_model`` and ``unload_model`` do what the model control API does (explicit mode
+  only, as in Triton) and raise ``TritonModelException`` when it fails.
+- Response ``parameters`` are accepted and kept on the object; the HTTP reply does not
+  carry them.
+
+The module imports nothing from conch, so it can be read and tested on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import ctypes
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_CPU_PINNED",
+    "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "InferenceRequest",
+    "InferenceResponse",
+    "LogLevel",
+    "Logger",
+    "ModelConfig",
+    "PreferredMemory",
+    "Tensor",
+    "TritonError",
+    "TritonModelException",
+    "deserialize_bytes_tensor",
+    "get_input_config_by_name",
+    "get_input_tensor_by_name",
+    "get_output_config_by_name",
+    "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
+    "unload_model",
+    "using_decoupled_model_transaction_policy",
+]
+
+# -- flags and memory kinds ---------------------------------------------------------------
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+_NO_WORKER = (
+    "business logic scripting (calling another model from a Python model) needs a conch "
+    "worker, and this process is not one"
+)
+
+# The worker's BLS client (``conch.frontend.bls.BlsClient``), installed by the worker process: it
+# has ``infer(request, decoupled) -> InferenceResponse`` and ``is_ready(name, version)``.
+_bls_client: Any = None
+_bls_pool: ThreadPoolExecutor | None = None
+_bls_pool_lock = threading.Lock()
+BLS_THREADS = 64  # async_exec calls in flight at once, per worker process
+
+
+def _install_bls_client(client: Any) -> None:
+    """Set (or, with None, remove) the client that ``exec`` and ``is_model_ready`` use."""
+    global _bls_client
+    _bls_client = client
+
+
+def _bls_threads() -> ThreadPoolExecutor:
+    """The threads ``async_exec`` waits in (a BLS call blocks until its reply)."""
+    global _bls_pool
+    if _bls_pool is None:
+        with _bls_pool_lock:
+            if _bls_pool is None:
+                _bls_pool = ThreadPoolExecutor(BLS_THREADS, thread_name_prefix="conch-bls")
+    return _bls_pool
+
+
+class PreferredMemory:
+    """Where a BLS caller would like output tensors (accepted; conch keeps them on the CPU)."""
+
+    def __init__(
+        self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0
+    ) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+# -- datatypes ----------------------------------------------------------------------------
+
+# Triton's data type enum (the config's TYPE_* values are the same numbers).
+_TYPES: tuple[tuple[str, int, Any], ...] = (
+    ("TYPE_BOOL", 1, np.bool_),
+    ("TYPE_UINT8", 2, np.uint8),
+    ("TYPE_UINT16", 3, np.uint16),
+    ("TYPE_UINT32", 4, np.uint32),
+    ("TYPE_UINT64", 5, np.uint64),
+    ("TYPE_INT8", 6, np.int8),
+    ("TYPE_INT16", 7, np.int16),
+    ("TYPE_INT32", 8, np.int32),
+    ("TYPE_INT64", 9, np.int64),
+    ("TYPE_FP16", 10, np.float16),
+    ("TYPE_FP32", 11, np.float32),
+    ("TYPE_FP64", 12, np.float64),
+    ("TYPE_STRING", 13, np.object_),
+    ("TYPE_BF16", 14, None),  # numpy has no bfloat16; conch carries it as uint16 bits
+)
+_NAME_TO_NUMPY = {name: np_type for name, _, np_type in _TYPES}
+_VALUE_TO_NUMPY = {value: np_type for _, value, np_type in _TYPES}
+_NAME_TO_VALUE = {name: value for name, value, _ in _TYPES}
+_NUMPY_TO_VALUE = {
+    np.dtype(np_type): value for _, value, np_type in _TYPES if np_type not in (None, np.object_)
+}
+_BYTES_VALUE = 13
+
+
+def _type_name(data_type: str) -> str:
+    """``TYPE_FP32``, ``FP32`` or ``BYTES`` as the config's enum name."""
+    if not isinstance(data_type, str):
+        raise TypeError(f"a data type name is a string such as 'TYPE_FP32', got {data_type!r}")
+    name = data_type.strip().upper()
+    if not name.startswith("TYPE_"):
+        name = "TYPE_" + name
+    if name == "TYPE_BYTES":
+        name = "TYPE_STRING"
+    if name not in _NAME_TO_VALUE:
+        raise ValueError(
+            f"unknown data type '{data_type}'; expected one of {sorted(_NAME_TO_VALUE)}"
+        )
+    return name
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """The numpy type for a config data type name: ``"TYPE_FP32"`` -> ``np.float32``.
+
+    ``TYPE_STRING`` (BYTES) is ``np.object_``; ``TYPE_BF16`` has no numpy type (None).
+    """
+    return _NAME_TO_NUMPY[_type_name(triton_type_string)]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """The numpy type for Triton's numeric data type (``11`` -> ``np.float32``), else None."""
+    return _VALUE_TO_NUMPY.get(int(data_type))
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """Triton's numeric data type for a numpy type or dtype; strings and objects are BYTES."""
+    try:
+        dtype = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dtype.kind in "OSU":
+        return _BYTES_VALUE
+    return _NUMPY_TO_VALUE.get(dtype.newbyteorder("=") if dtype.byteorder == ">" else dtype)
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
+    """BYTES elements as Triton's raw form: a uint32 little-endian length, then the bytes.
+
+    Returns a 0-d object array holding the serialized ``bytes`` (an empty object array
+    for an empty input), as tritonclient's function of the same name does.
+    """
+    arr = np.asarray(input_tensor)
+    if arr.size == 0:
+        return np.empty([0], dtype=np.object_)
+    if arr.dtype.kind not in "OSU":
+        raise TypeError(f"cannot serialize a {arr.dtype} tensor as BYTES")
+    parts = []
+    for item in arr.ravel(order="C"):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif isinstance(item, bytearray | memoryview | np.bytes_):
+            item = bytes(item)
+        elif not isinstance(item, bytes):
+            item = str(item).encode("utf-8")
+        parts.append(len(item).to_bytes(4, "little"))
+        parts.append(item)
+    return np.asarray(b"".join(parts), dtype=np.object_)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """Triton's raw BYTES form back to a 1-D object array of ``bytes``."""
+    data = bytes(
+        encoded_tensor.item() if isinstance(encoded_tensor, np.ndarray) else encoded_tensor
+    )
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        if offset + 4 > len(data):
+            raise ValueError("truncated BYTES tensor: a length prefix is cut short")
+        length = int.from_bytes(data[offset : offset + 4], "little")
+        offset += 4
+        if offset + length > len(data):
+            raise ValueError(f"truncated BYTES tensor: an element claims {length} bytes")
+        items.append(data[offset : offset + length])
+        offset += length
+    out = np.empty(len(items), dtype=np.object_)
+    out[:] = items
+    return out
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+class TritonModelException(Exception):
+    """The exception a model raises from ``initialize``, ``execute`` or ``finalize``."""
+
+
+class TritonError(Exception):
+    """An error for one response: ``InferenceResponse(error=TritonError("...", code))``."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    _NAMES = (
+        "UNKNOWN",
+        "INTERNAL",
+        "NOT_FOUND",
+        "INVALID_ARG",
+        "UNAVAILABLE",
+        "UNSUPPORTED",
+        "ALREADY_EXISTS",
+        "CANCELLED",
+    )
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        super().__init__(message)
+        code = int(code)
+        if not 0 <= code < len(self._NAMES):
+            raise ValueError(f"unknown TritonError code {code}")
+        self._message = str(message)
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def code_name(self) -> str:
+        """The code's name, e.g. ``"INVALID_ARG"`` (conch addition)."""
+        return self._NAMES[self._code]
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code=TritonError.{self.code_name()})"
+
+
+# -- tensors ------------------------------------------------------------------------------
+
+_CAPSULE_GET_POINTER = ctypes.pythonapi.PyCapsule_GetPointer
+_CAPSULE_GET_POINTER.restype = ctypes.c_void_p
+_CAPSULE_GET_POINTER.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_CAPSULE_GET_NAME = ctypes.pythonapi.PyCapsule_GetName
+_CAPSULE_GET_NAME.restype = ctypes.c_char_p
+_CAPSULE_GET_NAME.argtypes = [ctypes.py_object]
+_DL_CPU = 1  # kDLCPU
+_DL_CPU_PINNED = 3  # kDLCUDAHost: host memory, readable as CPU memory
+
+
+class _Capsule:
+    """Hands a raw DLPack capsule to ``np.from_dlpack``, which wants a ``__dlpack__`` object."""
+
+    def __init__(self, capsule: Any, device: tuple[int, int]) -> None:
+        self._capsule = capsule
+        self._device = device
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+def _capsule_device(capsule: Any) -> tuple[int, int]:
+    """The (device type, device id) written in a DLPack capsule, read with ctypes."""
+    name = _CAPSULE_GET_NAME(capsule)
+    if name == b"dltensor":
+        offset = 0  # DLManagedTensor starts with its DLTensor
+    elif name == b"dltensor_versioned":
+        offset = 32  # version (8), manager_ctx (8), deleter (8), flags (8), then DLTensor
+    else:
+        raise TritonModelException(
+            f"Tensor.from_dlpack needs a DLPack capsule ('dltensor'), got one named {name!r} "
+            "(it may have been consumed already)"
+        )
+    pointer = _CAPSULE_GET_POINTER(capsule, name)
+    # DLTensor: void* data, then DLDevice {int32 device_type, int32 device_id}.
+    device = (ctypes.c_int32 * 2).from_address(pointer + offset + ctypes.sizeof(ctypes.c_void_p))
+    return int(device[0]), int(device[1])
+
+
+class Tensor:
+    """A named tensor: ``Tensor(name, numpy_array)``. BYTES are object arrays of ``bytes``."""
+
+    def __init__(self, name: str, numpy_array: Any) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"a tensor name is a string, got {type(name).__name__}")
+        if not isinstance(numpy_array, np.ndarray):
+            numpy_array = np.asarray(numpy_array)
+        self._name = name
+        self._array = numpy_array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        """The tensor's array. Arrays that arrived read-only are copied once, so a model may
+        change them in place as it can under Triton."""
+        if not self._array.flags.writeable:
+            self._array = self._array.copy()
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int | None:
+        """Triton's numeric data type, e.g. 11 for FP32 and 13 for BYTES."""
+        return numpy_to_triton_type(self._array.dtype)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule sharing this tensor's memory (not for BYTES tensors)."""
+        if self._array.dtype.kind in "OSU":
+            raise TritonModelException(
+                f"tensor '{self._name}' holds BYTES, which DLPack cannot describe"
+            )
+        return np.ascontiguousarray(self._array).__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
+        """A tensor from a DLPack capsule or an object with ``__dlpack__`` (e.g. a torch
+        tensor). A GPU tensor is copied to the CPU through its ``cpu()`` method."""
+        source = dlpack_tensor
+        if hasattr(source, "__dlpack__"):
+            device = source.__dlpack_device__() if hasattr(source, "__dlpack_device__") else None
+            if device is not None and int(device[0]) not in (_DL_CPU, _DL_CPU_PINNED):
+                if not hasattr(source, "cpu"):
+                    raise TritonModelException(
+                        f"tensor '{name}': conch's python backend keeps tensors in CPU memory "
+                        "and cannot copy this device tensor there; move it to the CPU first"
+                    )
+                source = source.cpu()
+        elif type(source).__name__ == "PyCapsule":
+            device = _capsule_device(source)
+            if device[0] not in (_DL_CPU, _DL_CPU_PINNED):
+                raise TritonModelException(
+                    f"tensor '{name}': the DLPack capsule holds device memory (device type "
+                    f"{device[0]}); conch's python backend takes CPU tensors only, so move "
+                    "it to the CPU first"
+                )
+            source = _Capsule(source, device)
+        else:
+            raise TritonModelException(
+                f"Tensor.from_dlpack('{name}', ...) needs a DLPack capsule or an object with "
+                f"__dlpack__, got {type(dlpack_tensor).__name__}"
+            )
+        return Tensor(name, np.from_dlpack(source))
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+
+
+def get_input_tensor_by_name(inference_request: Any, name: str) -> Tensor | None:
+    """The request's input tensor called ``name``, or None."""
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: Any, name: str) -> Tensor | None:
+    """The response's output tensor called ``name``, or None."""
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+# -- requests and responses ---------------------------------------------------------------
+
+
+class InferenceResponse:
+    """One response: output tensors, or an error (then the tensors are ignored)."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list | tuple):
+            raise TypeError(
+                "InferenceResponse output_tensors must be a list of pb_utils.Tensor, got "
+                f"{type(output_tensors).__name__}"
+            )
+        if error is not None and not isinstance(error, TritonError):
+            error = TritonError(str(error))
+        self._output_tensors = list(output_tensors)
+        self._error = error
+        if parameters is None:
+            parameters = {}
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        """The response parameters as a JSON string."""
+        return self._parameters
+
+
+class InferenceRequest:
+    """A request: the ones ``execute`` receives, or (for BLS) one a model builds itself.
+
+    ``parameters()`` is a JSON string, as in Triton. ``exec()`` sends a request a model
+    built to ``model_name`` and waits for its response; ``await async_exec()`` does the
+    same without blocking the model's event loop.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "",
+        requested_output_names: Iterable[str] = (),
+        inputs: Iterable[Tensor] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
+        trace: Any = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        self._model_name = model_name
+        self._requested_output_names = list(requested_output_names)
+        self._inputs = list(inputs)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._preferred_memory = preferred_memory
+        self._trace = trace
+        if parameters is None:
+            parameters = {}
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        """The request's timeout in microseconds; 0 when it has none."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request parameters as a JSON string (``json.loads`` it)."""
+        return self._parameters
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def trace(self) -> Any:
+        return self._trace
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException(
+            "get_response_sender() is for decoupled models, which conch does not serve over "
+            "HTTP yet"
+        )
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not "
+                "supported by conch"
+            )
+        self._release_flags = flags
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on model ``model_name`` and return its response.
+
+        Failures (unknown model, bad inputs, the model's own error, timeouts, a call that
+        would wait on itself) come back as a response with ``has_error()`` True; nothing
+        is raised. The call inherits the deadline of the request being executed, which
+        ``timeout`` (microseconds) can only shorten.
+        """
+        client = _bls_client
+        if client is None:
+            return InferenceResponse(
+                error=TritonError(
+                    f"{_NO_WORKER}: InferenceRequest(model_name='{self._model_name}').exec() "
+                    "cannot run",
+                    TritonError.UNAVAILABLE,
+                )
+            )
+        try:
+            return client.infer(self, bool(decoupled))
+        except Exception as exc:  # the client answers failures itself; this is a last resort
+            _log.exception("BLS request to model '%s' failed", self._model_name)
+            return InferenceResponse(
+                error=TritonError(
+                    f"BLS request to model '{self._model_name}' failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    TritonError.INTERNAL,
+                )
+            )
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """``exec`` in a worker thread, so several calls from one ``execute`` overlap."""
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # the caller's deadline and call chain
+        return await loop.run_in_executor(_bls_threads(), context.run, self.exec, decoupled)
+
+    def __repr__(self) -> str:
+        names = [t.name() for t in self._inputs]
+        return f"InferenceRequest(id={self._request_id!r}, inputs={names})"
+
+
+def _model_control(what: str, model_name: str, call: Callable[[Any], None]) -> None:
+    client = _bls_client
+    if client is None:
+        raise TritonModelException(f"{_NO_WORKER}: {what}('{model_name}') cannot run")
+    try:
+        call(client)
+    except Exception as exc:
+        raise TritonModelException(str(getattr(exc, "message", exc))) from None
+
+
+def load_model(model_name: str, config: str = "", files: Any = None) -> None:
+    """Load (or reload) a model, with an optional config (JSON) and ``file:`` contents;
+    returns once a worker serves it. Explicit model control mode only."""
+    _model_control("load_model", model_name, lambda c: c.load(model_name, config, files))
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload a model; returns once no worker serves it. Explicit model control mode only."""
+    _model_control("unload_model", model_name, lambda c: c.unload(model_name, unload_dependents))
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether a live worker has ``model_name`` (``model_version``, "" = latest) ready."""
+    client = _bls_client
+    if client is None:
+        raise TritonModelException(f"{_NO_WORKER}: is_model_ready('{model_name}') cannot run")
+    return bool(client.is_ready(model_name, model_version))
+
+
+# -- the model configuration --------------------------------------------------------------
+
+
+def _config_entry(model_config: Any, kind: str, name: str) -> dict[str, Any] | None:
+    if isinstance(model_config, ModelConfig):
+        model_config = model_config.as_dict()
+    if isinstance(model_config, str):
+        model_config = json.loads(model_config)
+    for entry in model_config.get(kind) or ():
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The config's entry for input ``name`` (``model_config`` is the parsed JSON), or None."""
+    return _config_entry(model_config, "input", name)
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The config's entry for output ``name`` (``model_config`` is the parsed JSON), or None."""
+    return _config_entry(model_config, "output", name)
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    """Whether the config (parsed JSON) sets ``model_transaction_policy { decoupled: true }``."""
+    if isinstance(model_config, ModelConfig):
+        model_config = model_config.as_dict()
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
+_IO_FIELDS = {
+    "input": frozenset(
+        {
+            "name",
+            "data_type",
+            "format",
+            "dims",
+            "reshape",
+            "is_shape_tensor",
+            "allow_ragged_batch",
+            "optional",
+            "is_non_linear_format_io",
+        }
+    ),
+    "output": frozenset(
+        {
+            "name",
+            "data_type",
+            "dims",
+            "reshape",
+            "label_filename",
+            "is_shape_tensor",
+            "is_non_linear_format_io",
+        }
+    ),
+}
+
+
+class ModelConfig:
+    """The model configuration as Triton's JSON dict, given to ``auto_complete_config``.
+
+    ``as_dict()`` returns the dict itself. The setters check what they are given against
+    what the configuration already says and raise ``ValueError`` on a conflict.
+    """
+
+    def __init__(self, model_config: dict[str, Any] | str) -> None:
+        if isinstance(model_config, str):
+            model_config = json.loads(model_config)
+        if not isinstance(model_config, dict):
+            raise TypeError("ModelConfig wraps the model configuration as a dict")
+        self._model_config = model_config
+
+    def _model(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int | np.integer):
+            raise TypeError(f"max_batch_size must be an integer, got {max_batch_size!r}")
+        max_batch_size = int(max_batch_size)
+        if max_batch_size < 0:
+            raise ValueError(f"max_batch_size must be >= 0, got {max_batch_size}")
+        current = int(self._model_config.get("max_batch_size", 0) or 0)
+        if current and current != max_batch_size:
+            raise ValueError(
+                f"the configuration of model '{self._model()}' sets max_batch_size {current}, "
+                f"but its auto_complete_config sets max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._model_config:
+                raise ValueError(
+                    f"model '{self._model()}' already uses {other}; it cannot also have "
+                    "dynamic_batching"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict[str, Any]) -> None:
+        self._add("input", input)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add("output", output)
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        if not isinstance(transaction_policy_dict, dict):
+            raise TypeError("the model transaction policy is a dict such as {'decoupled': True}")
+        unknown = set(transaction_policy_dict) - {"decoupled"}
+        if unknown:
+            raise ValueError(
+                f"model transaction policy of model '{self._model()}' has unknown key(s) "
+                f"{sorted(unknown)}; only 'decoupled' is allowed"
+            )
+        decoupled = transaction_policy_dict.get("decoupled", False)
+        if not isinstance(decoupled, bool):
+            raise TypeError(f"'decoupled' must be True or False, got {decoupled!r}")
+        self._model_config["model_transaction_policy"] = {"decoupled": decoupled}
+
+    def _add(self, kind: str, entry: dict[str, Any]) -> None:
+        model = self._model()
+        if not isinstance(entry, dict):
+            raise TypeError(
+                f"add_{kind} takes a dict such as {{'name': ..., 'data_type': ..., 'dims': [...]}}"
+            )
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(
+                f"an {kind} added by auto_complete_config of model '{model}' has no 'name'"
+            )
+        unknown = set(entry) - _IO_FIELDS[kind]
+        if unknown:
+            raise ValueError(
+                f"{kind} '{name}' added by auto_complete_config of model '{model}' has unknown "
+                f"field(s) {sorted(unknown)}"
+            )
+        new = dict(entry)
+        if "data_type" in new:
+            new["data_type"] = _type_name(new["data_type"])
+        if "dims" in new:
+            dims = new["dims"]
+            if not isinstance(dims, list | tuple) or not all(
+                isinstance(d, int | np.integer) and not isinstance(d, bool) for d in dims
+            ):
+                raise ValueError(
+                    f"{kind} '{name}' of model '{model}': 'dims' must be a list of integers, "
+                    f"got {dims!r}"
+                )
+            new["dims"] = [int(d) for d in dims]
+        entries = self._model_config.setdefault(kind, [])
+        existing = next((e for e in entries if e.get("name") == name), None)
+        if existing is None:
+            for required in ("data_type", "dims"):
+                if required not in new:
+                    raise ValueError(
+                        f"{kind} '{name}' added by auto_complete_config of model '{model}' "
+                        f"has no '{required}'"
+                    )
+            entries.append(new)
+            return
+        # The name is taken: Triton accepts it when it agrees with what is there.
+        have_type = existing.get("data_type", "TYPE_INVALID")
+        if (
+            "data_type" in new
+            and have_type not in ("", "TYPE_INVALID")
+            and have_type != new["data_type"]
+        ):
+            raise ValueError(
+                f"{kind} '{name}' of model '{model}' is already in the configuration with "
+                f"data_type {have_type}; auto_complete_config adds it with data_type "
+                f"{new['data_type']}"
+            )
+        have_dims = [int(d) for d in existing.get("dims") or []]
+        if "dims" in new and have_dims and have_dims != new["dims"]:
+            raise ValueError(
+                f"{kind} '{name}' of model '{model}' is already in the configuration with "
+                f"dims {have_dims}; auto_complete_config adds it with dims {new['dims']}"
+            )
+        for key, value in new.items():
+            if key == "data_type" and have_type not in ("", "TYPE_INVALID"):
+                continue
+            if key == "dims" and have_dims:
+                continue
+            existing[key] = value
+
+
+# -- logging ------------------------------------------------------------------------------
+
+_log = logging.getLogger("conch.python_model")
+
+
+class LogLevel:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEVELS = {
+    LogLevel.INFO: logging.INFO,
+    LogLevel.WARNING: logging.WARNING,
+    LogLevel.ERROR: logging.ERROR,
+    LogLevel.VERBOSE: logging.DEBUG,
+}
+
+
+class Logger:
+    """``pb_utils.Logger.log_info("...")``: messages go to the worker's Python logging
+    (logger ``conch.python_model``; VERBOSE is DEBUG)."""
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: str, level: int = LogLevel.INFO) -> None:
+        _log.log(_LEVELS.get(level, logging.INFO), "%s", message, stacklevel=2)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message, stacklevel=2)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message, stacklevel=2)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message, stacklevel=2)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message, stacklevel=2)

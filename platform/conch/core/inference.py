@@ -1,0 +1,73 @@
+"""An infer request and response on neutral types: what every frontend decodes into.
+
+The HTTP adapter's codec decodes Triton's JSON and binary-tensor framing into these;
+the batch-job driver decodes JSON lines into them; the data plane checks and queues
+them without knowing which protocol carried them. Tensors stay in Triton's raw binary
+form end to end (no re-encoding between the body, Redis and the backend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Request parameters Triton interprets itself; they are kept in InferRequest.parameters.
+RESERVED_PARAMETERS = frozenset(
+    {
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "headers",
+        "binary_data_output",
+    }
+)
+
+
+@dataclass
+class InputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    raw: bytes  # Triton binary bytes
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    binary: bool
+    class_count: int = 0
+
+
+@dataclass
+class InferRequest:
+    id: str
+    inputs: list[InputTensor]
+    # None = all outputs, each binary per binary_data_output
+    outputs: list[RequestedOutput] | None
+    binary_data_output: bool
+    # request params (priority, timeout, custom), reserved keys kept
+    parameters: dict[str, Any]
+
+    # What a queue message carries of the request (gateway infer, jobs, batch lines).
+    def wire_inputs(self) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+        return [(t.name, t.datatype, tuple(t.shape), t.raw) for t in self.inputs]
+
+    def output_names(self, config: Any) -> list[str]:
+        """The outputs asked for, in order; all of the model's when none are listed."""
+        if self.outputs is None:
+            return [o.name for o in config.output]
+        return [o.name for o in self.outputs]
+
+    def custom_parameters(self) -> dict[str, Any]:
+        """The parameters a model sees: the request's, less the protocol's own."""
+        return {k: v for k, v in self.parameters.items() if k not in RESERVED_PARAMETERS}
+
+
+@dataclass
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    raw: bytes

@@ -1,0 +1,481 @@
+"""A Triton model repository on disk: ``<repo>/<model>/config.pbtxt`` and version folders.
+
+``ModelRepository.scan()`` reads every model, completes its config the way Triton does
+(name, platform/backend, default filename, version policy, instance groups, then the
+backend's auto-complete) and checks it. A model that cannot be served keeps the reason
+in ``ModelEntry.error``; the others are not affected.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conch import backends
+from conch.core import ensemble_graph
+from conch.core.datatypes import config_to_wire
+from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
+from conch.core.model_config import config_to_json, json_to_config, new_config, parse_config
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.pbtxt"
+
+# Model names become URL segments, Redis keys and queue names: keep them plain.
+MODEL_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
+
+# Instances per group when the config gives no count. Triton uses 2 for onnxruntime
+# KIND_CPU groups; conch uses 1 because a worker has few cores and runs one drain loop
+# per instance, and every onnxruntime session already has its own thread pool. Scale
+# out with more workers (queue-depth autoscaling) instead.
+DEFAULT_INSTANCE_COUNT = 1
+
+
+def _is_version_dir(path: Path) -> bool:
+    name = path.name
+    return path.is_dir() and name.isdigit() and name.isascii() and not name.startswith("0")
+
+
+@functools.cache
+def _host_gpu_count() -> int:
+    """GPUs this process can see; no CUDA libraries are needed to ask."""
+    import ctypes
+
+    for lib_name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            lib = ctypes.CDLL(lib_name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    return 0
+
+
+@dataclass
+class ModelEntry:
+    """One model of the repository as read by the last scan."""
+
+    name: str
+    path: Path
+    config: Any = None  # inference.ModelConfig, completed; partial or None when error is set
+    error: str | None = None
+    versions: list[int] = field(default_factory=list)
+    backend: str = ""
+    # output name -> class labels, from the output's label_filename (classification)
+    output_labels: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def available(self) -> bool:
+        return self.error is None and self.config is not None and bool(self.versions)
+
+    def _check_available(self) -> None:
+        if not self.available:
+            raise Unavailable(self.error or f"model '{self.name}' has no version to serve")
+
+    def latest(self) -> int:
+        self._check_available()
+        return max(self.versions)
+
+    def resolve_version(self, v: str | int | None) -> int:
+        """A URL version segment to a served version: "" and "-1" mean the latest."""
+        text = "" if v is None else str(v).strip()
+        if text in ("", "-1"):
+            return self.latest()
+        if not text.isdigit() or not text.isascii():
+            raise InvalidArgument(
+                f"failed to parse model version '{text}' of model '{self.name}': "
+                "it must be a non-negative integer"
+            )
+        version = int(text)
+        if version not in self.versions:
+            raise NotFound(
+                f"Request for unknown model version: '{self.name}' version {version} is not served"
+            )
+        self._check_available()
+        return version
+
+    def spec(self, version: int) -> backends.ModelSpec:
+        self._check_available()
+        if version not in self.versions:
+            raise NotFound(
+                f"Request for unknown model version: '{self.name}' version {version} is not served"
+            )
+        return backends.ModelSpec(
+            name=self.name, version=version, path=self.path, config=self.config
+        )
+
+    def instances(self) -> list[backends.InstanceSpec]:
+        """The instances the config's instance groups ask for, named ``<group>_<i>``."""
+        self._check_available()
+        kinds = {"KIND_CPU": "CPU", "KIND_GPU": "GPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "CPU"}
+        out = []
+        for group in self.config.instance_group:
+            kind = kinds[_enum_name(group, "kind", group.kind)]
+            devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
+            i = 0
+            for device in devices:
+                for _ in range(max(group.count, 1)):
+                    out.append(backends.InstanceSpec(f"{group.name}_{i}", kind, device))
+                    i += 1
+        return out
+
+    def labels(self) -> dict[str, list[str]]:
+        """Class labels per output, one per line of its ``label_filename``."""
+        return self.output_labels
+
+    def to_json(self) -> dict[str, Any]:
+        """The completed config as Triton's JSON."""
+        if self.config is None:
+            raise Unavailable(self.error or f"model '{self.name}' has no config")
+        return config_to_json(self.config)
+
+    def metadata(self, version: int | None = None) -> dict[str, Any]:
+        """Triton's model metadata; ``version`` None lists every served version."""
+        self._check_available()
+        if version is not None and version not in self.versions:
+            raise NotFound(
+                f"Request for unknown model version: '{self.name}' version {version} is not served"
+            )
+        cfg = self.config
+        lead = [-1] if cfg.max_batch_size > 0 else []
+
+        def tensors(entries: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": e.name,
+                    "datatype": config_to_wire(_enum_name(e, "data_type", e.data_type)),
+                    "shape": lead + list(e.dims),
+                }
+                for e in entries
+            ]
+
+        versions = [version] if version is not None else sorted(self.versions)
+        return {
+            "name": self.name,
+            "versions": [str(v) for v in versions],
+            "platform": cfg.platform or cfg.backend,
+            "inputs": tensors(cfg.input),
+            "outputs": tensors(cfg.output),
+        }
+
+
+def _enum_name(message: Any, field_name: str, value: int) -> str:
+    enum = message.DESCRIPTOR.fields_by_name[field_name].enum_type
+    return enum.values_by_number[value].name
+
+
+class ModelRepository:
+    """Reads a Triton model repository folder. ``scan()`` may be called again to poll."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        auto_complete: bool = True,
+        default_max_batch_size: int = 4,
+        gpu_count: int | None = None,
+        config_override: Callable[[str], str | None] | None = None,
+        folder_override: Callable[[str], Path | None] | None = None,
+        extra_models: Callable[[], Iterable[str]] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.auto_complete = auto_complete
+        # Explicit model control: a config given with a load request (JSON) replaces
+        # the model's config.pbtxt.
+        self.config_override = config_override
+        # ... and its file: overrides replace the model's folder, or add a model.
+        self.folder_override = folder_override
+        self.extra_models = extra_models
+        self.default_max_batch_size = default_max_batch_size
+        self._gpu_count = gpu_count
+
+    def gpu_count(self, backend: str) -> int:
+        """GPUs the backend can use here: the count given to the constructor, else the
+        host's visible GPUs when the backend says its GPU stack is installed."""
+        if self._gpu_count is not None:
+            return self._gpu_count
+        gpus = _host_gpu_count()
+        check = getattr(backends.backend_class(backend), "gpu_available", None)
+        if gpus and check is not None and not check()[0]:
+            return 0
+        return gpus
+
+    def scan(self) -> dict[str, ModelEntry]:
+        if not self.root.is_dir():
+            raise ModelLoadError(f"model repository {self.root} is not a directory")
+        entries: dict[str, ModelEntry] = {}
+        for child in sorted(self.root.iterdir()):
+            if child.name.startswith(".") or not child.is_dir():
+                continue
+            if not MODEL_NAME.fullmatch(child.name):
+                log.warning(
+                    "model repository %s: skipping '%s': a model name may hold only letters, "
+                    "digits, '_', '-' and '.'",
+                    self.root,
+                    child.name,
+                )
+                continue
+            entries[child.name] = self.read_model(child.name)
+        for name in sorted(self.extra_models() if self.extra_models else ()):
+            if name not in entries and MODEL_NAME.fullmatch(name):
+                entries[name] = self.read_model(name)
+        # Ensembles are checked against the models they call, once all are read.
+        for entry in entries.values():
+            if entry.backend == ensemble_graph.ENSEMBLE and not entry.error:
+                entry.error = ensemble_graph.check(entry, entries)
+                if entry.error:
+                    log.warning("%s", entry.error)
+        return entries
+
+    def read_model(self, name: str) -> ModelEntry:
+        """Read and complete one model; failures land in ``error``, never raise."""
+        folder = self.folder_override(name) if self.folder_override else None
+        entry = ModelEntry(name=name, path=folder or self.root / name)
+        try:
+            self._read(entry)
+        except ConchError as exc:
+            entry.error = exc.message
+        except Exception as exc:  # a model must never break the scan of the others
+            log.exception("model '%s': unexpected error while reading it", name)
+            entry.error = f"model '{name}': {type(exc).__name__}: {exc}"
+        if entry.error:
+            log.warning("%s", entry.error)
+        return entry
+
+    # -- completion -------------------------------------------------------------------
+
+    def _read(self, entry: ModelEntry) -> None:
+        name, path = entry.name, entry.path
+        config_path = path / CONFIG_FILE
+        on_disk = sorted(int(p.name) for p in path.iterdir() if _is_version_dir(p))
+        override = self.config_override(name) if self.config_override else None
+        if override is not None:
+            cfg = json_to_config(override, model=name)
+            where = f"model '{name}' (config from its load request)"
+        elif config_path.is_file():
+            try:
+                text = config_path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ModelLoadError(f"model '{name}': cannot read {config_path}: {exc}") from None
+            cfg = parse_config(text, model=name, source=str(config_path))
+            where = f"model '{name}' ({config_path})"
+        else:
+            cfg = new_config()
+            where = f"model '{name}' (no {CONFIG_FILE}, auto-completed)"
+        entry.config = cfg
+
+        if cfg.name and cfg.name != name:
+            raise ModelLoadError(
+                f"{where}: field name is '{cfg.name}' but the model directory is '{name}'"
+            )
+        cfg.name = name
+
+        if ensemble_graph.ENSEMBLE in (cfg.platform, cfg.backend):
+            self._read_ensemble(entry, cfg, on_disk, where)
+            return
+        entry.backend = self._backend(cfg, path, on_disk, where)
+        registered = backends.BACKENDS[entry.backend]
+        if not cfg.backend:
+            cfg.backend = entry.backend
+        if not cfg.platform and registered.platforms:
+            cfg.platform = registered.platforms[0]
+        if not cfg.default_model_filename:
+            cfg.default_model_filename = registered.default_filename
+
+        if not cfg.HasField("version_policy"):
+            cfg.version_policy.latest.num_versions = 1
+        entry.versions = self._versions(cfg, on_disk, where, path)
+        for v in entry.versions:
+            if not (path / str(v) / cfg.default_model_filename).exists():
+                raise ModelLoadError(
+                    f"model '{name}' version {v}: model file "
+                    f"{path / str(v) / cfg.default_model_filename} not found"
+                )
+
+        self._instance_groups(cfg, where, entry.backend)
+
+        if self.auto_complete:
+            model_file = path / str(max(entry.versions)) / cfg.default_model_filename
+            try:
+                backends.backend_class(entry.backend).auto_complete(
+                    cfg, model_file, default_max_batch_size=self.default_max_batch_size
+                )
+            except ModelLoadError as exc:
+                source = config_path if config_path.is_file() else f"no {CONFIG_FILE}"
+                raise ModelLoadError(
+                    f"{exc.message} (config: {source}; model file: {model_file})"
+                ) from None
+            if cfg.max_batch_size > 1 and cfg.WhichOneof("scheduling_choice") is None:
+                cfg.dynamic_batching.SetInParent()
+
+        _validate(cfg, where)
+        entry.output_labels = _read_labels(cfg, path, where)
+
+    def _backend(self, cfg: Any, path: Path, on_disk: list[int], where: str) -> str:
+        if cfg.backend or cfg.platform:
+            try:
+                name = backends.backend_name_for(cfg.platform, cfg.backend)
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"{where}: {exc.message}") from None
+            platforms = backends.BACKENDS[name].platforms
+            if cfg.backend and cfg.platform and cfg.platform not in platforms:
+                raise ModelLoadError(
+                    f"{where}: field platform '{cfg.platform}' does not go with backend "
+                    f"'{cfg.backend}' (which serves {list(platforms) or 'no platform'})"
+                )
+            return name
+        found: dict[str, str] = {}
+        for v in on_disk:
+            for item in (path / str(v)).iterdir():
+                backend = backends.backend_for_filename(item.name)
+                if backend is None and cfg.default_model_filename == item.name:
+                    backend = _backend_by_suffix(item.name)
+                if backend is not None:
+                    found.setdefault(backend, item.name)
+        if len(found) == 1:
+            return next(iter(found))
+        if found:
+            raise ModelLoadError(
+                f"{where}: cannot tell the backend from the model files "
+                f"{sorted(found.values())}; set field backend or platform"
+            )
+        defaults = sorted(e.default_filename for e in backends.BACKENDS.values())
+        raise ModelLoadError(
+            f"{where}: no field platform or backend, and no known model file ({', '.join(defaults)}) "
+            f"in the version directories {on_disk or '(none)'}"
+        )
+
+    def _read_ensemble(self, entry: ModelEntry, cfg: Any, on_disk: list[int], where: str) -> None:
+        """Ensembles have no model file and no instances: the gateway runs their steps."""
+        entry.backend = ensemble_graph.ENSEMBLE
+        cfg.platform, cfg.backend = ensemble_graph.ENSEMBLE, ""
+        if cfg.instance_group:
+            raise ModelLoadError(f"{where}: an ensemble may not set instance_group")
+        if not cfg.ensemble_scheduling.step:
+            raise ModelLoadError(f"{where}: platform ensemble needs ensemble_scheduling with steps")
+        if not cfg.HasField("version_policy"):
+            cfg.version_policy.latest.num_versions = 1
+        entry.versions = self._versions(cfg, on_disk, where, entry.path)
+        _validate(cfg, where)
+
+    def _versions(self, cfg: Any, on_disk: list[int], where: str, path: Path) -> list[int]:
+        policy = cfg.version_policy
+        kind = policy.WhichOneof("policy_choice")
+        if kind == "all":
+            chosen = list(on_disk)
+        elif kind == "specific":
+            wanted = sorted(set(policy.specific.versions))
+            missing = [v for v in wanted if v not in on_disk]
+            if missing:
+                raise ModelLoadError(
+                    f"{where}: field version_policy.specific asks for version(s) {missing}, "
+                    f"not present in {path} (found {on_disk or 'none'})"
+                )
+            chosen = wanted
+        else:
+            n = policy.latest.num_versions
+            if n < 1:
+                raise ModelLoadError(
+                    f"{where}: field version_policy.latest.num_versions must be at least 1, got {n}"
+                )
+            chosen = on_disk[-n:]
+        if not chosen:
+            raise ModelLoadError(
+                f"{where}: at least one version must be available under the version policy; "
+                f"no numeric version directory in {path}"
+            )
+        return chosen
+
+    def _instance_groups(self, cfg: Any, where: str, backend: str) -> None:
+        pb2_group = cfg.DESCRIPTOR.fields_by_name["instance_group"].message_type
+        kind_enum = pb2_group.fields_by_name["kind"].enum_type.values_by_name
+        gpus = self.gpu_count(backend)
+        if not cfg.instance_group:
+            # Triton's default: one group named after the model; its instances are
+            # then "<model>_0", "<model>_1", ...
+            cfg.instance_group.add().name = cfg.name
+        for i, group in enumerate(cfg.instance_group):
+            if not group.name:
+                group.name = f"{cfg.name}_{i}"
+            if group.count < 0:
+                raise ModelLoadError(
+                    f"{where}: instance_group '{group.name}' field count must be positive"
+                )
+            if group.count == 0:
+                group.count = DEFAULT_INSTANCE_COUNT
+            if group.kind == kind_enum["KIND_AUTO"].number:
+                group.kind = kind_enum["KIND_GPU" if gpus else "KIND_CPU"].number
+            if group.kind == kind_enum["KIND_GPU"].number and not group.gpus and gpus:
+                group.gpus.extend(range(gpus))
+            if group.kind != kind_enum["KIND_GPU"].number and group.gpus:
+                raise ModelLoadError(
+                    f"{where}: instance_group '{group.name}' sets field gpus but is not KIND_GPU"
+                )
+
+
+def _backend_by_suffix(filename: str) -> str | None:
+    suffix = Path(filename).suffix
+    if not suffix:
+        return None
+    matches = [
+        name for name, e in backends.BACKENDS.items() if Path(e.default_filename).suffix == suffix
+    ]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:
+    labels: dict[str, list[str]] = {}
+    for out in cfg.output:
+        if not out.label_filename:
+            continue
+        label_path = path / out.label_filename
+        try:
+            text = label_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(
+                f"{where}: output '{out.name}' field label_filename: cannot read {label_path}: {exc}"
+            ) from None
+        labels[out.name] = text.splitlines()
+    return labels
+
+
+def _validate(cfg: Any, where: str) -> None:
+    if cfg.max_batch_size < 0:
+        raise ModelLoadError(
+            f"{where}: field max_batch_size must be >= 0, got {cfg.max_batch_size}"
+        )
+    for what, entries in (("input", cfg.input), ("output", cfg.output)):
+        seen: set[str] = set()
+        for i, e in enumerate(entries):
+            if not e.name:
+                raise ModelLoadError(f"{where}: {what}[{i}] field name is empty")
+            if e.name in seen:
+                raise ModelLoadError(f"{where}: {what} '{e.name}' is listed twice")
+            seen.add(e.name)
+            if e.data_type == 0:
+                raise ModelLoadError(f"{where}: {what} '{e.name}' field data_type is not set")
+            if not e.dims:
+                raise ModelLoadError(
+                    f"{where}: {what} '{e.name}' field dims is empty; a scalar is "
+                    "dims: [ 1 ] with reshape: { shape: [ ] }"
+                )
+            if any(d < -1 or d == 0 for d in e.dims):
+                raise ModelLoadError(
+                    f"{where}: {what} '{e.name}' field dims {list(e.dims)} holds a value that is "
+                    "neither -1 (variable) nor positive"
+                )
+            if e.HasField("reshape") and any(d < -1 or d == 0 for d in e.reshape.shape):
+                raise ModelLoadError(
+                    f"{where}: {what} '{e.name}' field reshape.shape {list(e.reshape.shape)} "
+                    "holds a value that is neither -1 nor positive"
+                )
+
+
+__all__ = ["CONFIG_FILE", "DEFAULT_INSTANCE_COUNT", "MODEL_NAME", "ModelEntry", "ModelRepository"]

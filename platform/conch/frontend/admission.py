@@ -1,0 +1,43 @@
+"""Triton's queue policy, decided at the gateway before a request is queued.
+
+From the model's ``dynamic_batching`` and the request's ``priority`` and ``timeout``
+parameters: which priority sub-list the request joins, how long that queue may grow,
+and how long it may wait before it is rejected or delayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from conch.wire import broker
+
+
+@dataclass(frozen=True)
+class Admission:
+    step: int  # the online priority sub-list
+    max_queue_size: int  # 0 = unbounded
+    queue_timeout_s: float  # 0 = none
+    delay_on_timeout: bool  # Triton's timeout_action DELAY (else REJECT)
+
+
+def admit(config: Any, priority: int | None, timeout_us: int | None) -> Admission:
+    """Apply the model's queue policy to one request's parameters."""
+    if not config.HasField("dynamic_batching"):
+        return Admission(0, 0, 0.0, False)
+    db = config.dynamic_batching
+    level = 0
+    if db.priority_levels > 0:
+        # As Triton does: 0 or a level past the last one means the default level.
+        level = (
+            priority if priority and priority <= db.priority_levels else db.default_priority_level
+        )
+    policy = db.priority_queue_policy.get(level, db.default_queue_policy)
+    timeout = policy.default_timeout_microseconds
+    if timeout_us and policy.allow_timeout_override:
+        # A request may shorten the model's queue timeout, not lengthen it.
+        timeout = min(timeout, timeout_us) if timeout else timeout_us
+    delay = policy.timeout_action == policy.DELAY
+    return Admission(
+        broker.online_step(level) if level else 0, policy.max_queue_size, timeout / 1e6, delay
+    )

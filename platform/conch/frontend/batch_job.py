@@ -1,0 +1,353 @@
+"""Offline batch jobs: a JSONL file of infer requests in object storage, answered into another.
+
+Each input line is an infer request body in Triton's JSON form; each output line, in
+the same order, is its infer response in JSON, or ``{"error": ...}`` for a line that
+was refused or failed. The job is a Celery task on ``conch.jobs`` (so a worker that dies
+running it hands it to another, which starts over); it sends the lines as infer messages
+at the lowest priority step of the model's queue, a bounded window at a time, so the
+batchers fill only the slots online requests and async jobs leave free, and the queue
+never holds more of the dataset than the window.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import orjson
+import redis
+
+from conch.core import inference, validation
+from conch.core.errors import ConchError, InvalidArgument, Unavailable
+from conch.core.repository import ModelEntry
+from conch.frontend import v2_codec
+from conch.wire import broker, job_store
+from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
+
+log = logging.getLogger(__name__)
+
+TASK_NAME = "conch.batch_job"
+WINDOW = 64  # lines in flight per job
+WINDOW_BYTES = 64 * 1024 * 1024  # and at most this much of their data in Redis
+CHUNK = 1024 * 1024
+STALL_S = 600.0  # no reply for this long: the model is not being served; give up
+PROGRESS_EVERY_S = 0.5
+
+# s3://bucket/key: S3's bucket naming rules; keys without "." or ".." segments, empty
+# segments or control characters (a key names one object, never a relative path).
+_URI = re.compile(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(.+)")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
+MAX_KEY_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    bucket: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+def parse_uri(uri: Any, what: str) -> ObjectRef:
+    """``s3://bucket/key``, checked; anything else is the client's error."""
+    if not isinstance(uri, str):
+        raise InvalidArgument(f"'{what}' must be an s3://bucket/key string")
+    m = _URI.fullmatch(uri)
+    if m is None:
+        raise InvalidArgument(f"'{what}' {uri!r} is not an s3://bucket/key URI")
+    bucket, key = m.groups()
+    segments = key.split("/")
+    if (
+        len(key) > MAX_KEY_CHARS
+        or _CONTROL.search(key)
+        or any(s in ("", ".", "..") for s in segments)
+    ):
+        raise InvalidArgument(
+            f"'{what}' key {key!r} is refused: no empty, '.' or '..' segments, control "
+            f"characters or backslashes, at most {MAX_KEY_CHARS} characters"
+        )
+    return ObjectRef(bucket, key)
+
+
+def s3_client() -> Any:
+    """boto3's S3 client with the usual AWS settings (AWS_ENDPOINT_URL for MinIO & co)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3",
+        region_name=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION"),
+        config=Config(retries={"mode": "standard", "max_attempts": 5}),
+    )
+
+
+def submit(
+    client: redis.Redis, entry: ModelEntry, version: str, body: bytes, ttl_s: int
+) -> job_store.JobRecord:
+    """Record a batch job and queue its task (gateway side); every 4xx is raised here."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) - {"input", "output"}:
+        raise InvalidArgument(
+            'a batch job is {"input": "s3://bucket/in.jsonl", "output": "s3://bucket/out.jsonl"}'
+        )
+    source, target = parse_uri(doc.get("input"), "input"), parse_uri(doc.get("output"), "output")
+    if source == target:
+        raise InvalidArgument("'output' must not be the 'input' object")
+    record = job_store.JobRecord(
+        id=broker.new_id(),
+        model=entry.name,
+        version=version,
+        submitted=time.time(),
+        detail={"input": str(source), "output": str(target)},
+        kind=job_store.BATCH,
+    )
+    message = broker.envelope(
+        {"id": record.id},
+        task_id=record.id,
+        queue=broker.JOBS_QUEUE,
+        priority=0,
+        reply_to=None,
+        task=TASK_NAME,
+    )
+    pipe = client.pipeline(transaction=True)
+    record.save(pipe, ttl_s)
+    pipe.lpush(broker.JOBS_QUEUE, message)
+    pipe.execute()
+    return record
+
+
+# -- the worker side ------------------------------------------------------------------
+
+
+class _Window:
+    """Lines in flight, and the answers that wait for earlier lines to be written."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.sent: dict[str, tuple[int, inference.InferRequest, int]] = {}  # id -> line, size
+        self.bytes = 0  # of the lines in flight
+        self.ready: dict[int, bytes] = {}
+        self.next = 0  # the next line to write
+        self.failed = 0
+
+    def answer(self, line: int, text: bytes, failed: bool) -> None:
+        self.ready[line] = text
+        self.failed += failed
+        while self.next in self.ready:
+            self.out.write(self.ready.pop(self.next) + b"\n")
+            self.next += 1
+
+
+def _error_line(request_id: str, message: str) -> bytes:
+    doc = {"id": request_id, "error": message} if request_id else {"error": message}
+    return orjson.dumps(doc)
+
+
+def _answer_line(entry: ModelEntry, req: inference.InferRequest, reply: Reply) -> bytes:
+    if reply.error is not None:
+        return _error_line(req.id, reply.error.message)
+    # JSONL holds JSON: every output as JSON data, whatever binary_data said.
+    as_json = inference.InferRequest(
+        id=req.id,
+        inputs=[],
+        outputs=None
+        if req.outputs is None
+        else [inference.RequestedOutput(o.name, False, o.class_count) for o in req.outputs],
+        binary_data_output=False,
+        parameters={},
+    )
+    body, _ = v2_codec.encode_response(
+        model_name=entry.name,
+        model_version=str(reply.version),
+        request_id=req.id,
+        outputs=[
+            inference.OutputTensor(n, dt, tuple(s), raw) for n, dt, s, raw in reply.outputs or ()
+        ],
+        request=as_json,
+        labels=entry.labels() if any(o.class_count for o in (req.outputs or ())) else None,
+        batched=entry.config.max_batch_size > 0,
+    )
+    return body
+
+
+def new_reply_key(job_id: str) -> str:
+    """Where one attempt at a job collects its replies: a new list per attempt, so the
+    late replies of an attempt that died are never taken for this one's."""
+    return f"{REPLY_PREFIX}batch.{job_id}.{uuid.uuid4().hex[:8]}"
+
+
+def run(
+    client: redis.Redis,
+    job_id: str,
+    entry_of: Callable[[str], ModelEntry],
+    *,
+    s3: Any = None,
+    max_line_bytes: int = 64 * 1024 * 1024,
+    reply_key: str = "",
+) -> dict[str, Any]:
+    """Run one batch job to the end; its summary is the Celery task's result.
+
+    Its lines' replies come to ``reply_key`` (``new_reply_key``), which the caller keeps
+    alive while the job runs (workers give reply lists a short TTL).
+    """
+    record = job_store.JobRecord.load(client, job_id)
+    if record is None:
+        raise Unavailable(f"batch job {job_id} has no record (expired?)")
+    entry = entry_of(record.model)
+    if entry.error or entry.config is None:
+        raise Unavailable(f"model '{record.model}' is not available: {entry.error}")
+    version = entry.resolve_version(record.version) if record.version else -1
+    source = parse_uri(record.detail["input"], "input")
+    target = parse_uri(record.detail["output"], "output")
+    s3 = s3 or s3_client()
+    _check_writable(s3, target)  # before the work, not after it
+    reply_key = reply_key or new_reply_key(job_id)
+    publisher = broker.Publisher(client)
+    job_store.report_progress(client, job_id, lines=0, failed=0)
+    last_report = time.monotonic()
+    with tempfile.TemporaryFile() as out:
+        window = _Window(out)
+
+        def collect(block: float) -> None:
+            got = client.blmpop(block, 1, reply_key, direction="LEFT", count=256)
+            for raw in got[1] if got else ():
+                try:
+                    reply = Reply.unpack(raw)
+                except BadMessage as exc:
+                    log.warning("batch job %s: unreadable reply: %s", job_id, exc)
+                    continue
+                sent = window.sent.pop(reply.id, None)
+                if sent is not None:
+                    window.bytes -= sent[2]
+                    window.answer(
+                        sent[0], _answer_line(entry, sent[1], reply), reply.error is not None
+                    )
+
+        def progress(force: bool = False) -> None:
+            nonlocal last_report
+            if force or time.monotonic() - last_report > PROGRESS_EVERY_S:
+                job_store.report_progress(client, job_id, lines=window.next, failed=window.failed)
+                last_report = time.monotonic()
+
+        for line_no, line in enumerate(_lines(s3, source, max_line_bytes)):
+            req: inference.InferRequest | None = None
+            try:
+                if line is None:
+                    raise InvalidArgument(
+                        f"line {line_no + 1} is longer than {max_line_bytes} bytes "
+                        "(--http-max-input-size); skipped"
+                    )
+                req = v2_codec.decode_request(line, None, None, max_body_bytes=max_line_bytes)
+                validation.validate_request(req, entry.config, model_name=entry.name)
+            except ConchError as exc:
+                window.answer(line_no, _error_line(req.id if req else "", exc.message), True)
+                continue
+            msg = _message(entry, req, version, reply_key)
+            window.sent[msg.id] = (line_no, req, len(line))
+            window.bytes += len(line)
+            publisher.publish(
+                entry.name, msg.to_dict(), task_id=msg.id, priority=msg.priority, reply_to=reply_key
+            )
+            while len(window.sent) >= WINDOW or window.bytes > WINDOW_BYTES:
+                _wait(collect, window, progress, entry.name)
+            progress()
+        while window.sent:
+            _wait(collect, window, progress, entry.name)
+        progress(force=True)
+        out.seek(0)
+        s3.upload_fileobj(out, target.bucket, target.key)
+    return {
+        "model_name": entry.name,
+        "input": str(source),
+        "output": str(target),
+        "lines": window.next,
+        "failed": window.failed,
+    }
+
+
+def _wait(
+    collect: Callable[[float], None], window: _Window, progress: Callable, model: str
+) -> None:
+    """Collect replies until one arrives, giving up after STALL_S without any."""
+    waited_since = time.monotonic()
+    before = len(window.sent)
+    while len(window.sent) == before:
+        if time.monotonic() - waited_since > STALL_S:
+            raise Unavailable(
+                f"no reply from model '{model}' for {STALL_S:.0f} s: is a worker serving it?"
+            )
+        collect(1.0)
+        progress()
+
+
+def _message(
+    entry: ModelEntry, req: inference.InferRequest, version: int, reply_key: str
+) -> InferMessage:
+    now = time.time()
+    return InferMessage(
+        id=broker.new_id(),
+        model=entry.name,
+        version=version,
+        inputs=req.wire_inputs(),
+        outputs=req.output_names(entry.config),
+        reply_to=reply_key,
+        enqueued=now,
+        deadline=0.0,  # offline work waits as long as online traffic keeps the model busy
+        priority=broker.PRIORITY_BULK,
+        params=req.custom_parameters(),
+        client_id=req.id,
+    )
+
+
+def _check_writable(s3: Any, target: ObjectRef) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        s3.head_bucket(Bucket=target.bucket)
+    except (BotoCoreError, ClientError) as exc:
+        raise InvalidArgument(f"cannot write {target}: {exc}") from None
+
+
+def _lines(s3: Any, source: ObjectRef, limit: int) -> Iterator[bytes | None]:
+    """The input object's non-blank lines, streamed; None for one longer than ``limit``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        body = s3.get_object(Bucket=source.bucket, Key=source.key)["Body"]
+    except (BotoCoreError, ClientError) as exc:
+        raise InvalidArgument(f"cannot read {source}: {exc}") from None
+    yield from split_lines(body.iter_chunks(CHUNK), limit)
+
+
+def split_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes | None]:
+    """Non-blank lines of a byte stream, never holding more than ``limit`` bytes of one:
+    a longer line is skipped to its end and given as None (botocore's iter_lines would
+    hold all of it)."""
+    buf = b""
+    too_long = False
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if too_long:
+                too_long = False
+                yield None
+            elif line.strip():
+                yield line
+        if len(buf) > limit:
+            buf, too_long = b"", True
+    if too_long:
+        yield None
+    elif buf.strip():
+        yield buf

@@ -1,0 +1,610 @@
+"""Business logic scripting (BLS): a Python model calling another model.
+
+``pb_utils.InferenceRequest(model_name=..., inputs=[...]).exec()`` inside a Python
+model's ``execute`` publishes an ``InferMessage`` on the named model's queue, as the
+gateway does for a client (so the call is batched with everyone else's traffic to that
+model), and waits for the reply on this worker process's reply list: one ``Dispatcher``
+per worker process, made on the first call and shared by every batcher thread.
+Failures come back as the response's ``error()``, never raised, as in Triton.
+
+Before publishing, the call is checked the way the gateway checks a client's request:
+the target must be in the repository (``model_version`` -1 = the latest version the
+serving worker has), its inputs and requested outputs must fit the target's config
+(``validation``), it must be loaded (explicit model control), and it must not be
+reported broken by every live worker. A call to an ensemble runs the ensemble's graph
+here, as the gateway would: every step a request on its model's queue.
+
+Deadline: a call inherits the deadline of the batch it is made from (the smallest of
+its requests' deadlines), which the Python backend keeps in ``CURRENT`` around
+``execute``; the BLS request's own ``timeout`` (µs) can only shorten it. ``async_exec``
+carries the context into its thread; a thread the model starts itself does not (a call
+from it gets the default timeout and no cycle check, and the worker logs a warning)
+unless it runs the call in ``contextvars.copy_context()``.
+
+Deadlock: the instance making a BLS call is busy until the call returns. A call to a
+model that is itself waiting on that instance (the caller itself, or a model earlier in
+the call chain, A -> B -> A) would wait on itself. So every BLS message carries its
+chain: the models waiting on it, outermost first. A dynamic batch runs as one
+``execute``, so every model waiting on any request of the batch waits on each call the
+batch makes: the caller's chain is the union of its batch's chains, plus itself. A call
+to a model in it is answered at once with an error naming the cycle, and so is a call
+that would make a path longer than ``MAX_DEPTH`` models.
+
+The rule is per model name, not per instance. A self-call could be served by another
+instance of the same model, but nothing guarantees one is free (every instance may be
+making the same self-call), so whether it worked would depend on load. Running the call
+inline on the calling instance would re-enter ``execute`` (and, for ``async def
+execute``, nest the instance's event loop), which Triton models are not written for.
+conch refuses both, the same way every time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from conch.backends.python import pb_utils as pb
+from conch.core import ensemble_graph, inference, tensors, validation
+from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable, Unsupported
+from conch.core.model_config import wire_type
+from conch.core.repository import MODEL_NAME, ModelEntry, ModelRepository
+from conch.frontend import ensemble_runner, model_control
+from conch.frontend.admission import admit
+from conch.frontend.producer import Dispatcher
+from conch.settings import Settings
+from conch.wire import broker, control_bus, worker_reports
+from conch.wire.messages import MAX_CHAIN, InferMessage
+
+log = logging.getLogger(__name__)
+
+MAX_DEPTH = 16  # models on one path, from the outer request's model to the deepest call
+STATES_MAX_AGE_S = 1.0  # how stale the workers' registry may be for readiness checks
+CONFIG_MAX_AGE_S = 2.0  # how stale a target's config may be (models reload at run time)
+
+_TRITON_CODES = {
+    "UNKNOWN": pb.TritonError.UNKNOWN,
+    "INTERNAL": pb.TritonError.INTERNAL,
+    "NOT_FOUND": pb.TritonError.NOT_FOUND,
+    "INVALID_ARG": pb.TritonError.INVALID_ARG,
+    "UNAVAILABLE": pb.TritonError.UNAVAILABLE,
+    "UNSUPPORTED": pb.TritonError.UNSUPPORTED,
+    "ALREADY_EXISTS": pb.TritonError.ALREADY_EXISTS,
+    "CANCELLED": pb.TritonError.CANCELLED,
+}
+
+
+# -- the context of the batch a call is made from -----------------------------------------
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a BLS call inherits from the batch being executed."""
+
+    model: str  # the model executing
+    chains: tuple[tuple[str, ...], ...] = ()  # per request of the batch: models waiting on it
+    deadline: float = 0.0  # epoch seconds, the batch's smallest; 0 = none
+    priority: int = 0  # the batch's best (smallest) queue priority step
+
+    def waiting(self) -> list[str]:
+        """Every model waiting on a call made now, outermost first, the caller last."""
+        names = dict.fromkeys(name for chain in self.chains for name in chain)
+        names.pop(self.model, None)
+        return [*names, self.model]
+
+    def longest(self) -> list[str]:
+        """The longest path of calls that ends at the caller."""
+        return [*max(self.chains, key=len, default=()), self.model]
+
+    def cycle(self, target: str) -> list[str] | None:
+        """The path a call to ``target`` would close into a cycle, or None."""
+        for chain in sorted(self.chains, key=len):
+            path = [*chain, self.model]
+            if target in path:
+                return [*path[path.index(target) :], target]
+        return [self.model, target] if target == self.model else None
+
+
+CURRENT: ContextVar[CallContext | None] = ContextVar("conch_bls_call", default=None)
+
+
+def batch_context(model: str, requests: Iterable[Any]) -> CallContext:
+    """The context of one batch of ``BackendRequest``s executing on ``model``."""
+    requests = list(requests)
+    deadlines = [r.deadline for r in requests if r.deadline > 0]
+    return CallContext(
+        model=model,
+        chains=tuple(tuple(r.chain) for r in requests),
+        deadline=min(deadlines, default=0.0),
+        priority=min((r.priority for r in requests), default=0),
+    )
+
+
+def check_call(ctx: CallContext, target: str) -> ConchError | None:
+    """Why a call from ``ctx`` to ``target`` must not be made, or None."""
+    cycle = ctx.cycle(target)
+    if cycle is not None:
+        return InvalidArgument(
+            f"BLS call from model '{ctx.model}' to model '{target}' would wait on itself "
+            f"({' -> '.join(cycle)}): '{target}' is busy waiting for this call, so conch "
+            "refuses it instead of deadlocking"
+        )
+    path = [*ctx.longest(), target]
+    if len(path) > MAX_DEPTH:
+        return InvalidArgument(
+            f"BLS call from model '{ctx.model}' to model '{target}' would make a call chain "
+            f"of {len(path)} models ({' -> '.join(path)}); conch allows at most {MAX_DEPTH}"
+        )
+    if len(ctx.waiting()) > MAX_CHAIN:  # the chain the call's message would carry
+        return InvalidArgument(
+            f"BLS call from model '{ctx.model}' to model '{target}': more than {MAX_CHAIN} "
+            "models would be waiting on it"
+        )
+    return None
+
+
+# -- the client ---------------------------------------------------------------------------
+
+
+def error_response(error: ConchError, model: str) -> pb.InferenceResponse:
+    """A BLS response carrying ``error``, whose message names ``model``."""
+    message = error.message
+    if f"'{model}'" not in message:
+        message = f"BLS request to model '{model}' failed: {message}"
+    return pb.InferenceResponse(
+        error=pb.TritonError(message, _TRITON_CODES.get(error.code, pb.TritonError.INTERNAL))
+    )
+
+
+class BlsClient:
+    """Sends a Python model's ``InferenceRequest``s through the model queues.
+
+    Targets are read from ``repository`` (the worker's own, so config overrides apply;
+    one on ``settings.model_repository`` when None) on first use and again once their
+    read is ``CONFIG_MAX_AGE_S`` old, so models added or changed while the worker runs
+    are seen. A model that served and now reads as broken keeps its last good read, as
+    its workers keep serving its old versions.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        repository: ModelRepository | None = None,
+        *,
+        client: redis.Redis | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        self.settings = settings
+        self.repository = repository or ModelRepository(
+            settings.model_repository,
+            auto_complete=settings.auto_complete,
+            default_max_batch_size=settings.default_max_batch_size,
+        )
+        self._entries: dict[str, tuple[float, ModelEntry]] = {}  # name -> (read at, entry)
+        self._client = client
+        self._dispatcher = dispatcher
+        self._lock = threading.Lock()
+        self._states: dict[str, dict[str, Any]] = {}
+        self._loaded: set[str] = set()  # explicit model control: loaded through the API
+        self._states_at = float("-inf")
+        self._warned_no_context = False
+
+    # -- shared, made on first use ------------------------------------------------------
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = redis.Redis.from_url(self.settings.redis_url)
+        return self._client
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self._dispatcher is None:
+            client = self.client
+            with self._lock:
+                if self._dispatcher is None:
+                    self._dispatcher = Dispatcher(client)
+        return self._dispatcher
+
+    def _read(self, name: str, depth: int = 0) -> ModelEntry | None:
+        """The model's entry, read again once the last read is too old; None if absent."""
+        now = time.monotonic()
+        cached = self._entries.get(name)
+        if cached is not None and now - cached[0] < CONFIG_MAX_AGE_S:
+            return cached[1]
+        if not MODEL_NAME.fullmatch(name) or not self._exists(name):
+            with self._lock:
+                self._entries.pop(name, None)
+            return None
+        entry = self.repository.read_model(name)
+        if entry.backend == ensemble_graph.ENSEMBLE and not entry.error:
+            if depth > ensemble_graph.MAX_DEPTH:
+                entry.error = (
+                    f"ensemble '{name}': ensembles nested deeper than {ensemble_graph.MAX_DEPTH}"
+                )
+            else:  # checked against its step models, as a scan would
+                steps = {s.model for s in ensemble_graph.steps(entry.config)} - {name}
+                found = {s: self._read(s, depth + 1) for s in steps}
+                entry.error = ensemble_graph.check(entry, {k: v for k, v in found.items() if v})
+        if entry.error and cached is not None and not cached[1].error:
+            entry = cached[1]  # keep the last good read, as the workers keep serving it
+        with self._lock:
+            self._entries[name] = (now, entry)
+        return entry
+
+    def _exists(self, name: str) -> bool:
+        """A folder in the repository, or one a load request gave (explicit mode)."""
+        override = getattr(self.repository, "folder_override", None)
+        if override is not None and override(name):
+            return True
+        return (self.repository.root / name).is_dir()
+
+    def entry(self, name: str) -> ModelEntry:
+        """The target's repository entry; an unknown or broken model is a 400."""
+        entry = self._read(name)
+        if entry is None:
+            raise InvalidArgument(f"Request for unknown model: '{name}' is not found")
+        if entry.error or entry.config is None:
+            raise InvalidArgument(
+                f"Request for unknown model: '{name}' is not available: {entry.error}"
+            )
+        return entry
+
+    def states(self, max_age: float = STATES_MAX_AGE_S) -> dict[str, dict[str, Any]]:
+        """Model states as the live workers report them, at most ``max_age`` seconds old."""
+        now = time.monotonic()
+        if now - self._states_at > max_age:
+            states = worker_reports.model_states(worker_reports.snapshot(self.client))
+            explicit = self.settings.model_control_mode == "explicit"
+            loaded = control_bus.loaded_models(self.client) if explicit else set()
+            with self._lock:
+                self._states, self._loaded = states, loaded
+                self._states_at = time.monotonic()
+        return self._states
+
+    def _check_loaded(self, name: str) -> None:
+        """Explicit model control: a model not loaded (at start or through the API) is
+        unknown, as the gateway answers a client."""
+        if self.settings.model_control_mode != "explicit":
+            return
+        wanted = set(self.settings.load_models)
+        if "*" in wanted or name in wanted:
+            return
+        self.states()
+        if name not in self._loaded:
+            raise InvalidArgument(
+                f"Request for unknown model: '{name}' has no available versions (unloaded)"
+            )
+
+    # -- pb_utils calls -----------------------------------------------------------------
+
+    def infer(self, request: pb.InferenceRequest, decoupled: bool = False) -> pb.InferenceResponse:
+        """``InferenceRequest.exec``: every failure is an error response."""
+        target = str(request.model_name())
+        ctx = CURRENT.get()
+        try:
+            msg, max_queue_size = self.prepare(request, decoupled, ctx)
+            entry = self.entry(target)
+            if entry.backend == ensemble_graph.ENSEMBLE:
+                inputs = {name: (dt, shape, raw) for name, dt, shape, raw in msg.inputs}
+                produced = self._run_ensemble(entry, inputs, msg.outputs, msg, ctx, depth=0)
+                results = [(name, *produced[name]) for name in msg.outputs]
+            else:
+                reply = self.dispatcher.call(msg, max_queue_size=max_queue_size)
+                if reply.error is not None:
+                    raise reply.error
+                results = list(reply.outputs or ())
+        except ConchError as exc:
+            return error_response(exc, target)
+        except redis.RedisError as exc:
+            return error_response(Unavailable(f"cannot reach the broker: {exc}"), target)
+        try:
+            outputs = [
+                pb.Tensor(name, tensors.to_numpy(datatype, shape, raw, name))
+                for name, datatype, shape, raw in results
+            ]
+        except ConchError as exc:
+            return error_response(Internal(f"unreadable reply: {exc.message}"), target)
+        return pb.InferenceResponse(output_tensors=outputs)
+
+    def _run_ensemble(
+        self,
+        entry: ModelEntry,
+        inputs: dict[str, ensemble_graph.Tensor],
+        wanted: list[str],
+        outer: InferMessage,
+        ctx: CallContext | None,
+        depth: int,
+    ) -> dict[str, ensemble_graph.Tensor]:
+        """An ensemble's graph, run here as the gateway runs it, under the BLS call's
+        deadline, priority and call chain."""
+
+        def check(model: str) -> None:
+            if ctx is not None:  # a step on a model waiting on this call would wait on itself
+                problem = check_call(ctx, model)
+                if problem is not None:
+                    raise problem
+            self._check_loaded(model)
+            target = self.entry(model)
+            reason = self._unavailable_reason(model)
+            if reason and target.backend != ensemble_graph.ENSEMBLE:
+                raise Unavailable(f"model '{model}' is unavailable: {reason}")
+
+        return ensemble_runner.execute(
+            entry,
+            inputs,
+            wanted,
+            outer,
+            resolve=self.entry,
+            dispatcher=self.dispatcher,
+            check=check,
+            depth=depth,
+        )
+
+    def is_ready(self, name: str, version: str | int = "") -> bool:
+        """``pb_utils.is_model_ready``: a live worker reports that version READY."""
+        text = "" if version is None else str(version).strip()
+        try:
+            entry = self.entry(str(name))
+            v = entry.resolve_version(text)
+        except ConchError:
+            return False
+        if entry.backend == ensemble_graph.ENSEMBLE:  # no worker serves it: its steps must be ready
+            return all(
+                self.is_ready(step.model, "" if step.version == -1 else step.version)
+                for step in ensemble_graph.steps(entry.config)
+            )
+
+        def ready(states: dict[str, dict[str, Any]]) -> bool:
+            return (
+                states.get(entry.name, {}).get("versions", {}).get(str(v)) == worker_reports.READY
+            )
+
+        # "Not ready" from the cache is asked again: a worker may have just come up.
+        return ready(self.states()) or ready(self.states(max_age=0.05))
+
+    def load(self, name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+        """``pb_utils.load_model``: what the HTTP load route does."""
+        model_control.load(
+            self.client,
+            self.settings,
+            str(name),
+            config=config or None,
+            files=dict(files or {}),
+            states=lambda: self.states(max_age=0.05),
+        )
+        with self._lock:
+            self._entries.pop(str(name), None)  # read it again: the load may have changed it
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """``pb_utils.unload_model``."""
+        model_control.unload(
+            self.client,
+            self.settings,
+            str(name),
+            unload_dependents=bool(unload_dependents),
+            states=lambda: self.states(max_age=0.05),
+        )
+
+    # -- building the message -----------------------------------------------------------
+
+    def prepare(
+        self, request: pb.InferenceRequest, decoupled: bool, ctx: CallContext | None
+    ) -> tuple[InferMessage, int]:
+        """The checked message for ``request`` and the target's queue bound; raises the
+        ``ConchError`` that answers the call when it cannot be made."""
+        target = request.model_name()
+        if not isinstance(target, str) or not target:
+            raise InvalidArgument(
+                f"a BLS request needs a model_name (a non-empty string), got {target!r}"
+            )
+        if decoupled:
+            raise Unsupported(
+                f"BLS call to model '{target}' with exec(decoupled=True): decoupled calls are "
+                "not supported by conch yet"
+            )
+        if ctx is None:
+            self._warn_no_context(target)
+        else:
+            problem = check_call(ctx, target)
+            if problem is not None:
+                raise problem
+        entry = self.entry(target)
+        self._check_loaded(target)
+        version = self._version(entry, request.model_version())
+        config = entry.config
+        request_id = request.request_id()
+        if not isinstance(request_id, str):
+            raise InvalidArgument(
+                f"BLS request to model '{target}': request_id must be a string, "
+                f"got {type(request_id).__name__}"
+            )
+        inputs = self._inputs(request.inputs(), config, target)
+        wanted = self._outputs(request.requested_output_names(), target)
+        validation.validate_request(
+            inference.InferRequest(
+                id=request_id,
+                inputs=[inference.InputTensor(*t) for t in inputs],
+                outputs=[inference.RequestedOutput(n, True) for n in wanted] or None,
+                binary_data_output=True,
+                parameters={},
+            ),
+            config,
+            model_name=target,
+        )
+        reason = self._unavailable_reason(target)
+        if reason:
+            raise Unavailable(f"model '{target}' is unavailable: {reason}")
+        params = self._parameters(request.parameters(), target)
+        timeout_us = request.timeout()
+        if isinstance(timeout_us, bool) or not isinstance(timeout_us, int | np.integer):
+            raise InvalidArgument(
+                f"BLS request to model '{target}': timeout must be an integer number of "
+                f"microseconds, got {timeout_us!r}"
+            )
+        timeout_us = max(0, int(timeout_us))
+        now = time.time()
+        if ctx is not None and ctx.deadline > 0:
+            deadline = ctx.deadline
+        else:
+            deadline = now + self.settings.request_timeout_s
+        if timeout_us:
+            deadline = min(deadline, now + timeout_us / 1e6)
+        if deadline <= now:
+            raise Unavailable(
+                f"Request timeout expired for model '{target}': the request that made this "
+                "BLS call is past its deadline"
+            )
+        admission = admit(config, None, timeout_us or None)
+        step = admission.step
+        if ctx is not None and ctx.priority >= broker.ONLINE_STEPS:
+            step = ctx.priority  # an async job's or a bulk chunk's calls stay below online work
+        latest = str(request.model_version()).strip() in ("", "-1")
+        msg = InferMessage(
+            id=broker.new_id(),
+            model=target,
+            # -1: the latest the worker serves, as the gateway sends a request that names no
+            # version (so the call shares batches with those requests).
+            version=-1 if latest else version,
+            inputs=inputs,
+            outputs=wanted or [o.name for o in config.output],
+            reply_to=None,
+            enqueued=now,
+            deadline=deadline,
+            priority=step,
+            params=params,
+            queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
+            delay_on_timeout=admission.delay_on_timeout,
+            client_id=request_id,
+            timeout_us=timeout_us,
+            chain=ctx.waiting() if ctx is not None else [],
+        )
+        return msg, admission.max_queue_size
+
+    @staticmethod
+    def _version(entry: ModelEntry, version: Any) -> int:
+        if isinstance(version, bool) or not isinstance(version, int | np.integer | str):
+            raise InvalidArgument(
+                f"BLS request to model '{entry.name}': model_version must be an integer, "
+                f"got {version!r}"
+            )
+        return entry.resolve_version(str(version).strip())  # "-1" and "" are the latest
+
+    @staticmethod
+    def _inputs(given: Sequence[Any], config: Any, target: str) -> list[tuple]:
+        expected = {i.name: wire_type(i.data_type) for i in config.input}
+        out: list[tuple] = []
+        seen: set[str] = set()
+        for tensor in given:
+            if not isinstance(tensor, pb.Tensor):
+                raise InvalidArgument(
+                    f"BLS request to model '{target}': inputs must be pb_utils.Tensor, got "
+                    f"{type(tensor).__name__}"
+                )
+            name = tensor.name()
+            if name in seen:
+                raise InvalidArgument(
+                    f"BLS request to model '{target}': input '{name}' is given more than once"
+                )
+            seen.add(name)
+            arr = tensor._array
+            as_bf16 = expected.get(name) == "BF16" and (
+                arr.dtype == np.uint16 or arr.dtype.name == "bfloat16"
+            )
+            try:
+                datatype, raw = tensors.from_numpy(arr, "BF16" if as_bf16 else None)
+            except ConchError as exc:
+                raise InvalidArgument(
+                    f"input '{name}' for model '{target}': {exc.message}"
+                ) from None
+            out.append((name, datatype, tuple(int(d) for d in arr.shape), raw))
+        return out
+
+    @staticmethod
+    def _outputs(names: Iterable[Any], target: str) -> list[str]:
+        wanted: list[str] = []
+        for name in names:
+            if not isinstance(name, str):
+                raise InvalidArgument(
+                    f"BLS request to model '{target}': requested output names must be "
+                    f"strings, got {name!r}"
+                )
+            if name in wanted:
+                raise InvalidArgument(
+                    f"BLS request to model '{target}': output '{name}' is requested more than once"
+                )
+            wanted.append(name)
+        return wanted  # empty: every output, as in Triton
+
+    @staticmethod
+    def _parameters(raw: str, target: str) -> dict[str, Any]:
+        try:
+            params = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise InvalidArgument(
+                f"BLS request to model '{target}': parameters are not JSON: {exc}"
+            ) from None
+        if not isinstance(params, dict):
+            raise InvalidArgument(
+                f"BLS request to model '{target}': parameters must be a dict (a JSON object)"
+            )
+        for key, value in params.items():
+            if not isinstance(value, str | int | float):  # bool is an int
+                raise InvalidArgument(
+                    f"BLS request to model '{target}': parameter '{key}' must be a string, "
+                    f"integer, boolean or number, got {type(value).__name__}"
+                )
+        return {k: v for k, v in params.items() if k not in inference.RESERVED_PARAMETERS}
+
+    def _unavailable_reason(self, name: str) -> str | None:
+        """Why no worker can serve ``name``: live workers tried and every one failed.
+
+        A model no live worker reports is not unavailable: the call waits in its queue
+        for a worker to come, up to its deadline (as a client's request does).
+        """
+        st = self.states().get(name)
+        if not st or not st.get("reason"):
+            return None
+        if any(state == worker_reports.READY for state in st["versions"].values()):
+            return None
+        return st["reason"]
+
+    def _warn_no_context(self, target: str) -> None:
+        if self._warned_no_context:
+            return
+        self._warned_no_context = True
+        log.warning(
+            "BLS call to model '%s' made outside a Python model's execute (a thread the "
+            "model started?): it inherits no deadline and no call chain, so it waits up to "
+            "%.0f s and a call back to a waiting model is not caught. Start such threads "
+            "with contextvars.copy_context().run, or use async_exec.",
+            target,
+            self.settings.request_timeout_s,
+        )
+
+
+def install(client: BlsClient | None) -> None:
+    """Make ``pb_utils`` BLS calls in this process go through ``client`` (None: remove)."""
+    pb._install_bls_client(client)
+
+
+__all__ = [
+    "CURRENT",
+    "MAX_DEPTH",
+    "BlsClient",
+    "CallContext",
+    "batch_context",
+    "check_call",
+    "error_response",
+    "install",
+]

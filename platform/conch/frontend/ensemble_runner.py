@@ -1,0 +1,156 @@
+"""Run an ensemble: every step a request on its step model's own queue.
+
+An ensemble has no worker of its own. Whoever receives the request runs its graph (the
+gateway for a client, BLS for a Python model): every step whose inputs exist is published
+at once (independent steps run in parallel, each batched with everyone else's traffic to
+its model), and the outer request's deadline bounds them all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from conch.core import validation
+from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor, steps
+from conch.core.errors import ConchError, Internal, InvalidArgument
+from conch.core.inference import InferRequest, InputTensor, RequestedOutput
+from conch.frontend.admission import admit
+from conch.wire.broker import new_id
+from conch.wire.messages import InferMessage
+
+# Runs one step: (step, its input tensors, names of outputs wanted) -> a waiter that
+# returns the step model's outputs by name (or raises its error).
+StepRunner = Callable[[Step, dict[str, Tensor], list[str]], Callable[[], dict[str, Tensor]]]
+
+
+def run(
+    entry: Any, inputs: dict[str, Tensor], wanted: list[str], start: StepRunner
+) -> dict[str, Tensor]:
+    """Execute the graph; a failing step fails the request with its error and model."""
+    tensors = dict(inputs)
+    remaining = steps(entry.config)
+    while remaining:
+        ready = [s for s in remaining if all(t in tensors for t in s.inputs.values())]
+        if not ready:  # check() rules this out; never loop forever on a bad graph
+            raise Internal(f"ensemble '{entry.name}': no step can run with the tensors produced")
+        waiters = []
+        for step in ready:  # publish every ready step before waiting on any
+            step_inputs = {name: tensors[t] for name, t in step.inputs.items()}
+            waiters.append(
+                (
+                    step,
+                    _guard(entry, step, lambda s=step, i=step_inputs: start(s, i, list(s.outputs))),
+                )
+            )
+        for k, (step, waiter) in enumerate(waiters):
+            try:
+                out = _guard(entry, step, waiter)
+            except BaseException:
+                for _, later in waiters[k + 1 :]:  # nobody will wait for these replies now
+                    cancel = getattr(later, "cancel", None)
+                    if cancel is not None:
+                        cancel()
+                raise
+            for name, tensor in step.outputs.items():
+                if name not in out:
+                    raise Internal(
+                        f"ensemble '{entry.name}': {step.label} returned no output '{name}'"
+                    )
+                tensors[tensor] = out[name]
+        done = {s.index for s in ready}
+        remaining = [s for s in remaining if s.index not in done]
+    return {name: tensors[name] for name in wanted}
+
+
+def execute(
+    entry: Any,
+    inputs: dict[str, Tensor],
+    wanted: list[str],
+    outer: Any,
+    *,
+    resolve: Callable[[str], Any],
+    dispatcher: Any,
+    check: Callable[[str], None] | None = None,
+    depth: int = 0,
+) -> dict[str, Tensor]:
+    """Run the graph with every step a request on its model's queue.
+
+    ``outer`` (an InferMessage) lends every step its deadline, priority, parameters and
+    call chain; ``resolve`` gives a step model's entry (raising for an unknown one) and
+    ``check`` may refuse a step before it is sent (the gateway's availability check,
+    BLS's cycle check). The gateway and BLS both run ensembles through here.
+    """
+    if depth > MAX_DEPTH:
+        raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
+
+    def start(
+        step: Step, tensors: dict[str, Tensor], outs: list[str]
+    ) -> Callable[[], dict[str, Tensor]]:
+        if check is not None:
+            check(step.model)
+        target = resolve(step.model)
+        version = target.resolve_version("" if step.version == -1 else str(step.version))
+        wire = [(n, dt, shape, raw) for n, (dt, shape, raw) in tensors.items()]
+        # The step's inputs are checked against its own config, as a client's would be.
+        validation.validate_request(
+            InferRequest(
+                id="",
+                inputs=[InputTensor(*t) for t in wire],
+                outputs=[RequestedOutput(o, True) for o in outs],
+                binary_data_output=True,
+                parameters={},
+            ),
+            target.config,
+            model_name=step.model,
+        )
+        if target.backend == ENSEMBLE:
+            result = execute(
+                target,
+                tensors,
+                outs,
+                outer,
+                resolve=resolve,
+                dispatcher=dispatcher,
+                check=check,
+                depth=depth + 1,
+            )
+            return lambda: result
+        admission = admit(target.config, None, outer.timeout_us or None)
+        msg = InferMessage(
+            id=new_id(),
+            model=step.model,
+            version=-1 if step.version == -1 else version,  # -1: the worker's latest
+            inputs=wire,
+            outputs=outs,
+            reply_to=None,
+            enqueued=time.time(),
+            deadline=outer.deadline,
+            priority=outer.priority,
+            params=outer.params,
+            client_id=outer.client_id,
+            timeout_us=outer.timeout_us,
+            chain=list(outer.chain),
+        )
+        waiter = dispatcher.submit(msg, max_queue_size=admission.max_queue_size)
+
+        def wait() -> dict[str, Tensor]:
+            reply = waiter()
+            if reply.error is not None:
+                raise reply.error
+            return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
+
+        wait.cancel = getattr(waiter, "cancel", None)  # type: ignore[attr-defined]
+        return wait
+
+    return run(entry, inputs, wanted, start)
+
+
+def _guard(entry: Any, step: Step, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except ConchError as exc:
+        raise type(exc)(
+            f"ensemble '{entry.name}' {step.label} failed: {exc.message}", exc.status
+        ) from None

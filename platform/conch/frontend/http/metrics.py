@@ -1,0 +1,147 @@
+"""Prometheus metrics with Triton's names, served on the metrics port (8002).
+
+The counters are the statistics extension's (``conch.wire.statistics``): per model version,
+summed over every worker that ever ran it and kept in Redis, so any gateway answers
+the same totals and a worker that goes away takes nothing with it (no false counter
+resets). The queue gauge is read from Redis itself: it is the number KEDA scales on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conch.frontend.model_view import Catalog
+from conch.wire import broker, statistics, worker_reports
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (Triton's metric, statistics counter, divisor, help text)
+COUNTERS = (
+    (
+        "nv_inference_request_success",
+        "success.count",
+        1,
+        "Number of successful inference requests, all batch sizes",
+    ),
+    ("nv_inference_count", "inference_count", 1, "Number of inferences performed (batch elements)"),
+    ("nv_inference_exec_count", "execution_count", 1, "Number of model executions performed"),
+    (
+        "nv_inference_request_duration_us",
+        ("success.ns", "fail.ns"),
+        1000,
+        "Cumulative inference request duration in microseconds",
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "queue.ns",
+        1000,
+        "Cumulative inference queuing duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "compute_input.ns",
+        1000,
+        "Cumulative compute input duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "compute_infer.ns",
+        1000,
+        "Cumulative compute inference duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "compute_output.ns",
+        1000,
+        "Cumulative compute output duration in microseconds",
+    ),
+)
+
+
+def _labels(labels: dict[str, str]) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
+
+
+def render(catalog: Catalog) -> bytes:
+    """Prometheus text format, written out by hand: Triton's counter names carry no
+    ``_total`` (prometheus_client would add one), and values are plain integers."""
+    client = catalog.client
+    states = catalog.states()
+    counters: dict[str, dict[int, dict[str, int]]] = {}
+    for name, entry in sorted(catalog.entries.items()):
+        if entry.config is None or entry.error or not catalog.is_loaded(name):
+            continue
+        recorded = statistics.read(client, name)
+        counters[name] = {v: recorded.get(v, {}) for v in sorted({*entry.versions, *recorded})}
+
+    def latest_ready(model: str) -> str:
+        versions = states.get(model, {}).get("versions", {})
+        ready = [int(v) for v, st in versions.items() if st == worker_reports.READY]
+        return str(max(ready)) if ready else str(max(counters[model], default=1))
+
+    lines: list[str] = []
+
+    def family(name: str, doc: str, kind: str, rows: list[tuple[dict[str, str], int]]) -> None:
+        lines.append(f"# HELP {name} {doc}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{{{_labels(labels)}}} {int(value)}" for labels, value in rows)
+
+    def value(c: dict[str, int], fields: str | tuple[str, ...], divisor: int) -> int:
+        names = (fields,) if isinstance(fields, str) else fields
+        return sum(c.get(f, 0) for f in names) // divisor
+
+    for metric, fields, divisor, doc in COUNTERS:
+        rows = [
+            ({"model": m, "version": str(v)}, value(c, fields, divisor))
+            for m, by_version in counters.items()
+            for v, c in by_version.items()
+        ]
+        family(metric, doc, "counter", rows)
+    failures = [
+        ({"model": m, "reason": "BACKEND", "version": str(v)}, c.get("fail.count", 0))
+        for m, by_version in counters.items()
+        for v, c in by_version.items()
+    ]
+    family(
+        "nv_inference_request_failure", "Number of failed inference requests", "counter", failures
+    )
+    pending = [
+        ({"model": m, "version": latest_ready(m)}, broker.queue_depth(client, m))
+        for m, entry in sorted(catalog.entries.items())
+        if m in counters and entry.backend != "ensemble"
+    ]
+    family(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        "gauge",
+        pending,
+    )
+    return ("\n".join(lines) + "\n").encode()
+
+
+class MetricsPort:
+    """WSGI middleware: the metrics port answers GET /metrics and nothing else."""
+
+    def __init__(self, app: Any, catalog: Catalog, port: int) -> None:
+        self.app = app
+        self.catalog = catalog
+        self.port = str(port)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("SERVER_PORT") != self.port:
+            return self.app(environ, start_response)
+        if environ.get("PATH_INFO", "").rstrip("/") != "/metrics":
+            status, body, ctype = "404 Not Found", b'{"error":"Not Found"}', "application/json"
+        elif environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            status, body, ctype = (
+                "405 Method Not Allowed",
+                b'{"error":"Method Not Allowed"}',
+                "application/json",
+            )
+        else:
+            status, body, ctype = "200 OK", render(self.catalog), CONTENT_TYPE
+        start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        return [body]

@@ -1,0 +1,49 @@
+"""Running the gateway app under gunicorn, configured in code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from conch.settings import Settings, gateway_worker_class
+
+
+class _Gunicorn(BaseApplication):
+    def __init__(self, settings: Settings, options: dict[str, Any]) -> None:
+        self.settings = settings
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            if key in self.cfg.settings:  # older gunicorns lack some settings
+                self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        from conch.frontend.http.app import create_app
+
+        return create_app(self.settings)
+
+
+def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
+    binds = [bind]
+    if settings.allow_metrics:
+        binds.append(f"{bind.rsplit(':', 1)[0]}:{settings.metrics_port}")
+    _Gunicorn(
+        settings,
+        {
+            "bind": binds,
+            "workers": workers,
+            "worker_class": gateway_worker_class(),
+            "worker_connections": max(threads, 1000),
+            "threads": threads,
+            "keepalive": 75,  # perf_analyzer and tritonclient hold connections open
+            "timeout": 120,
+            "graceful_timeout": 30,
+            "loglevel": "debug" if settings.log_verbose else "info",
+            "proc_name": "conch-gateway",
+            # One gateway per port may share a host: no shared control socket.
+            "control_socket_disable": True,
+        },
+    ).run()

@@ -1,0 +1,146 @@
+"""The gateway's side of the broker: publish a request, wait for its reply.
+
+Each gateway process owns one reply list on Redis; one listener thread pops replies in
+bulk and wakes the request threads waiting on them, so a request costs one pipelined
+round trip to publish and nothing to receive (no per-request connection, no Celery
+result backend).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import redis
+
+from conch.core.errors import Unavailable
+from conch.wire import broker
+from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
+from conch.wire.redis_link import RedisLink
+
+log = logging.getLogger(__name__)
+
+
+class _Slot:
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reply: Reply | None = None
+
+
+class Dispatcher:
+    """Publishes requests and routes replies to the threads waiting for them."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.publisher = broker.Publisher(client)
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Slot] = {}
+        self._pid: int | None = None
+        self.reply_key = ""
+
+    def call(self, msg: InferMessage, *, max_queue_size: int = 0) -> Reply:
+        """Enqueue ``msg`` and block until its reply or its deadline."""
+        return self.submit(msg, max_queue_size=max_queue_size)()
+
+    def submit(self, msg: InferMessage, *, max_queue_size: int = 0) -> Callable[[], Reply]:
+        """Enqueue ``msg`` now; the returned function waits for its reply.
+
+        Several requests can be in flight from one caller (an ensemble's parallel steps).
+        """
+        self._ensure_listener()
+        slot = _Slot()
+        self._pending[msg.id] = slot
+        msg.reply_to = self.reply_key
+        try:
+            queued = self.publisher.publish(
+                msg.model,
+                msg.to_dict(),
+                task_id=msg.id,
+                priority=msg.priority,
+                reply_to=self.reply_key,
+                max_queue_size=max_queue_size,
+            )
+        except BaseException:
+            self._pending.pop(msg.id, None)
+            raise
+        if not queued:
+            self._pending.pop(msg.id, None)
+            raise Unavailable(
+                f"Exceeds maximum queue size: model '{msg.model}' already has "
+                f"{max_queue_size} requests waiting at this priority"
+            )
+
+        def wait() -> Reply:
+            try:
+                if not slot.event.wait(max(0.0, msg.deadline - time.time())):
+                    raise Unavailable(
+                        f"Request timeout expired for model '{msg.model}': no reply within "
+                        f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"
+                    )
+                assert slot.reply is not None
+                return slot.reply
+            finally:
+                self._pending.pop(msg.id, None)
+
+        def cancel() -> None:  # the caller will not wait after all (a sibling step failed)
+            self._pending.pop(msg.id, None)
+
+        wait.cancel = cancel  # type: ignore[attr-defined]
+        return wait
+
+    # The listener is per process: gunicorn forks after the app is built, so it is
+    # started lazily, and again in a child that inherited a parent's dispatcher.
+    def _ensure_listener(self) -> None:
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        with self._lock:
+            if self._pid == pid:
+                return
+            self._pending = {}
+            self.reply_key = f"{REPLY_PREFIX}{socket.gethostname()}.{pid}.{uuid.uuid4().hex[:8]}"
+            threading.Thread(target=self._listen, name="conch-replies", daemon=True).start()
+            self._pid = pid
+
+    def _listen(self) -> None:
+        key = self.reply_key
+        link = RedisLink(self.client)
+        blmpop = True  # Redis >= 7: block and take up to a batch in one round trip
+        while True:
+            try:
+                if blmpop:
+                    got = link.call("BLMPOP", 1, 1, key, "LEFT", "COUNT", 256)
+                    if isinstance(got, redis.ResponseError):
+                        blmpop = False
+                        continue
+                    if not got:
+                        continue
+                    items = got[1]
+                else:
+                    got, more = link.pipeline([("BLPOP", key, 1), ("LPOP", key, 255)])
+                    if not got or isinstance(got, redis.ResponseError):
+                        continue
+                    items = [got[1], *(more if isinstance(more, list) else ())]
+            except redis.RedisError as exc:
+                log.warning("reply listener lost Redis (%s); retrying", exc)
+                time.sleep(0.5)
+                continue
+            for raw in items:
+                try:
+                    reply = Reply.unpack(raw)
+                except BadMessage as exc:
+                    log.warning("dropping an unreadable reply: %s", exc)
+                    continue
+                slot = self._pending.get(reply.id)
+                # The first reply wins: a duplicate (a redelivered request run twice) or a
+                # late one (its caller gave up) changes nothing.
+                if slot is not None and slot.reply is None:
+                    slot.reply = reply
+                    slot.event.set()

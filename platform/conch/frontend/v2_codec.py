@@ -1,0 +1,456 @@
+"""HTTP infer request/response framing: Triton's JSON plus the binary tensor extension.
+
+The gateway hands ``decode_request`` the body and two headers, and gets back tensors in
+raw (Triton binary) form; ``encode_response`` turns raw output tensors back into a body
+that tritonclient, the C++ client and perf_analyzer read. Every client mistake becomes an
+``InvalidArgument`` (400) whose message names the offending input or output.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+import numpy as np
+
+from conch.core import tensors
+from conch.core.datatypes import WIRE_TO_NUMPY, WIRE_TYPES
+from conch.core.errors import Internal, InvalidArgument
+from conch.core.inference import (
+    InferRequest,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
+
+MAX_JSON_DEPTH = 100  # Triton's limit on JSON nesting (src/common.h)
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+# The one ``triton_`` key Triton lets through (it is set internally by its frontends).
+_ALLOWED_TRITON_KEYS = frozenset({"triton_enable_empty_final_response"})
+
+
+# --------------------------------------------------------------------------- request
+
+
+def _decompress(body: bytes, encoding: str | None, max_body_bytes: int) -> bytes:
+    """Inflate a gzip/deflate body, never producing more than ``max_body_bytes``.
+
+    Decompression is bounded with ``max_length`` so a small "zip bomb" costs at most
+    ``max_body_bytes`` of memory before it is refused.
+    """
+    enc = (encoding or "").strip().lower()
+    if enc in ("", "identity"):
+        return body
+    if enc in ("gzip", "x-gzip"):
+        wbits = 16 + zlib.MAX_WBITS
+    elif enc == "deflate":
+        wbits = zlib.MAX_WBITS  # HTTP "deflate" is the zlib format
+    else:
+        raise InvalidArgument(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate")
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(body, max_body_bytes + 1)
+    except zlib.error as e:
+        raise InvalidArgument(f"failed to decompress {enc} request body: {e}") from None
+    if len(out) > max_body_bytes:
+        raise InvalidArgument(
+            f"decompressed request body exceeds the maximum of {max_body_bytes} bytes"
+        )
+    if not d.eof:
+        raise InvalidArgument(f"failed to decompress {enc} request body: data is truncated")
+    if d.unused_data:
+        raise InvalidArgument(
+            f"failed to decompress {enc} request body: {len(d.unused_data)} bytes follow "
+            f"the compressed stream"
+        )
+    return out
+
+
+def _check_depth(doc: Any) -> None:
+    """Refuse JSON nested deeper than Triton allows (arrays and objects both count)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgument(
+                f"failed to parse the request JSON: nesting depth exceeds {MAX_JSON_DEPTH}"
+            )
+        children = node.values() if isinstance(node, dict) else node
+        # set(map(type, ...)) runs at C speed, so flat ``data`` arrays cost almost nothing.
+        kinds = set(map(type, children))
+        if list in kinds or dict in kinds:
+            stack.extend((c, depth + 1) for c in children if isinstance(c, list | dict))
+
+
+def _parse_json(text: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise InvalidArgument(
+            f"failed to parse the request JSON: nesting depth exceeds {MAX_JSON_DEPTH}"
+        ) from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise InvalidArgument(f"failed to parse the request JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the request JSON must be an object")
+    _check_depth(doc)
+    return doc
+
+
+def _is_uint(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _request_parameters(params: Any) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InvalidArgument("request 'parameters' must be a JSON object")
+    for key, value in params.items():
+        if key.startswith("triton_") and key not in _ALLOWED_TRITON_KEYS:
+            raise InvalidArgument(
+                f"parameter keys starting with 'triton_' are reserved for Triton usage "
+                f"and should not be specified: '{key}'"
+            )
+        if key == "sequence_id":
+            if not (_is_uint(value) or isinstance(value, str)):
+                raise InvalidArgument(
+                    "parameter 'sequence_id' must be an unsigned integer or a string"
+                )
+        elif key in ("sequence_start", "sequence_end", "binary_data_output"):
+            if type(value) is not bool:
+                raise InvalidArgument(f"parameter '{key}' must be a boolean")
+        elif key in ("priority", "timeout"):
+            if not _is_uint(value):
+                raise InvalidArgument(f"parameter '{key}' must be an unsigned integer")
+        elif key == "headers":
+            if not isinstance(value, dict):
+                raise InvalidArgument("parameter 'headers' must be a JSON object")
+        elif not isinstance(value, str | int | float):  # bool is an int
+            raise InvalidArgument(
+                f"parameter '{key}' has invalid type; it should be a string, integer, "
+                f"boolean or number"
+            )
+    return params
+
+
+def _input_header(entry: Any, index: int) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
+    if not isinstance(entry, dict):
+        raise InvalidArgument(f"inputs[{index}] must be a JSON object")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"inputs[{index}] must have a non-empty string 'name'")
+    datatype = entry.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidArgument(f"input '{name}' must have a string 'datatype'")
+    if datatype not in WIRE_TYPES:
+        raise InvalidArgument(
+            f"invalid datatype '{datatype}' for input '{name}'; expected one of "
+            f"{', '.join(WIRE_TO_NUMPY)}"
+        )
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        raise InvalidArgument(
+            f"input '{name}' must have a 'shape' that is a list of non-negative integers, "
+            f"got {json.dumps(shape)}"
+        )
+    params = entry.get("parameters")
+    if params is None:
+        params = {}
+    elif not isinstance(params, dict):
+        raise InvalidArgument(f"'parameters' of input '{name}' must be a JSON object")
+    return name, datatype, tuple(shape), params
+
+
+def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
+    if entries is None:
+        return None
+    if not isinstance(entries, list):
+        raise InvalidArgument("request 'outputs' must be a JSON array")
+    if not entries:
+        return None  # Triton returns every output when none are named
+    outputs: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise InvalidArgument(f"outputs[{i}] must be a JSON object")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"outputs[{i}] must have a non-empty string 'name'")
+        if name in seen:
+            raise InvalidArgument(f"output '{name}' is requested more than once")
+        seen.add(name)
+        params = entry.get("parameters")
+        if params is None:
+            params = {}
+        elif not isinstance(params, dict):
+            raise InvalidArgument(f"'parameters' of output '{name}' must be a JSON object")
+        if "shared_memory_region" in params:
+            raise InvalidArgument(f"output '{name}': shared memory is not supported")
+        binary = params.get("binary_data", False)
+        if type(binary) is not bool:
+            raise InvalidArgument(f"'binary_data' of output '{name}' must be a boolean")
+        class_count = params.get("classification", 0)
+        if not _is_uint(class_count):
+            raise InvalidArgument(
+                f"'classification' of output '{name}' must be a non-negative integer"
+            )
+        outputs.append(RequestedOutput(name, binary, class_count))
+    return outputs
+
+
+def decode_request(
+    body: bytes,
+    header_length: str | None,
+    content_encoding: str | None,
+    *,
+    max_body_bytes: int,
+) -> InferRequest:
+    """Parse an infer request body into raw-tensor form, validating its structure.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` header as received; it
+    counts bytes of the *decompressed* body, as the clients compute it.
+    """
+    if len(body) > max_body_bytes:
+        raise InvalidArgument(
+            f"request body of {len(body)} bytes exceeds the maximum of {max_body_bytes} bytes"
+        )
+    body = _decompress(body, content_encoding, max_body_bytes)
+    size = len(body)
+
+    if header_length is None or header_length == "":
+        json_len = size
+    else:
+        try:
+            json_len = int(header_length)
+        except ValueError:
+            raise InvalidArgument(
+                f"invalid {HEADER_LENGTH} header '{header_length}': expected an integer"
+            ) from None
+        if json_len < 0 or json_len > size:
+            raise InvalidArgument(
+                f"{HEADER_LENGTH} {json_len} is out of range for a body of {size} bytes"
+            )
+        if json_len == 0:
+            raise InvalidArgument(f"raw binary requests ({HEADER_LENGTH}: 0) are not supported")
+
+    view = memoryview(body)
+    doc = _parse_json(bytes(view[:json_len]))
+
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument("request 'id' must be a string")
+    parameters = _request_parameters(doc.get("parameters"))
+
+    entries = doc.get("inputs")
+    if not isinstance(entries, list) or not entries:
+        raise InvalidArgument("request 'inputs' must be a non-empty JSON array")
+
+    offset = json_len
+    inputs: list[InputTensor] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        name, datatype, shape, params = _input_header(entry, i)
+        if name in seen:
+            raise InvalidArgument(f"input '{name}' is given more than once")
+        seen.add(name)
+        has_data = "data" in entry
+        has_binary = "binary_data_size" in params
+        has_shm = "shared_memory_region" in params
+        if has_data + has_binary + has_shm != 1:
+            raise InvalidArgument(
+                f"input '{name}' must set only one of the following fields: 'data', "
+                f"'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'"
+            )
+        if has_shm:
+            raise InvalidArgument(f"input '{name}': shared memory is not supported")
+        if has_binary:
+            nbytes = params["binary_data_size"]
+            if not _is_uint(nbytes):
+                raise InvalidArgument(
+                    f"'binary_data_size' of input '{name}' must be a non-negative integer"
+                )
+            end = offset + nbytes
+            if end > size:
+                raise InvalidArgument(
+                    f"unexpected size for input '{name}': binary_data_size is {nbytes} but "
+                    f"only {size - offset} bytes of binary data remain"
+                )
+            raw = bytes(view[offset:end])
+            offset = end
+            tensors.raw_size_ok(datatype, shape, raw, name)
+        else:
+            raw = tensors.json_to_raw(datatype, shape, entry["data"], name)
+        inputs.append(InputTensor(name, datatype, shape, raw))
+
+    if offset != size:
+        raise InvalidArgument(
+            f"unexpected additional input data: {size - offset} bytes after the last input"
+        )
+
+    return InferRequest(
+        id=request_id,
+        inputs=inputs,
+        outputs=_requested_outputs(doc.get("outputs")),
+        binary_data_output=bool(parameters.get("binary_data_output", False)),
+        parameters=parameters,
+    )
+
+
+# -------------------------------------------------------------------------- response
+
+
+def _format_class_value(datatype: str, value: Any) -> str:
+    """A class score as C++ std::to_string writes it: "%f" for floats, plain integers."""
+    if datatype in ("FP16", "BF16", "FP32", "FP64"):
+        return f"{float(value):f}"
+    return str(int(value))
+
+
+def classify(out: OutputTensor, k: int, labels: list[str] | None, batched: bool) -> OutputTensor:
+    """Replace an output by its top-``k`` classes (classification extension).
+
+    Each element is ``"<value>:<index>[:<label>]"``, highest value first; ties keep the
+    lower index first. With ``batched`` the first dimension is the batch and each batch
+    entry is ranked separately.
+    """
+    if out.datatype in ("BYTES", "BOOL"):
+        raise InvalidArgument(
+            f"class result not available for output '{out.name}' due to unsupported "
+            f"type '{out.datatype}'"
+        )
+    values = tensors.to_numpy(out.datatype, out.shape, out.raw, out.name)
+    if out.datatype == "BF16":
+        values = (values.astype("<u4") << 16).view("<f4")
+    if batched:
+        if not out.shape:
+            raise InvalidArgument(f"output '{out.name}' has no batch dimension to classify")
+        batch, n = out.shape[0], tensors.element_count(out.shape[1:])
+    else:
+        batch, n = 1, tensors.element_count(out.shape)
+    rows = values.reshape(batch, n)
+    top = min(k, n)
+    # Descending with ties on the lower index: a stable ascending sort of the reversed
+    # row, read backwards (no negation, so every integer type sorts exactly).
+    order = (n - 1) - np.argsort(rows[:, ::-1], axis=1, kind="stable")[:, ::-1][:, :top]
+    elements: list[str] = []
+    for b in range(batch):
+        row = rows[b]
+        for idx in order[b].tolist():
+            text = f"{_format_class_value(out.datatype, row[idx])}:{idx}"
+            if labels is not None and idx < len(labels) and labels[idx]:
+                text += f":{labels[idx]}"
+            elements.append(text)
+    shape = (batch, top) if batched else (top,)
+    return OutputTensor(out.name, "BYTES", shape, tensors.encode_bytes_elements(elements))
+
+
+def _pick_encoding(accept_encoding: str | None) -> str | None:
+    """gzip or deflate if the client accepts either (gzip preferred), else None."""
+    if not accept_encoding:
+        return None
+    accepted: set[str] = set()
+    for item in accept_encoding.split(","):
+        token, _, params = item.strip().partition(";")
+        q = 1.0
+        for p in params.split(";"):
+            key, _, val = p.strip().partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(val)
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            accepted.add(token.strip().lower())
+    for enc in ("gzip", "deflate"):
+        if enc in accepted:
+            return enc
+    return None
+
+
+def _compress(data: bytes, encoding: str) -> bytes:
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    c = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return c.compress(data) + c.flush()
+
+
+def encode_response(
+    *,
+    model_name: str,
+    model_version: str,
+    request_id: str,
+    outputs: list[OutputTensor],
+    request: InferRequest,
+    labels: dict[str, list[str]] | None = None,
+    batched: bool = False,
+    accept_encoding: str | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """Build the response body and headers for ``outputs`` as ``request`` asked for them.
+
+    Listed outputs come in the order requested, each binary only if its own
+    ``binary_data`` says so (Triton's rule); with no list, every output comes in model
+    order, binary iff ``binary_data_output``. Binary tensors are appended to the JSON
+    as-is, so they are never re-encoded.
+    """
+    if request.outputs is None:
+        selected = [(o, request.binary_data_output, 0) for o in outputs]
+    else:
+        by_name = {o.name: o for o in outputs}
+        selected = []
+        for want in request.outputs:
+            out = by_name.get(want.name)
+            if out is None:
+                raise Internal(f"model '{model_name}' did not produce output '{want.name}'")
+            selected.append((out, want.binary, want.class_count))
+
+    entries: list[dict[str, Any]] = []
+    raws: list[bytes] = []
+    any_binary = False
+    for out, binary, class_count in selected:
+        if class_count > 0:
+            out = classify(out, class_count, (labels or {}).get(out.name), batched)
+        entry: dict[str, Any] = {
+            "name": out.name,
+            "datatype": out.datatype,
+            "shape": list(out.shape),
+        }
+        if binary:
+            any_binary = True
+            entry["parameters"] = {"binary_data_size": len(out.raw)}
+            if out.raw:
+                raws.append(out.raw)
+        else:
+            entry["data"] = tensors.raw_to_json(out.datatype, out.shape, out.raw, out.name)
+        entries.append(entry)
+
+    doc: dict[str, Any] = {}
+    if request_id:
+        doc["id"] = request_id
+    doc["model_name"] = model_name
+    doc["model_version"] = str(model_version)
+    doc["outputs"] = entries
+    header = json.dumps(doc, separators=(",", ":")).encode()
+
+    headers: dict[str, str] = {}
+    if any_binary:
+        body = header + b"".join(raws)
+        headers["Content-Type"] = "application/octet-stream"
+        # The length of the uncompressed JSON, as Triton sends it even when compressing.
+        headers[HEADER_LENGTH] = str(len(header))
+    else:
+        body = header
+        headers["Content-Type"] = "application/json"
+
+    encoding = _pick_encoding(accept_encoding)
+    if encoding is not None:
+        body = _compress(body, encoding)
+        headers["Content-Encoding"] = encoding
+    return body, headers
+
+
+def error_body(message: str) -> bytes:
+    """Triton's error body, which every client reads on any non-200 status."""
+    return json.dumps({"error": message}).encode()

@@ -1,5 +1,0 @@
-"""The HTTP frontend: Triton's HTTP/REST protocol as a Flask app, served by gunicorn."""
-
-from .app import create_app
-
-__all__ = ["create_app"]

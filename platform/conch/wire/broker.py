@@ -1,0 +1,406 @@
+"""Model queues on Redis, in Celery's message format and kombu's key layout.
+
+Each model has one Celery queue (a Redis list, with kombu's priority sub-lists), so
+Celery tooling, KEDA's list-length trigger and kombu's visibility-timeout restore keep
+working. The worker does not use kombu's one-message consumer: ``Drain.pop`` takes up
+to a whole batch in one Lua script that also records every message in kombu's
+``unacked`` hash and index, so a message is never out of the list without being
+registered in flight (kombu's own pop-then-register is two steps; celery#7950).
+
+A small "wake" list per queue lets idle workers block (BLPOP) instead of polling: the
+gateway pushes a token with every message and each pop resets the tokens to the number
+of messages still waiting, so tokens never drift far from the truth. A message that
+arrives without a token (a kombu restore, a plain Celery producer) is found by the
+drain's periodic poll.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+
+import msgpack
+import orjson
+import redis
+
+from conch.wire.messages import BadMessage
+from conch.wire.redis_link import RedisLink
+
+TASK_NAME = "conch.infer"
+JOBS_QUEUE = (
+    "conch.jobs"  # the Celery queue of job tasks (conch.frontend.batch_job), on every worker
+)
+QUEUE_PREFIX = "conch.model."
+PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
+# One sub-list per step, 0 the highest (kombu's order on Redis). Online requests take
+# steps 0-7 by their Triton priority level; async jobs and offline chunks sit below.
+PRIORITY_STEPS = tuple(range(10))
+UNACKED = "unacked"  # kombu's default keys, so its restore_visible sees our messages
+UNACKED_INDEX = "unacked_index"
+ATTEMPTS = "conch.attempts"
+DEADLETTER = "conch.deadletter"
+WAKE_SUFFIX = ".wake"
+WAKE_CAP = 8
+REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
+POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
+
+ONLINE_STEPS = 8
+PRIORITY_ASYNC = 8
+PRIORITY_BULK = 9
+
+_ORIGIN = f"conch-gateway@{socket.gethostname()}:{os.getpid()}"
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def queue_name(model: str) -> str:
+    return QUEUE_PREFIX + model
+
+
+def priority_keys(queue: str) -> list[str]:
+    """kombu's sub-lists of one queue, highest priority first."""
+    return [queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
+
+
+def priority_key(queue: str, priority: int) -> str:
+    step = min(max(0, priority), PRIORITY_STEPS[-1])
+    return queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}"
+
+
+def online_step(level: int) -> int:
+    """Triton's priority level (1 = highest) as an online sub-list."""
+    return min(max(level, 1), ONLINE_STEPS) - 1
+
+
+def wake_key(queue: str) -> str:
+    return queue + WAKE_SUFFIX
+
+
+def envelope(
+    payload: dict,
+    *,
+    task_id: str,
+    queue: str,
+    priority: int,
+    reply_to: str | None,
+    task: str = TASK_NAME,
+) -> bytes:
+    """A Celery protocol-2 message whose single argument is our msgpack payload.
+
+    Infer requests (``TASK_NAME``) reply on their own list, so Celery keeps no result
+    for them; other tasks (an offline batch job) keep theirs in the result backend.
+    """
+    body = msgpack.packb([[payload], {}, _EMBED], use_bin_type=True)
+    return orjson.dumps(
+        {
+            "body": base64.b64encode(body).decode("ascii"),
+            "content-encoding": "binary",
+            "content-type": "application/x-msgpack",
+            "headers": {
+                "lang": "py",
+                "task": task,
+                "id": task_id,
+                "shadow": None,
+                "eta": None,
+                "expires": None,
+                "group": None,
+                "group_index": None,
+                "retries": 0,
+                "timelimit": [None, None],
+                "root_id": task_id,
+                "parent_id": None,
+                "argsrepr": "",
+                "kwargsrepr": "",
+                "origin": _ORIGIN,
+                "ignore_result": task == TASK_NAME,
+            },
+            "properties": {
+                "correlation_id": task_id,
+                "reply_to": reply_to or "",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": priority,
+                "body_encoding": "base64",
+                "delivery_tag": task_id,
+            },
+        }
+    )
+
+
+# KEYS: the target sub-list, the wake list. ARGV: message, max length (0 = none), wake cap.
+_PUBLISH_LUA = """
+local limit = tonumber(ARGV[2])
+if limit > 0 and redis.call('LLEN', KEYS[1]) >= limit then
+  return 0
+end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], '1')
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+return 1
+"""
+
+
+class _Pending:
+    __slots__ = ("args", "done", "error", "keys", "result")
+
+    def __init__(self, keys: list[str], args: list) -> None:
+        self.keys = keys
+        self.args = args
+        self.done = threading.Event()
+        self.result = False
+        self.error: BaseException | None = None
+
+
+class Publisher:
+    """The gateway's side of the model queues.
+
+    Publishes are group-committed: whichever caller finds no flush under way sends
+    every message queued meanwhile in one pipeline, so concurrent requests share round
+    trips (and Redis's per-command work) instead of paying one each.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._script = client.register_script(_PUBLISH_LUA)
+        self._link = RedisLink(client)
+        self._lock = threading.Lock()
+        self._queue: list[_Pending] = []
+        self._flushing = False
+
+    def publish(
+        self,
+        model: str,
+        payload: dict,
+        *,
+        task_id: str,
+        priority: int,
+        reply_to: str | None,
+        max_queue_size: int = 0,
+    ) -> bool:
+        """Queue one request and wake an idle worker; False when the queue is full.
+
+        The length check and the push are one script, so concurrent gateways cannot
+        overfill a bounded queue.
+        """
+        queue = queue_name(model)
+        raw = envelope(payload, task_id=task_id, queue=queue, priority=priority, reply_to=reply_to)
+        entry = _Pending(
+            [priority_key(queue, priority), wake_key(queue)], [raw, max_queue_size, WAKE_CAP]
+        )
+        with self._lock:
+            self._queue.append(entry)
+            leader = not self._flushing
+            self._flushing = True
+        if leader:
+            self._flush()
+        entry.done.wait()
+        if entry.error is not None:
+            raise entry.error
+        return entry.result
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queue = self._queue, []
+                if not batch:
+                    self._flushing = False
+                    return
+            try:
+                for e, r in zip(batch, self._run(batch), strict=True):
+                    e.result = bool(r)
+            except BaseException as exc:  # every waiter learns of it, none hangs
+                for e in batch:
+                    e.error = exc
+            for e in batch:
+                e.done.set()
+
+    def _run(self, batch: list[_Pending]) -> list:
+        for attempt in (0, 1):
+            results = self._link.pipeline(
+                [("EVALSHA", self._script.sha, len(e.keys), *e.keys, *e.args) for e in batch]
+            )
+            errors = [r for r in results if isinstance(r, redis.ResponseError)]
+            if not errors:
+                return results
+            if attempt or not all(isinstance(r, redis.exceptions.NoScriptError) for r in errors):
+                raise errors[0]
+            self.client.script_load(_PUBLISH_LUA)  # Redis restarted or flushed its scripts
+        raise AssertionError("unreachable")
+
+
+def queue_depth(client: redis.Redis, model: str) -> int:
+    pipe = client.pipeline(transaction=False)
+    for key in priority_keys(queue_name(model)):
+        pipe.llen(key)
+    return sum(pipe.execute())
+
+
+def decode(raw: bytes | str) -> tuple[str, dict, bool]:
+    """Celery envelope -> (delivery tag, our payload, redelivered). Never unpickles."""
+    try:
+        msg = orjson.loads(raw)
+        props = msg["properties"]
+        tag = props["delivery_tag"]
+        if msg.get("content-type") != "application/x-msgpack":
+            raise BadMessage(f"content type {msg.get('content-type')!r} is not accepted")
+        body = msg["body"]
+        if props.get("body_encoding") == "base64":
+            body = base64.b64decode(body, validate=True)
+        elif isinstance(body, str):
+            body = body.encode("latin-1")
+        args, _kwargs, _embed = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        payload = args[0]
+        if not isinstance(payload, dict):
+            raise BadMessage("task argument is not a map")
+        redelivered = bool(props.get("delivery_info", {}).get("redelivered"))
+        return str(tag), payload, redelivered
+    except BadMessage:
+        raise
+    except Exception as exc:
+        raise BadMessage(f"not a conch message: {exc}") from None
+
+
+# KEYS: wake, unacked, unacked_index, attempts, then the priority sub-lists in order.
+# ARGV: max count, now, routing key, wake cap.
+_POP_LUA = """
+local n = tonumber(ARGV[1])
+local out = {}
+local waiting = 0
+local rk = cjson.encode(ARGV[3])
+for i = 5, #KEYS do
+  local key = KEYS[i]
+  if n > 0 then
+    local items = redis.call('RPOP', key, n)
+    if items then
+      for _, raw in ipairs(items) do
+        local tag = string.match(raw, '"delivery_tag":%s*"([^"]+)"')
+        if not tag then
+          local ok, m = pcall(cjson.decode, raw)
+          if ok and type(m) == 'table' and type(m['properties']) == 'table' then
+            tag = m['properties']['delivery_tag']
+          end
+        end
+        if type(tag) ~= 'string' then tag = 'conch-untagged-' .. redis.call('INCR', 'conch.untagged') end
+        redis.call('ZADD', KEYS[3], ARGV[2], tag)
+        redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
+        out[#out + 1] = tag
+        out[#out + 1] = raw
+        out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
+      end
+      n = n - #items
+    end
+  end
+  waiting = waiting + redis.call('LLEN', key)
+end
+redis.call('DEL', KEYS[1])
+if waiting > 0 then
+  local t = {}
+  for j = 1, math.min(waiting, tonumber(ARGV[4])) do t[j] = '1' end
+  redis.call('LPUSH', KEYS[1], unpack(t))
+end
+table.insert(out, 1, waiting)
+return out
+"""
+
+
+class Drain:
+    """The worker's side of one model queue: block, pop a batch atomically, ack."""
+
+    def __init__(self, client: redis.Redis, model: str) -> None:
+        self.client = client
+        self.queue = queue_name(model)
+        self.keys = [
+            wake_key(self.queue),
+            UNACKED,
+            UNACKED_INDEX,
+            ATTEMPTS,
+            *priority_keys(self.queue),
+        ]
+        self._pop = client.register_script(_POP_LUA)
+        self.waiting = 0
+
+    def wait(self, timeout: float) -> None:
+        """Block until a message may be waiting, or about ``timeout`` seconds pass.
+
+        Redis checks blocking timeouts on its own clock tick (100 ms at the default
+        ``hz 10``), so BLPOP cannot time a short wait: below a few ticks this sleeps a
+        fraction of a millisecond and lets the caller pop again.
+        """
+        if timeout > 2 * REDIS_TICK_S:
+            self.client.blpop([self.keys[0]], timeout=timeout - REDIS_TICK_S)
+        elif timeout > 0:
+            time.sleep(min(timeout, POLL_S))
+
+    def pop(self, count: int) -> list[tuple[str, bytes, int]]:
+        """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight.
+
+        ``self.waiting`` is then the number of messages still queued behind them.
+        """
+        if count <= 0:
+            return []
+        flat = self._pop(keys=self.keys, args=[count, time.time(), self.queue, WAKE_CAP])
+        self.waiting = int(flat[0])
+        return [(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(1, len(flat), 3)]
+
+
+def requeue(
+    pipe: redis.client.Pipeline,
+    queue: str,
+    payload: dict,
+    *,
+    tag: str,
+    priority: int,
+    reply_to: str | None,
+    head: bool,
+) -> None:
+    """Put a popped request back: at the head (next to run) or the tail of a sub-list."""
+    raw = envelope(payload, task_id=tag, queue=queue, priority=priority, reply_to=reply_to)
+    key = priority_key(queue, priority)
+    pipe.rpush(key, raw) if head else pipe.lpush(key, raw)
+    pipe.lpush(wake_key(queue), "1")
+    pipe.ltrim(wake_key(queue), 0, WAKE_CAP - 1)
+
+
+def ack(pipe: redis.client.Pipeline, tags: Iterable[str]) -> None:
+    """Forget delivered messages: kombu's ack plus our attempt counter."""
+    tags = list(tags)
+    if tags:
+        pipe.zrem(UNACKED_INDEX, *tags)
+        pipe.hdel(UNACKED, *tags)
+        pipe.hdel(ATTEMPTS, *tags)
+
+
+def touch(client: redis.Redis, tags: Iterable[str]) -> None:
+    """Push back the visibility timeout of messages a live worker still holds."""
+    tags = list(tags)
+    if tags:
+        now = time.time()
+        client.zadd(UNACKED_INDEX, dict.fromkeys(tags, now), xx=True)
+
+
+def dead_letter(pipe: redis.client.Pipeline, tag: str, raw: bytes | str, reason: str) -> None:
+    pipe.lpush(
+        DEADLETTER,
+        json.dumps(
+            {
+                "tag": tag,
+                "reason": reason,
+                "at": time.time(),
+                "message": raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw,
+            }
+        ),
+    )
+    pipe.ltrim(DEADLETTER, 0, 9999)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _s(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v

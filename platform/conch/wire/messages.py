@@ -1,0 +1,219 @@
+"""The messages that cross the broker: one inference request, one reply.
+
+They are msgpack maps whose tensors are Triton's binary bytes plus datatype and shape,
+so nothing is re-encoded between the HTTP body, Redis and the backend. Broker data is
+treated as untrusted: never pickled, every field type-checked, every size bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from conch.core.datatypes import WIRE_TYPES
+from conch.core.errors import ConchError, InvalidArgument, from_code
+
+# Tensors travel as [name, datatype, shape, raw bytes].
+WireTensor = tuple[str, str, tuple[int, ...], bytes]
+
+REPLY_PREFIX = "conch.reply."
+MAX_RANK = 16
+MAX_TENSORS = 1024
+# Models a BLS request's chain may name (the models waiting on it); BLS bounds the depth
+# of a call chain far lower, this only bounds what a message may carry.
+MAX_CHAIN = 256
+MAX_MODEL_NAME = 200
+
+
+class BadMessage(ValueError):
+    """A broker message that is not one of ours; it is dead-lettered, never executed."""
+
+
+@dataclass
+class InferMessage:
+    id: str
+    model: str
+    version: int
+    inputs: list[WireTensor]
+    outputs: list[str]
+    reply_to: str | None
+    enqueued: float  # epoch seconds, stamped by the gateway
+    deadline: float  # epoch seconds; 0 = none
+    priority: int = 0  # the queue's priority sub-list
+    params: dict[str, Any] = field(default_factory=dict)
+    queue_deadline: float = 0.0  # epoch seconds; past it the queue policy applies
+    delay_on_timeout: bool = False  # Triton's DELAY: run it later instead of rejecting
+    delayed: bool = False  # already moved behind the requests still in time
+    client_id: str = ""  # the "id" the client gave its request
+    timeout_us: int = 0  # the client's "timeout" parameter
+    # BLS: the models whose instances wait on this request (outermost first); empty for a
+    # request from a client. See conch.frontend.bls.
+    chain: list[str] = field(default_factory=list)
+    # An async job (conch.wire.job_store): its result is stored for this many seconds instead of
+    # being pushed to a reply list; 0 for a request someone waits on.
+    job_ttl: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "model": self.model,
+            "version": self.version,
+            "inputs": [list(t) for t in self.inputs],
+            "outputs": self.outputs,
+            "reply_to": self.reply_to,
+            "enqueued": self.enqueued,
+            "deadline": self.deadline,
+            "priority": self.priority,
+            "params": self.params,
+            "qd": self.queue_deadline,
+            "dot": self.delay_on_timeout,
+            "delayed": self.delayed,
+            "cid": self.client_id,
+            "tmo": self.timeout_us,
+        }
+        if self.chain:  # only BLS requests carry one; a client's message stays as it was
+            body["chain"] = list(self.chain)
+        if self.job_ttl:
+            body["job"] = self.job_ttl
+        return body
+
+    @classmethod
+    def from_dict(cls, m: Any) -> InferMessage:
+        if not isinstance(m, dict):
+            raise BadMessage("message is not a map")
+        try:
+            inputs = [read_tensor(t) for t in _list(m["inputs"], MAX_TENSORS)]
+            outputs = [_str(o) for o in _list(m["outputs"], MAX_TENSORS)]
+            reply_to = m.get("reply_to")
+            params = m.get("params") or {}
+            if not isinstance(params, dict):
+                raise BadMessage("params is not a map")
+            return cls(
+                id=_str(m["id"]),
+                model=_str(m["model"]),
+                version=_int(m["version"]),
+                inputs=inputs,
+                outputs=outputs,
+                reply_to=None if reply_to is None else _reply_key(reply_to),
+                enqueued=_float(m["enqueued"]),
+                deadline=_float(m.get("deadline", 0.0)),
+                priority=_int(m.get("priority", 0)),
+                params=params,
+                queue_deadline=_float(m.get("qd", 0.0)),
+                delay_on_timeout=bool(m.get("dot", False)),
+                delayed=bool(m.get("delayed", False)),
+                client_id=_str(m.get("cid", "")),
+                timeout_us=_int(m.get("tmo", 0)),
+                chain=[_model_name(c) for c in _list(m.get("chain") or [], MAX_CHAIN)],
+                job_ttl=_int(m.get("job", 0)),
+            )
+        except KeyError as exc:
+            raise BadMessage(f"message lacks field {exc}") from None
+
+
+@dataclass
+class Reply:
+    id: str
+    outputs: list[WireTensor] | None = None
+    error: ConchError | None = None
+    timing: dict[str, int] = field(default_factory=dict)  # ns: queue, compute
+    batch_size: int = 0
+    version: int = 0  # the model version that answered
+
+    def pack(self) -> bytes:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "t": self.timing,
+            "bs": self.batch_size,
+            "v": self.version,
+        }
+        if self.error is not None:
+            body["err"] = [self.error.code, self.error.status, self.error.message]
+        else:
+            body["out"] = [list(t) for t in self.outputs or ()]
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Reply:
+        m = _unpack(data)
+        if not isinstance(m, dict):
+            raise BadMessage("reply is not a map")
+        rid = _str(m.get("id"))
+        timing = m.get("t") or {}
+        if "err" in m:
+            code, status, message = m["err"]
+            error = from_code(_str(code), _str(message), _int(status))
+            return cls(rid, error=error, timing=timing)
+        outputs = [read_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
+        return cls(
+            rid,
+            outputs=outputs,
+            timing=timing,
+            batch_size=_int(m.get("bs", 0)),
+            version=_int(m.get("v", 0)),
+        )
+
+
+def _unpack(data: bytes) -> Any:
+    try:
+        # strict_map_key keeps keys to str/bytes; no ext hooks: ext types stay inert.
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise BadMessage(f"undecodable msgpack: {exc}") from None
+
+
+def read_tensor(t: Any) -> WireTensor:
+    """A [name, datatype, shape, bytes] list read from Redis, checked."""
+    if not isinstance(t, list | tuple) or len(t) != 4:
+        raise BadMessage("tensor is not [name, datatype, shape, bytes]")
+    name, datatype, shape, raw = t
+    if datatype not in WIRE_TYPES:
+        raise BadMessage(f"datatype {datatype!r} is not allowed")
+    shape = tuple(_int(d) for d in _list(shape, MAX_RANK))
+    if any(d < 0 for d in shape):
+        raise BadMessage("negative dimension")
+    if not isinstance(raw, bytes):
+        raise BadMessage("tensor data is not bytes")
+    return (_str(name), datatype, shape, raw)
+
+
+def _model_name(v: Any) -> str:
+    if not isinstance(v, str) or not v or len(v) > MAX_MODEL_NAME:
+        raise BadMessage("chain holds something that is not a model name")
+    return v
+
+
+def _reply_key(v: Any) -> str:
+    # A worker pushes replies to this key: never let a message point it elsewhere.
+    if not isinstance(v, str) or not v.startswith(REPLY_PREFIX) or len(v) > 200:
+        raise BadMessage("reply_to is not a conch reply list")
+    return v
+
+
+def _list(v: Any, limit: int) -> list:
+    if not isinstance(v, list | tuple) or len(v) > limit:
+        raise BadMessage("expected a bounded list")
+    return list(v)
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise BadMessage("expected a string")
+    return v
+
+
+def _int(v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise BadMessage("expected an integer")
+    return v
+
+
+def _float(v: Any) -> float:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        raise BadMessage("expected a number")
+    return float(v)
+
+
+__all__ = ["BadMessage", "InferMessage", "InvalidArgument", "Reply", "WireTensor"]

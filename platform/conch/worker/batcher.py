@@ -1,0 +1,493 @@
+"""The dynamic batcher: one drain loop per model instance, inside the worker.
+
+It follows Triton's ``dynamic_batching``: a batch is cut when it holds
+``max_batch_size`` rows, or when the oldest request in it has waited
+``max_queue_delay_microseconds`` since the gateway enqueued it; a batch that has
+reached a preferred size goes at once. Without ``dynamic_batching`` every request runs
+alone, as under Triton's default scheduler. Nothing is held in worker memory beyond
+the batch being formed (and the rows that overflowed it, which lead the next batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from conch.backends import Backend, BackendRequest
+from conch.core import tensors
+from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
+from conch.core.model_config import output_types
+from conch.wire import broker, job_store, statistics
+from conch.wire.messages import BadMessage, InferMessage, Reply
+
+log = logging.getLogger(__name__)
+
+REPLY_TTL_S = 60
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int  # rows; 1 when the model does not batch dynamically
+    max_queue_delay: float  # seconds, measured from the oldest request's enqueue time
+    preferred: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: Any) -> BatchPolicy:
+        if config.max_batch_size > 0 and config.HasField("dynamic_batching"):
+            db = config.dynamic_batching
+            preferred = tuple(
+                sorted(p for p in db.preferred_batch_size if 0 < p <= config.max_batch_size)
+            )
+            return cls(config.max_batch_size, db.max_queue_delay_microseconds / 1e6, preferred)
+        return cls(1, 0.0)
+
+    def ready(self, rows: int) -> bool:
+        """A batch this size need not wait for more."""
+        return rows >= self.max_batch_size or rows in self.preferred
+
+    def cut(self, rows: list[int]) -> int:
+        """How many of the queued requests (with these row counts) form the batch."""
+        total, n = 0, 0
+        for r in rows:
+            if total + r > self.max_batch_size and n:
+                break
+            total, n = total + r, n + 1
+        if total > self.max_batch_size or not self.preferred or total in self.preferred:
+            return n
+        # Prefer the largest preferred size that a prefix of the queue makes exactly.
+        best, acc = 0, 0
+        for k, r in enumerate(rows[:n], 1):
+            acc += r
+            if acc in self.preferred:
+                best = k
+        return best or n
+
+
+@dataclass
+class Item:
+    tag: str
+    msg: InferMessage
+    rows: int
+    attempts: int
+    ticket: int = -1  # pop order, when the model preserves ordering
+
+
+class Sequencer:
+    """Releases replies in the order their requests were popped (``preserve_ordering``).
+
+    Shared by one model's batchers in a worker: each pop takes consecutive tickets under
+    ``lock``, and a batch sends each reply only once every earlier ticket is finished.
+    Ordering holds within a worker, as Triton's holds within a server.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._issued = 0
+        self._next = 0
+        self._finished: set[int] = set()
+
+    def issue(self, n: int) -> int:
+        """First of ``n`` new tickets; call with ``lock`` held, around the pop."""
+        first, self._issued = self._issued, self._issued + n
+        return first
+
+    def wait_turn(self, ticket: int) -> None:
+        with self._cond:
+            while self._next != ticket:
+                self._cond.wait(0.5)
+
+    def finish(self, ticket: int) -> None:
+        with self._cond:
+            self._finished.add(ticket)
+            while self._next in self._finished:
+                self._finished.remove(self._next)
+                self._next += 1
+            self._cond.notify_all()
+
+
+@dataclass
+class InFlight:
+    """Tags this worker holds, so a heartbeat can keep them from being restored."""
+
+    tags: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, tags: list[str]) -> None:
+        with self.lock:
+            self.tags.update(tags)
+
+    def discard(self, tags: list[str]) -> None:
+        with self.lock:
+            self.tags.difference_update(tags)
+
+    def snapshot(self) -> list[str]:
+        with self.lock:
+            return list(self.tags)
+
+
+class Batcher(threading.Thread):
+    """Drains one model's queue into one model instance."""
+
+    def __init__(
+        self,
+        *,
+        client: redis.Redis,
+        model: str,
+        backends: dict[int, Backend],
+        policy: BatchPolicy,
+        inflight: InFlight,
+        max_attempts: int = 3,
+        idle_poll: float = 1.0,
+        on_batch: Callable[[str, dict[str, int]], None] | None = None,
+        sequencer: Sequencer | None = None,
+        name: str = "",
+    ) -> None:
+        super().__init__(name=name or f"batcher-{model}", daemon=True)
+        self.client = client
+        self.model = model
+        self.backends = backends
+        self.policy = policy
+        self.inflight = inflight
+        self.max_attempts = max_attempts
+        self.idle_poll = idle_poll
+        self.on_batch = on_batch
+        self.sequencer = sequencer
+        self.drain = broker.Drain(client, model)
+        # Outputs go out as the config declares them, whatever width the backend used.
+        self.output_types = (
+            output_types(next(iter(backends.values())).spec.config) if backends else {}
+        )
+        self.stopping = threading.Event()
+        self._carry: list[Item] = []
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._once()
+            except redis.RedisError as exc:
+                log.warning("%s: Redis error (%s); retrying", self.name, exc)
+                time.sleep(0.5)
+            except Exception:
+                log.exception("%s: unexpected error in the batch loop", self.name)
+                time.sleep(0.1)
+        self._hand_back(self._carry)
+        self._carry = []
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _once(self) -> None:
+        items, self._carry = self._carry, []
+        if not items:
+            items = self._take(self.policy.max_batch_size)
+            if not items:
+                self.drain.wait(self.idle_poll)
+                return
+        rows = sum(i.rows for i in items)
+        while rows < self.policy.max_batch_size and not self.policy.ready(rows):
+            left = min(i.msg.enqueued for i in items) + self.policy.max_queue_delay - time.time()
+            if self.drain.waiting == 0:  # nothing queued now: wait for more, or for the delay
+                if left <= 0 or self.stopping.is_set():
+                    break
+                self.drain.wait(left)
+            more = self._take(self.policy.max_batch_size - rows)
+            items += more
+            rows += sum(i.rows for i in more)
+            if not more and left <= 0:
+                break
+        n = self.policy.cut([i.rows for i in items])
+        batch, self._carry = items[:n], items[n:]
+        self.execute(batch)
+
+    # -- taking messages --------------------------------------------------------------
+    def _pop(self, count: int) -> list[tuple[str, bytes, int, int]]:
+        if self.sequencer is None:
+            return [(tag, raw, attempts, -1) for tag, raw, attempts in self.drain.pop(count)]
+        with self.sequencer.lock:
+            popped = self.drain.pop(count)
+            first = self.sequencer.issue(len(popped))
+        return [(tag, raw, attempts, first + k) for k, (tag, raw, attempts) in enumerate(popped)]
+
+    def _take(self, count: int) -> list[Item]:
+        popped = self._pop(count)
+        if not popped:
+            return []
+        self.inflight.add([tag for tag, _, _, _ in popped])
+        items: list[Item] = []
+        now = time.time()
+        pipe = self.client.pipeline(transaction=True)  # requeue and ack go together
+        done: list[tuple[str, int]] = []
+        for tag, raw, attempts, ticket in popped:
+            item = self._admit(pipe, now, tag, raw, attempts)
+            if item is None:
+                done.append((tag, ticket))
+            else:
+                item.ticket = ticket
+                items.append(item)
+        gone = job_store.cancelled(self.client, [i.msg.id for i in items if i.msg.job_ttl])
+        if gone:  # cancelled while queued: never run
+            done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
+            items = [i for i in items if i.msg.id not in gone]
+        if done:
+            broker.ack(pipe, [tag for tag, _ in done])
+            pipe.execute()
+            self.inflight.discard([tag for tag, _ in done])
+            if self.sequencer is not None:
+                for _, ticket in done:
+                    self.sequencer.finish(ticket)
+        return items
+
+    def _admit(
+        self, pipe: redis.client.Pipeline, now: float, tag: str, raw: bytes, attempts: int
+    ) -> Item | None:
+        """The popped message as a batch item, or None once it is dealt with here."""
+        try:
+            _, payload, _ = broker.decode(raw)
+            msg = InferMessage.from_dict(payload)
+        except BadMessage as exc:
+            log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
+            broker.dead_letter(pipe, tag, raw, str(exc))
+            return None
+        if msg.deadline and now > msg.deadline:
+            log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
+            if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
+                error = Unavailable(
+                    f"Request timeout expired: the job waited in the queue of model "
+                    f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
+                )
+                self._reply(pipe, msg, Reply(msg.id, error=error))
+            return None
+        if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
+            if msg.delay_on_timeout:
+                # Triton's DELAY: behind every request still in time, not dropped.
+                msg.delayed = True
+                broker.requeue(
+                    pipe,
+                    self.drain.queue,
+                    msg.to_dict(),
+                    tag=tag,
+                    priority=broker.ONLINE_STEPS - 1,
+                    reply_to=msg.reply_to,
+                    head=False,
+                )
+            else:
+                error = Unavailable(
+                    f"Request timeout expired: the request waited longer than the queue policy "
+                    f"of model '{self.model}' allows"
+                )
+                self._reply(pipe, msg, Reply(msg.id, error=error))
+            return None
+        if attempts > self.max_attempts:
+            reason = (
+                f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
+                f"attempts: each one ended with its worker dying"
+            )
+            log.error("%s: %s (id %s)", self.name, reason, msg.id)
+            broker.dead_letter(pipe, tag, raw, reason)
+            self._reply(pipe, msg, Reply(msg.id, error=Internal(reason)))
+            return None
+        batched = self.policy.max_batch_size > 1 and msg.inputs and msg.inputs[0][2]
+        return Item(tag, msg, max(1, msg.inputs[0][2][0]) if batched else 1, attempts)
+
+    def _hand_back(self, items: list[Item]) -> None:
+        """Return held, unexecuted requests to the head of their queue (warm shutdown)."""
+        if not items:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for item in reversed(items):
+            broker.requeue(
+                pipe,
+                self.drain.queue,
+                item.msg.to_dict(),
+                tag=item.tag,
+                priority=item.msg.priority,
+                reply_to=item.msg.reply_to,
+                head=True,
+            )
+        broker.ack(pipe, [i.tag for i in items])
+        pipe.execute()
+        self.inflight.discard([i.tag for i in items])
+        if self.sequencer is not None:
+            for item in items:
+                self.sequencer.finish(item.ticket)
+        log.info("%s: handed back %d request(s) it held", self.name, len(items))
+
+    # -- running a batch --------------------------------------------------------------
+    def execute(self, batch: list[Item]) -> None:
+        started = time.time()
+        replies: dict[str, Reply] = {}
+        backends = self.backends  # one consistent view, should a reload swap it
+        latest = max(backends) if backends else -1
+        runs: list[statistics.Execution] = []
+        by_version: dict[int, list[Item]] = {}
+        for item in batch:
+            # -1: the client named no version; the latest this worker serves answers, so
+            # a version switch never sends a request to a version that is not loaded yet.
+            version = latest if item.msg.version == -1 else item.msg.version
+            by_version.setdefault(version, []).append(item)
+        for used, items in by_version.items():
+            backend = backends.get(used)
+            if backend is None:
+                err = NotFound(
+                    f"Request for unknown model version: '{self.model}' version {used} is not loaded here"
+                )
+                for item in items:
+                    replies[item.tag] = Reply(item.msg.id, error=err)
+                continue
+            phases = self._run(backend, items, replies, started)
+            for item in items:
+                replies[item.tag].version = used
+            if phases is not None:
+                runs.append(self._execution(used, items, replies, phases))
+        if self.sequencer is None:
+            self._send(batch, replies, runs)
+        else:
+            ordered = sorted(batch, key=lambda i: i.ticket)
+            for k, item in enumerate(ordered):
+                self.sequencer.wait_turn(item.ticket)
+                self._send([item], replies, runs if k == len(ordered) - 1 else [])
+                self.sequencer.finish(item.ticket)
+        if self.on_batch is not None:
+            failed = sum(1 for i in batch if replies[i.tag].error is not None)
+            self.on_batch(
+                self.model,
+                {
+                    "executions": 1,
+                    "requests": len(batch),
+                    "rows": sum(i.rows for i in batch),
+                    "success": len(batch) - failed,
+                    "failure": failed,
+                    "queue_us": sum(replies[i.tag].timing.get("queue", 0) for i in batch) // 1000,
+                    # As Triton counts it: each request is charged its batch's compute time.
+                    "compute_us": sum(replies[i.tag].timing.get("compute", 0) for i in batch)
+                    // 1000,
+                },
+            )
+
+    def _execution(
+        self,
+        version: int,
+        items: list[Item],
+        replies: dict[str, Reply],
+        phases: tuple[int, int, int],
+    ) -> statistics.Execution:
+        """The statistics of one execution: its phases, and how its requests ended."""
+        now = time.time()
+        run = statistics.Execution(version, batch_size=sum(i.rows for i in items))
+        run.input_ns, run.infer_ns, run.output_ns = phases
+        for item in items:
+            reply = replies[item.tag]
+            took = max(0, int((now - item.msg.enqueued) * 1e9))
+            if reply.error is None:
+                run.success += 1
+                run.rows += item.rows
+                run.success_ns += took
+                run.queue_ns += reply.timing.get("queue", 0)
+            else:
+                run.fail += 1
+                run.fail_ns += took
+        return run
+
+    def _send(
+        self, items: list[Item], replies: dict[str, Reply], runs: list[statistics.Execution]
+    ) -> None:
+        """Reply, then ack: a crash in between re-runs the request, never loses it."""
+        pipe = self.client.pipeline(transaction=False)
+        now_ms = int(time.time() * 1000)
+        for run in runs:
+            statistics.record(pipe, self.model, run, now_ms)
+        by_list: dict[str, list[bytes]] = {}
+        for item in items:
+            if item.msg.job_ttl:
+                job_store.store(pipe, item.msg.id, self.model, replies[item.tag], item.msg.job_ttl)
+            elif item.msg.reply_to:
+                by_list.setdefault(item.msg.reply_to, []).append(replies[item.tag].pack())
+        for key, packed in by_list.items():  # one push per gateway process, not per request
+            pipe.rpush(key, *packed)
+            pipe.expire(key, REPLY_TTL_S)
+        tags = [i.tag for i in items]
+        broker.ack(pipe, tags)
+        pipe.execute()
+        self.inflight.discard(tags)
+
+    def _run(
+        self, backend: Backend, items: list[Item], replies: dict[str, Reply], started: float
+    ) -> tuple[int, int, int] | None:
+        """Run ``items`` on ``backend``; the ns spent reading inputs, computing and
+        writing outputs, or None when nothing ran."""
+        t_in = time.perf_counter_ns()
+        requests: list[BackendRequest] = []
+        runnable: list[Item] = []
+        for item in items:
+            try:
+                inputs = {
+                    name: tensors.to_numpy(dt, shape, raw)
+                    for name, dt, shape, raw in item.msg.inputs
+                }
+            except ConchError as exc:
+                replies[item.tag] = Reply(item.msg.id, error=exc)
+                continue
+            except Exception as exc:
+                replies[item.tag] = Reply(
+                    item.msg.id, error=InvalidArgument(f"bad input tensor: {exc}")
+                )
+                continue
+            requests.append(
+                BackendRequest(
+                    inputs,
+                    item.msg.outputs,
+                    item.msg.client_id,
+                    item.msg.params,
+                    item.msg.timeout_us,
+                    item.msg.deadline,
+                    tuple(item.msg.chain),
+                    item.msg.priority,
+                )
+            )
+            runnable.append(item)
+        if not runnable:
+            return None
+        t0 = time.perf_counter_ns()
+        try:
+            results = backend.execute(requests)
+        except ConchError as exc:
+            results = [exc] * len(requests)
+        except Exception as exc:
+            log.exception("%s: backend failed", self.name)
+            results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
+        t_out = time.perf_counter_ns()
+        compute_ns = t_out - t0
+        rows = sum(i.rows for i in runnable)
+        for item, result in zip(runnable, results, strict=True):
+            timing = {"queue": int((started - item.msg.enqueued) * 1e9), "compute": compute_ns}
+            if isinstance(result, ConchError):
+                replies[item.tag] = Reply(item.msg.id, error=result, timing=timing)
+                continue
+            try:
+                outputs = []
+                for name in item.msg.outputs:
+                    datatype, raw = tensors.from_numpy(result[name], self.output_types.get(name))
+                    outputs.append((name, datatype, tuple(result[name].shape), raw))
+            except Exception as exc:
+                replies[item.tag] = Reply(
+                    item.msg.id,
+                    error=Internal(f"model '{self.model}' returned a bad output: {exc}"),
+                )
+                continue
+            replies[item.tag] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
+        return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
+
+    def _reply(self, pipe: redis.client.Pipeline, msg: InferMessage, reply: Reply) -> None:
+        if msg.job_ttl:
+            job_store.store(pipe, msg.id, self.model, reply, msg.job_ttl)
+        elif msg.reply_to:
+            pipe.rpush(msg.reply_to, reply.pack())
+            pipe.expire(msg.reply_to, REPLY_TTL_S)
