@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from conch import __version__
-from conch.settings import Settings
+from conch.settings import ModelControlMode, Settings
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -52,7 +52,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--model-control-mode",
-        choices=("none", "poll", "explicit"),
+        choices=[m.value for m in ModelControlMode],
         default="none",
         help="none: load everything at start; poll: follow repository changes; "
         "explicit: load and unload through the repository API",
@@ -148,7 +148,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise SystemExit(f"conch: unknown --backend-config {item!r}")
     if args.request_timeout_secs is not None:
         s.request_timeout_s = args.request_timeout_secs
-    s.model_control_mode = args.model_control_mode
+    s.model_control_mode = ModelControlMode(args.model_control_mode)
     s.repository_poll_secs = args.repository_poll_secs
     s.load_models = list(args.load_model)
     if hasattr(args, "metrics_port"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 
@@ -17,6 +18,33 @@ def _env_float(name: str, default: float) -> float:
 
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
+
+
+class ModelControlMode(StrEnum):
+    """Triton's ``--model-control-mode``: which models a server serves, and when it looks again.
+
+    none: every model at start, never again; poll: follow the repository as it changes;
+    explicit: only what ``--load-model`` and the load/unload API ask for.
+    """
+
+    NONE = "none"
+    POLL = "poll"
+    EXPLICIT = "explicit"
+
+    @property
+    def explicit(self) -> bool:
+        """Models are loaded and unloaded through the API (and ``--load-model``)."""
+        return self is ModelControlMode.EXPLICIT
+
+    @property
+    def polls(self) -> bool:
+        """The repository is rescanned and followed as it changes."""
+        return self is ModelControlMode.POLL
+
+    @property
+    def follows_changes(self) -> bool:
+        """Anything after start can change what is served (poll or explicit)."""
+        return self is not ModelControlMode.NONE
 
 
 @dataclass
@@ -45,7 +73,7 @@ class Settings:
     models: list[str] | None = None  # the worker serves these; None = all
     # Triton's model control: none (load all at start), poll (follow the repository),
     # explicit (load and unload through the API; --load-model at start).
-    model_control_mode: str = "none"
+    model_control_mode: ModelControlMode = ModelControlMode.NONE
     repository_poll_secs: float = 15.0
     load_models: list[str] = field(default_factory=list)
     log_verbose: int = 0

@@ -19,7 +19,7 @@ import pytest
 
 from conch.backends import BackendRequest, backend_class
 from conch.backends.python import pb_utils as pb
-from conch.core import tensors
+from conch.core import call_context, tensors
 from conch.core.errors import InvalidArgument, NotFound, Unavailable
 from conch.core.repository import ModelRepository
 from conch.frontend import bls
@@ -31,7 +31,7 @@ from conch.wire.messages import BadMessage, InferMessage, Reply
 
 
 def ctx(model: str, *chains: tuple[str, ...], deadline: float = 0.0, priority: int = 0):
-    return bls.CallContext(model, tuple(chains), deadline, priority)
+    return call_context.CallContext(model, tuple(chains), deadline, priority)
 
 
 def test_a_call_to_itself_names_the_cycle() -> None:
@@ -78,12 +78,12 @@ def test_batch_context_takes_the_smallest_deadline_and_best_priority() -> None:
         BackendRequest({}, [], deadline=200.0, chain=("x",), priority=3),
         BackendRequest({}, [], deadline=100.0, chain=("y", "z"), priority=5),
     ]
-    c = bls.batch_context("m", reqs)
+    c = call_context.batch_context("m", reqs)
     assert c.deadline == 100.0 and c.priority == 3
     assert c.chains == ((), ("x",), ("y", "z"))
     assert c.waiting() == ["x", "y", "z", "m"]
     assert c.longest() == ["y", "z", "m"]
-    assert bls.batch_context("m", [BackendRequest({}, [])]).deadline == 0.0
+    assert call_context.batch_context("m", [BackendRequest({}, [])]).deadline == 0.0
 
 
 # -- the wire field -----------------------------------------------------------------------
@@ -335,11 +335,11 @@ def test_a_model_given_by_a_load_request_is_found(tmp_path: Path) -> None:
 
 
 def test_errors_come_back_as_responses_naming_the_model(client: bls.BlsClient) -> None:
-    token = bls.CURRENT.set(ctx("m", ()))
+    token = call_context.CURRENT.set(ctx("m", ()))
     try:
         resp = client.infer(request())
     finally:
-        bls.CURRENT.reset(token)
+        call_context.CURRENT.reset(token)
     assert resp.has_error() and resp.error().code() == pb.TritonError.INVALID_ARG
     assert "(m -> m)" in resp.error().message()
     assert client.dispatcher.sent == []  # type: ignore[attr-defined]
@@ -401,7 +401,7 @@ class SlowClient:
         self.threads: set[str] = set()
 
     def infer(self, request: pb.InferenceRequest, decoupled: bool) -> pb.InferenceResponse:
-        self.seen.append(bls.CURRENT.get())
+        self.seen.append(call_context.CURRENT.get())
         self.threads.add(threading.current_thread().name)
         time.sleep(0.3)
         return pb.InferenceResponse([pb.Tensor("OUT", np.ones(1))])
@@ -431,11 +431,11 @@ def test_async_exec_calls_overlap_and_keep_the_callers_context(installed: SlowCl
         assert all(not r.has_error() for r in responses)
         return time.monotonic() - start
 
-    token = bls.CURRENT.set(context)
+    token = call_context.CURRENT.set(context)
     try:
         elapsed = asyncio.run(main())
     finally:
-        bls.CURRENT.reset(token)
+        call_context.CURRENT.reset(token)
     assert elapsed < 0.55, elapsed
     assert installed.seen == [context] * 3
     assert all(name.startswith("conch-bls") for name in installed.threads)
@@ -506,6 +506,6 @@ def test_the_python_backend_hands_its_batch_context_to_bls_calls(
         backend.unload()
     assert all(isinstance(r, dict) for r in results), results
     from_init, from_execute = installed.seen
-    assert from_init == bls.CallContext("ctx")
-    assert from_execute == bls.CallContext("ctx", (("a",), ()), 40.0, 0)
-    assert bls.CURRENT.get() is None  # reset after execute
+    assert from_init == call_context.CallContext("ctx")
+    assert from_execute == call_context.CallContext("ctx", (("a",), ()), 40.0, 0)
+    assert call_context.CURRENT.get() is None  # reset after execute

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -55,6 +55,20 @@ class InstanceSpec:
     device_id: int = 0
 
 
+class BlsPort(Protocol):
+    """What a Python model's ``pb_utils`` needs to call other models (BLS) and to load or
+    unload them. The worker's composition root hands one in (``conch.frontend.bls``'s
+    client); backends never import the request pipeline themselves."""
+
+    def infer(self, request: Any, decoupled: bool = False) -> Any: ...
+
+    def is_ready(self, name: str, version: str | int = "") -> bool: ...
+
+    def load(self, name: str, config: str = "", files: dict[str, bytes] | None = None) -> None: ...
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None: ...
+
+
 @dataclass
 class ModelSpec:
     """What a backend needs to load one version of a model."""
@@ -63,6 +77,7 @@ class ModelSpec:
     version: int
     path: Path  # <repository>/<model>
     config: Any  # inference.ModelConfig, completed
+    bls: BlsPort | None = None  # set by the worker for backends that call models (Python)
 
     @property
     def version_dir(self) -> Path:

@@ -45,8 +45,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,6 +52,7 @@ import redis
 
 from conch.backends.python import pb_utils as pb
 from conch.core import ensemble_graph, inference, tensors, validation
+from conch.core.call_context import CURRENT, CallContext
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable, Unsupported
 from conch.core.model_config import wire_type
 from conch.core.repository import MODEL_NAME, ModelEntry, ModelRepository
@@ -80,52 +79,6 @@ _TRITON_CODES = {
     "ALREADY_EXISTS": pb.TritonError.ALREADY_EXISTS,
     "CANCELLED": pb.TritonError.CANCELLED,
 }
-
-
-# -- the context of the batch a call is made from -----------------------------------------
-
-
-@dataclass(frozen=True)
-class CallContext:
-    """What a BLS call inherits from the batch being executed."""
-
-    model: str  # the model executing
-    chains: tuple[tuple[str, ...], ...] = ()  # per request of the batch: models waiting on it
-    deadline: float = 0.0  # epoch seconds, the batch's smallest; 0 = none
-    priority: int = 0  # the batch's best (smallest) queue priority step
-
-    def waiting(self) -> list[str]:
-        """Every model waiting on a call made now, outermost first, the caller last."""
-        names = dict.fromkeys(name for chain in self.chains for name in chain)
-        names.pop(self.model, None)
-        return [*names, self.model]
-
-    def longest(self) -> list[str]:
-        """The longest path of calls that ends at the caller."""
-        return [*max(self.chains, key=len, default=()), self.model]
-
-    def cycle(self, target: str) -> list[str] | None:
-        """The path a call to ``target`` would close into a cycle, or None."""
-        for chain in sorted(self.chains, key=len):
-            path = [*chain, self.model]
-            if target in path:
-                return [*path[path.index(target) :], target]
-        return [self.model, target] if target == self.model else None
-
-
-CURRENT: ContextVar[CallContext | None] = ContextVar("conch_bls_call", default=None)
-
-
-def batch_context(model: str, requests: Iterable[Any]) -> CallContext:
-    """The context of one batch of ``BackendRequest``s executing on ``model``."""
-    requests = list(requests)
-    deadlines = [r.deadline for r in requests if r.deadline > 0]
-    return CallContext(
-        model=model,
-        chains=tuple(tuple(r.chain) for r in requests),
-        deadline=min(deadlines, default=0.0),
-        priority=min((r.priority for r in requests), default=0),
-    )
 
 
 def check_call(ctx: CallContext, target: str) -> ConchError | None:
@@ -183,15 +136,11 @@ class BlsClient:
         dispatcher: Dispatcher | None = None,
     ) -> None:
         self.settings = settings
-        self.repository = repository or ModelRepository(
-            settings.model_repository,
-            auto_complete=settings.auto_complete,
-            default_max_batch_size=settings.default_max_batch_size,
-        )
         self._entries: dict[str, tuple[float, ModelEntry]] = {}  # name -> (read at, entry)
         self._client = client
         self._dispatcher = dispatcher
         self._lock = threading.Lock()
+        self.repository = repository or control_bus.open_repository(settings, self.client)
         self._states: dict[str, dict[str, Any]] = {}
         self._loaded: set[str] = set()  # explicit model control: loaded through the API
         self._states_at = float("-inf")
@@ -599,11 +548,8 @@ def install(client: BlsClient | None) -> None:
 
 
 __all__ = [
-    "CURRENT",
     "MAX_DEPTH",
     "BlsClient",
-    "CallContext",
-    "batch_context",
     "check_call",
     "error_response",
     "install",

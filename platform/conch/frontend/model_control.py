@@ -16,7 +16,7 @@ import redis
 from conch.core import ensemble_graph
 from conch.core.errors import InvalidArgument, Unavailable
 from conch.core.model_config import json_to_config
-from conch.core.repository import MODEL_NAME, ModelRepository
+from conch.core.repository import MODEL_NAME
 from conch.settings import Settings
 from conch.wire import control_bus, worker_reports
 from conch.wire.broker import new_id
@@ -102,7 +102,7 @@ def load(
             raise InvalidArgument(f"failed to load '{model}': {exc}") from None
     if not checked and not (settings.model_repository / model).is_dir():
         raise InvalidArgument(f"failed to load '{model}': it is not in the model repository")
-    steps = _ensemble_steps(settings, model, parsed)
+    steps = _ensemble_steps(client, settings, model, parsed)
     for step in steps:
         load(client, settings, step, states=states, refresh=refresh, _depth=_depth + 1)
     control_bus.set_override(client, model, config, checked or None)
@@ -158,7 +158,7 @@ def unload(
             f"failed to unload '{model}': a worker still serves it after {UNLOAD_WAIT_S:.0f} s"
         )
     if unload_dependents and _depth < ensemble_graph.MAX_DEPTH:
-        for step in _ensemble_steps(settings, model, None):
+        for step in _ensemble_steps(client, settings, model, None):
             unload(
                 client,
                 settings,
@@ -170,15 +170,12 @@ def unload(
             )
 
 
-def _ensemble_steps(settings: Settings, model: str, config: Any | None) -> list[str]:
+def _ensemble_steps(
+    client: redis.Redis, settings: Settings, model: str, config: Any | None
+) -> list[str]:
     """The step models of ``model`` if it is an ensemble (from ``config``, else its files)."""
     if config is None:
-        repository = ModelRepository(
-            settings.model_repository,
-            auto_complete=settings.auto_complete,
-            default_max_batch_size=settings.default_max_batch_size,
-        )
-        entry = repository.read_model(model)
+        entry = control_bus.open_repository(settings, client).read_model(model)
         if entry.backend != ensemble_graph.ENSEMBLE or entry.config is None:
             return []
         config = entry.config

@@ -11,7 +11,7 @@ import redis
 from conch.core import ensemble_graph
 from conch.core.errors import InvalidArgument
 from conch.core.model_config import output_types
-from conch.core.repository import ModelEntry, ModelRepository
+from conch.core.repository import ModelEntry
 from conch.settings import Settings
 from conch.wire import control_bus, worker_reports
 
@@ -20,19 +20,7 @@ class Catalog:
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
         self.client = client
-        explicit = settings.model_control_mode == "explicit"
-        self.repository = ModelRepository(
-            settings.model_repository,
-            auto_complete=settings.auto_complete,
-            default_max_batch_size=settings.default_max_batch_size,
-            config_override=(lambda name: control_bus.get_override(client, name))
-            if explicit
-            else None,
-            folder_override=(lambda name: control_bus.override_dir(client, name))
-            if explicit
-            else None,
-            extra_models=(lambda: control_bus.override_models(client)) if explicit else None,
-        )
+        self.repository = control_bus.open_repository(settings, client)
         self.entries: dict[str, ModelEntry] = self.repository.scan()
         self._loaded: set[str] = set()
         self.problems: dict[str, str] = {}  # models serving an older, good read

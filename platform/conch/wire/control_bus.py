@@ -23,6 +23,9 @@ from typing import Any
 
 import redis
 
+from conch.core.repository import ModelRepository
+from conch.settings import Settings
+
 log = logging.getLogger(__name__)
 
 EVENTS = "conch.repository.events"  # {"model", "version", "change", "at"} from repo_sync
@@ -32,8 +35,6 @@ LOADED = "conch.models.loaded"  # explicit mode: the models loaded through the A
 LOAD_IDS = "conch.models.load_ids"  # explicit mode: model -> id of its latest load command
 OVERRIDE_PREFIX = "conch.override."  # explicit load's config override, by model
 FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
-
-MODES = ("none", "poll", "explicit")
 
 
 def command(client: redis.Redis, action: str, model: str, **fields: Any) -> None:
@@ -207,3 +208,21 @@ class Subscriber(threading.Thread):
             fn(*args)
         except Exception:  # a bad event must not stop the listener
             log.exception("control handler failed")
+
+
+def open_repository(settings: Settings, client: redis.Redis) -> ModelRepository:
+    """The model repository as this deployment sees it: the files on disk, plus, in explicit
+    mode, the config and ``file:`` overrides that load requests stored in Redis.
+
+    Every reader (the gateway's model view, a worker's host, BLS, batch jobs, model
+    control) opens it here, so a model loaded with an override reads the same everywhere.
+    """
+    explicit = settings.model_control_mode.explicit
+    return ModelRepository(
+        settings.model_repository,
+        auto_complete=settings.auto_complete,
+        default_max_batch_size=settings.default_max_batch_size,
+        config_override=(lambda name: get_override(client, name)) if explicit else None,
+        folder_override=(lambda name: override_dir(client, name)) if explicit else None,
+        extra_models=(lambda: override_models(client)) if explicit else None,
+    )

@@ -23,7 +23,6 @@ from celery.exceptions import Ignore
 from conch.backends import Backend, backend_class
 from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
-from conch.core.repository import ModelRepository
 from conch.frontend import batch_job, bls
 from conch.settings import Settings
 from conch.wire import broker, control_bus, job_store, worker_reports
@@ -63,21 +62,7 @@ class ModelHost:
         self._control: control_bus.Subscriber | None = None
         self._changes = threading.Lock()  # one load/unload at a time
         self._fingerprints: dict[str, Any] = {}
-        self.repository = ModelRepository(
-            settings.model_repository,
-            auto_complete=settings.auto_complete,
-            default_max_batch_size=settings.default_max_batch_size,
-            config_override=self._override if settings.model_control_mode == "explicit" else None,
-            folder_override=(lambda n: control_bus.override_dir(self.client, n))
-            if settings.model_control_mode == "explicit"
-            else None,
-            extra_models=(lambda: control_bus.override_models(self.client))
-            if settings.model_control_mode == "explicit"
-            else None,
-        )
-
-    def _override(self, name: str) -> str | None:
-        return control_bus.get_override(self.client, name)
+        self.repository = control_bus.open_repository(settings, self.client)
 
     def _wanted(self, entries: dict[str, Any]) -> list[str]:
         """The models this worker should serve now."""
@@ -389,11 +374,9 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
         result_expires=settings.job_ttl_s,
         task_track_started=True,
     )
-    repository = ModelRepository(
-        settings.model_repository,
-        auto_complete=settings.auto_complete,
-        default_max_batch_size=settings.default_max_batch_size,
-    )
+    # The worker's own view, overrides included: a job on a model loaded with a config
+    # or file: override reads the model the gateway accepted it for.
+    repository = control_bus.open_repository(settings, redis.Redis.from_url(settings.redis_url))
 
     @app.task(name=batch_job.TASK_NAME)
     def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ import numpy as np
 
 from conch.backends.base import Backend, BackendRequest, BackendResult, InstanceSpec, ModelSpec
 from conch.backends.python import pb_utils as pb
+from conch.core import call_context
 from conch.core.errors import (
     AlreadyExists,
     Cancelled,
@@ -51,7 +52,6 @@ from conch.core.errors import (
     Unsupported,
 )
 from conch.core.model_config import config_to_json, json_to_config
-from conch.frontend import bls
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ class PythonBackend(Backend):
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
                 # BLS calls from initialize: no deadline but the default, and no self-call.
-                token = bls.CURRENT.set(bls.CallContext(self.spec.name))
+                token = call_context.CURRENT.set(call_context.CallContext(self.spec.name))
                 try:
                     self._await(initialize(self.initialize_args()))
                 except Exception as exc:
@@ -317,7 +317,7 @@ class PythonBackend(Backend):
                         f"{self._where()}: initialize failed: {_describe(exc)}"
                     ) from None
                 finally:
-                    bls.CURRENT.reset(token)
+                    call_context.CURRENT.reset(token)
         except BaseException:
             self._release()
             raise
@@ -360,7 +360,7 @@ class PythonBackend(Backend):
             return [Unavailable(f"{self._where()} is not loaded")] * len(requests)
         batch = [self._request(r) for r in requests]
         # BLS calls made by this execute inherit the batch's deadline and call chain.
-        token = bls.CURRENT.set(bls.batch_context(self.spec.name, requests))
+        token = call_context.CURRENT.set(call_context.batch_context(self.spec.name, requests))
         try:
             responses = self._await(self.model.execute(batch))
         except (Exception, SystemExit) as exc:
@@ -369,7 +369,7 @@ class PythonBackend(Backend):
                 Internal(f"model '{self.spec.name}' failed to execute: {_describe(exc)}")
             ] * len(requests)
         finally:
-            bls.CURRENT.reset(token)
+            call_context.CURRENT.reset(token)
         problem = self._check(responses, len(requests))
         if problem is not None:
             return [Internal(f"model '{self.spec.name}': {problem}")] * len(requests)
