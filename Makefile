@@ -57,9 +57,11 @@ mlserver: $(MLSERVER_STAMP)
 bench: $(STAMP) redis-server perf-analyzer $(if $(findstring --skip-mlserver,$(BENCH_ARGS)),,$(MLSERVER_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
+# ruff, then the rooms' import contracts (pyproject.toml [tool.importlinter]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -1,0 +1,92 @@
+"""The rooms' boundaries, read from the real import graph of each process's entry point.
+
+`make lint` checks the same rules as import-linter contracts (pyproject.toml); this test
+states the two the architecture exists for in terms of the processes that run: a worker
+never loads the HTTP stack, and no module of the gateway imports a model runtime. It reads
+the graph twice: statically with grimp (every import, lazy ones inside functions too), and
+as Python really loads it, in a fresh interpreter that imports the entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import grimp
+import pytest
+
+HTTP_STACK = ("flask", "werkzeug", "gunicorn", "gevent", "conch.frontend.http")
+RUNTIMES = ("onnxruntime", "torch", "tensorrt")
+# What `conch worker` and `conch gateway` run (conch.cli only picks one and calls it).
+WORKER_ENTRY = "conch.worker.app"
+GATEWAY_ENTRIES = ("conch.frontend.http.server", "conch.frontend.http.app")
+# The gateway's composition root hands the repository the auto-completer, which may read a
+# model file's signature; that one edge is the only way the gateway reaches a backend.
+GATEWAY_ROOT_EDGE = ("conch.frontend.http.app", "conch.backends.completion")
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+@pytest.fixture
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph("conch", "repo_sync", include_external_packages=True)
+
+
+def _closure(graph: grimp.ImportGraph, entry: str) -> set[str]:
+    return {entry, *graph.find_upstream_modules(entry)}
+
+
+def test_the_worker_never_reaches_the_http_stack(graph: grimp.ImportGraph) -> None:
+    reached = sorted(m for m in _closure(graph, WORKER_ENTRY) if _under(m, HTTP_STACK))
+    assert reached == [], f"the worker's import graph reaches the HTTP stack: {reached}"
+
+
+def test_the_gateway_reaches_backends_only_through_its_completer(
+    graph: grimp.ImportGraph,
+) -> None:
+    if GATEWAY_ROOT_EDGE[1] in graph.modules and graph.direct_import_exists(
+        importer=GATEWAY_ROOT_EDGE[0], imported=GATEWAY_ROOT_EDGE[1]
+    ):
+        graph.remove_import(importer=GATEWAY_ROOT_EDGE[0], imported=GATEWAY_ROOT_EDGE[1])
+    modules = set().union(*(_closure(graph, e) for e in GATEWAY_ENTRIES))
+    reached = sorted(
+        m
+        for m in modules
+        if _under(m, ("conch.backends", "conch.worker", "conch.frontend.bls", *RUNTIMES))
+    )
+    assert reached == [], f"the gateway's import graph reaches backends or the worker: {reached}"
+
+
+def _loaded_by(*modules: str) -> set[str]:
+    """The modules a fresh interpreter holds after importing ``modules``."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {list(modules)!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    return set(json.loads(out.stdout))
+
+
+def test_a_worker_process_loads_no_http_stack() -> None:
+    loaded = sorted(m for m in _loaded_by(WORKER_ENTRY) if _under(m, HTTP_STACK))
+    assert loaded == [], f"importing the worker loads the HTTP stack: {loaded}"
+
+
+def test_a_gateway_process_loads_no_backend_runtime_or_worker() -> None:
+    loaded = _loaded_by(*GATEWAY_ENTRIES)
+    found = sorted(
+        m
+        for m in loaded
+        if _under(m, ("conch.worker", "conch.frontend.bls", *RUNTIMES))
+        or (
+            _under(m, ("conch.backends",))
+            and m not in ("conch.backends", "conch.backends.completion")
+        )
+    )
+    assert found == [], f"importing the gateway loads worker-side code or runtimes: {found}"
