@@ -3,161 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from conch import __version__
-from conch.settings import ModelControlMode, Settings
+from conch.settings import Role, Settings, add_arguments
 
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model-repository",
-        required=True,
-        type=Path,
-        metavar="DIR",
-        help="the Triton-layout model repository to serve",
-    )
-    p.add_argument(
-        "--redis-url",
-        default=os.environ.get("REDIS_URL", ""),
-        help="the broker (default: $REDIS_URL)",
-    )
-    p.add_argument(
-        "--log-verbose", type=int, default=0, metavar="N", help="verbose logging when N > 0"
-    )
-    p.add_argument(
-        "--disable-auto-complete-config",
-        action="store_true",
-        help="do not complete configs from the models themselves",
-    )
-    p.add_argument("--strict-model-config", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--backend-config",
-        action="append",
-        default=[],
-        metavar="BACKEND,KEY=VALUE",
-        help="e.g. onnxruntime,default-max-batch-size=8",
-    )
-    p.add_argument(
-        "--request-timeout-secs",
-        type=float,
-        default=None,
-        help="deadline of requests that set no 'timeout' parameter",
-    )
-    p.add_argument(
-        "--model-control-mode",
-        choices=[m.value for m in ModelControlMode],
-        default="none",
-        help="none: load everything at start; poll: follow repository changes; "
-        "explicit: load and unload through the repository API",
-    )
-    p.add_argument(
-        "--repository-poll-secs",
-        type=float,
-        default=15.0,
-        metavar="S",
-        help="poll mode: how often to look for repository changes",
-    )
-    p.add_argument(
-        "--load-model",
-        action="append",
-        default=[],
-        metavar="MODEL",
-        help="explicit mode: load this model at start ('*' for all); repeatable",
-    )
-
-
-def _flag(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _http(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--metrics-port", type=int, default=8002, help="GET /metrics here (Triton's 8002)"
-    )
-    p.add_argument(
-        "--allow-metrics",
-        type=_flag,
-        default=True,
-        metavar="BOOL",
-        help="serve metrics (default true; --allow-metrics=false to turn them off)",
-    )
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--http-address", default="0.0.0.0")
-    p.add_argument("--http-thread-count", type=int, default=64, help="threads per gateway process")
-    p.add_argument(
-        "--http-workers", type=int, default=min(2, os.cpu_count() or 1), help="gateway processes"
-    )
-    p.add_argument("--http-max-input-size", type=int, default=None, metavar="BYTES")
-
-
-def _worker(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--models", default="", help="comma-separated models this worker serves (default: all)"
-    )
+_ROLE_HELP = {
+    Role.SERVE: "run Redis (if needed), a worker and the gateway",
+    Role.GATEWAY: "run the HTTP gateway under gunicorn",
+    Role.WORKER: "run a Celery worker that serves models",
+}
 
 
 def parser() -> argparse.ArgumentParser:
+    from repo_sync.cli import add_arguments as sync_arguments
+
     top = argparse.ArgumentParser(prog="conch", description=__doc__)
     top.add_argument("--version", action="version", version=f"conch {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run Redis (if needed), a worker and the gateway")
-    _common(serve)
-    _http(serve)
-    _worker(serve)
-    gateway = sub.add_parser("gateway", help="run the HTTP gateway under gunicorn")
-    _common(gateway)
-    _http(gateway)
-    worker = sub.add_parser("worker", help="run a Celery worker that serves models")
-    _common(worker)
-    _worker(worker)
-    from repo_sync.cli import add_arguments as _sync
-
-    _sync(sub.add_parser("sync", help="mirror a model repository from S3 or a folder (repo_sync)"))
-    batch = sub.add_parser(
-        "batch",
-        help="run an offline batch job (JSONL of infer requests in S3) and follow it",
+    for role, help_text in _ROLE_HELP.items():
+        add_arguments(sub.add_parser(role, help=help_text), role)
+    sync_arguments(
+        sub.add_parser("sync", help="mirror a model repository from S3 or a folder (repo_sync)")
     )
-    batch.add_argument("-m", "--model", required=True, help="the model to run every line on")
-    batch.add_argument("-x", "--model-version", default="", help="default: the latest")
-    batch.add_argument("--input", required=True, help="s3://bucket/key of the JSONL requests")
-    batch.add_argument("--output", required=True, help="s3://bucket/key for the JSONL answers")
-    batch.add_argument("-u", "--url", default="127.0.0.1:8000", help="the gateway (host:port)")
-    batch.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
-    batch.add_argument("--log-verbose", type=int, default=0, metavar="N")
+    _batch_arguments(
+        sub.add_parser(
+            "batch",
+            help="run an offline batch job (JSONL of infer requests in S3) and follow it",
+        )
+    )
     return top
-
-
-def settings_from(args: argparse.Namespace) -> Settings:
-    s = Settings(model_repository=args.model_repository.resolve(), log_verbose=args.log_verbose)
-    if args.redis_url:
-        s.redis_url = args.redis_url
-    s.auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
-    for item in args.backend_config:
-        backend, _, setting = item.partition(",")
-        key, _, value = setting.partition("=")
-        if backend == "onnxruntime" and key == "default-max-batch-size":
-            s.default_max_batch_size = int(value)
-        else:
-            raise SystemExit(f"conch: unknown --backend-config {item!r}")
-    if args.request_timeout_secs is not None:
-        s.request_timeout_s = args.request_timeout_secs
-    s.model_control_mode = ModelControlMode(args.model_control_mode)
-    s.repository_poll_secs = args.repository_poll_secs
-    s.load_models = list(args.load_model)
-    if hasattr(args, "metrics_port"):
-        s.metrics_port, s.allow_metrics = args.metrics_port, args.allow_metrics
-    if getattr(args, "http_max_input_size", None):
-        s.max_input_bytes = args.http_max_input_size
-    models = getattr(args, "models", "")
-    s.models = [m for m in models.split(",") if m] or None
-    return s
 
 
 def _logging(verbose: int) -> None:
@@ -169,44 +49,64 @@ def _logging(verbose: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    _logging(args.log_verbose)
     if args.command == "sync":
         from repo_sync.cli import run as sync
 
+        _logging(args.log_verbose)
         return sync(args)
     if args.command == "batch":
+        _logging(args.log_verbose)
         return batch(args)
-    if not args.model_repository.is_dir():
+    try:
+        settings = Settings.from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"conch: {exc}") from None
+    _logging(settings.log_verbose)
+    if not settings.model_repository.is_dir():
         raise SystemExit(f"conch: --model-repository {args.model_repository} is not a folder")
-    if args.command == "worker":
-        from conch.devtools import redis_server
-        from conch.worker import app as worker_app
+    if args.command == Role.WORKER:
+        return worker(settings)
+    if args.command == Role.GATEWAY:
+        return gateway(settings)
+    return serve(settings)
 
-        settings = settings_from(args)
-        settings.redis_url, _ = redis_server.resolve(settings.redis_url or None)
-        worker_app.run(settings, loglevel="DEBUG" if args.log_verbose else "INFO")
-        return 0
-    if args.command == "gateway":
-        from conch.settings import gateway_uses_gevent
 
-        if gateway_uses_gevent():
-            # Patch before redis (and ssl through it) is imported, as gevent asks.
-            from gevent import monkey
+def worker(settings: Settings) -> int:
+    from conch.devtools import redis_server
+    from conch.worker import app as worker_app
 
-            monkey.patch_all()
-        from conch.devtools import redis_server
-        from conch.frontend.http.server import run
+    settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    worker_app.run(settings, loglevel="DEBUG" if settings.log_verbose else "INFO")
+    return 0
 
-        settings = settings_from(args)
-        settings.redis_url, _ = redis_server.resolve(settings.redis_url or None)
-        run(
-            settings,
-            bind=f"{args.http_address}:{args.http_port}",
-            workers=args.http_workers,
-            threads=args.http_thread_count,
-        )
-        return 0
-    return serve(args)
+
+def gateway(settings: Settings) -> int:
+    if settings.http_worker_uses_gevent:
+        # Patch before redis (and ssl through it) is imported, as gevent asks.
+        from gevent import monkey
+
+        monkey.patch_all()
+    from conch.devtools import redis_server
+    from conch.frontend.http.server import run
+
+    settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    run(
+        settings,
+        bind=f"{settings.http_address}:{settings.http_port}",
+        workers=settings.http_workers,
+        threads=settings.http_thread_count,
+    )
+    return 0
+
+
+def _batch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", required=True, help="the model to run every line on")
+    p.add_argument("-x", "--model-version", default="", help="default: the latest")
+    p.add_argument("--input", required=True, help="s3://bucket/key of the JSONL requests")
+    p.add_argument("--output", required=True, help="s3://bucket/key for the JSONL answers")
+    p.add_argument("-u", "--url", default="127.0.0.1:8000", help="the gateway (host:port)")
+    p.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
+    p.add_argument("--log-verbose", type=int, default=0, metavar="N")
 
 
 def batch(args: argparse.Namespace) -> int:
@@ -260,61 +160,23 @@ def batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(settings: Settings) -> int:
     """The whole stack in one command: Redis if needed, one worker, the gateway."""
+    log = logging.getLogger("conch.serve")
     from conch.devtools import redis_server
 
-    settings = settings_from(args)
-    url, private = redis_server.resolve(settings.redis_url or None)
-    log = logging.getLogger("conch.serve")
+    url, private = redis_server.resolve(settings.redis_url, settings.local_redis_url)
     log.info("broker: %s%s", url, " (private redis-server)" if private else "")
-    common = [sys.executable, "-m", "conch"]
-    shared = [
-        "--model-repository",
-        str(settings.model_repository),
-        "--redis-url",
-        url,
-        "--log-verbose",
-        str(args.log_verbose),
+    settings = dataclasses.replace(settings, redis_url=url)
+    children = [
+        subprocess.Popen([sys.executable, "-m", "conch", role.value, *settings.to_args(role)])
+        for role in (Role.WORKER, Role.GATEWAY)
     ]
-    for item in args.backend_config:
-        shared += ["--backend-config", item]
-    if not settings.auto_complete:
-        shared.append("--disable-auto-complete-config")
-    if args.request_timeout_secs is not None:
-        shared += ["--request-timeout-secs", str(args.request_timeout_secs)]
-    shared += [
-        "--model-control-mode",
-        args.model_control_mode,
-        "--repository-poll-secs",
-        str(args.repository_poll_secs),
-    ]
-    for m in args.load_model:
-        shared += ["--load-model", m]
-    worker_cmd = [*common, "worker", *shared]
-    if args.models:
-        worker_cmd += ["--models", args.models]
-    gateway_cmd = [
-        *common,
-        "gateway",
-        *shared,
-        "--http-port",
-        str(args.http_port),
-        "--http-address",
-        args.http_address,
-        "--http-thread-count",
-        str(args.http_thread_count),
-        "--http-workers",
-        str(args.http_workers),
-        "--metrics-port",
-        str(args.metrics_port),
-        f"--allow-metrics={str(args.allow_metrics).lower()}",
-    ]
-    if args.http_max_input_size:
-        gateway_cmd += ["--http-max-input-size", str(args.http_max_input_size)]
-    children = [subprocess.Popen(worker_cmd), subprocess.Popen(gateway_cmd)]
     log.info(
-        "serving %s on http://%s:%d", settings.model_repository, args.http_address, args.http_port
+        "serving %s on http://%s:%d",
+        settings.model_repository,
+        settings.http_address,
+        settings.http_port,
     )
 
     stopping = False
@@ -330,7 +192,7 @@ def serve(args: argparse.Namespace) -> int:
         while not stopping:
             for c in children:
                 if c.poll() is not None:
-                    log.error("%s exited with %s; stopping", " ".join(c.args[3:4]), c.returncode)
+                    log.error("%s exited with %s; stopping", c.args[3], c.returncode)
                     stopping, code = True, c.returncode or 1
             time.sleep(0.2)
     finally:
