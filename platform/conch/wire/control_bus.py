@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from conch.core.repository import ModelRepository
+from conch.core.repository_keys import VERSION_FILE, RefusedKey, classify
 from conch.settings import Settings
 from conch.wire.keys import (
     CONTROL_COMMANDS,
@@ -85,8 +86,6 @@ def set_override(
 
 def check_file_path(model: str, rel: str) -> str:
     """``<version>/<path>`` of a ``file:`` override, refused if it could leave its folder."""
-    from repo_sync.keys import VERSION_FILE, RefusedKey, classify
-
     try:
         place = classify(f"{model}/{rel}")
     except RefusedKey as exc:
