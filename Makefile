@@ -29,7 +29,7 @@ perf-analyzer:
 # Serve functions/ on http://127.0.0.1:$(HTTP_PORT): uses $$REDIS_URL, else a Redis answering
 # on 127.0.0.1:6379, else starts a private redis-server (installing it if needed).
 serve: $(STAMP)
-	@if [ -z "$$REDIS_URL" ] && ! $(BIN)/python -c 'import sys; from conch.devtools.redis_server import answers, DEFAULT_URL; sys.exit(not answers(DEFAULT_URL))'; then \
+	@if [ -z "$$REDIS_URL" ] && ! $(BIN)/python -c 'import sys; from conch.devtools.redis_server import answers; from conch.settings import Settings; sys.exit(not answers(Settings.from_env().local_redis_url))'; then \
 	  $(MAKE) --no-print-directory redis-server; fi
 	$(BIN)/conch serve --model-repository functions --http-port $(HTTP_PORT)
 

@@ -22,10 +22,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from conch.wire.keys import REPOSITORY_EVENTS as CHANNEL
+from conch.wire.keys import REPOSITORY_GENERATION as GENERATION_KEY
+
 log = logging.getLogger(__name__)
 
-CHANNEL = "conch.repository.events"
-GENERATION_KEY = "conch.repository.generation"
 CHANGES = ("added", "changed", "removed")
 
 

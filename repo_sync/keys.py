@@ -1,117 +1,39 @@
 """Where an object key of the source lands in the cache, or why it is refused.
 
-A key is the object's path relative to the repository prefix, ``/``-separated. Keys
-that could escape the cache or confuse a reader are *refused*: never written, logged
-with a warning. Keys that are merely not part of a Triton repository (files at the
-root, non-numeric version folders, dot folders) are *ignored*, as Triton ignores them.
+The rules are the model repository's own, defined once in ``conch.core.repository_keys``
+(the server reads what the sync writes by the same rules); this module names them for
+repo_sync.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from dataclasses import dataclass
-
-# The repository's own pattern (conch.core.repository.MODEL_NAME), repeated here so that
-# importing repo_sync stays cheap; tests check the two agree.
-MODEL_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
-# Version folders as ModelRepository reads them: decimal, no leading zero, int64.
-VERSION_NAME = re.compile(r"[1-9][0-9]{0,17}")
-READY_MARKER = ".ready"
-MAX_SEGMENT_BYTES = 255  # NAME_MAX on Linux file systems
-MAX_KEY_CHARS = 1024  # S3's own limit on key length
-
-# What a key is, once checked.
-MODEL_FILE = "model-file"  # <model>/<file>: config.pbtxt, labels, ...
-VERSION_FILE = "version-file"  # <model>/<version>/<path...>
-VERSION_DIR = "version-dir"  # <model>/<version>/ (a folder marker object, or an empty folder)
-READY = "ready"  # <model>/<version>/.ready
-IGNORED = "ignored"  # not part of a model repository; skipped quietly
-
-
-class RefusedKey(ValueError):
-    """A key that must never be written; ``reason`` says why."""
-
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"{key!r}: {reason}")
-        self.key = key
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class Place:
-    kind: str
-    model: str = ""
-    version: int | None = None
-    path: str = ""  # relative to the model folder (MODEL_FILE) or version folder (VERSION_FILE)
-    why: str = ""  # for IGNORED keys
-
-
-def _bad_char(ch: str) -> bool:
-    if ch in "\\\x7f" or ord(ch) < 32:
-        return True
-    # Other (Cc, Cf, Cs, Co, Cn): invisible, bidi overrides, unassigned; line separators.
-    cat = unicodedata.category(ch)
-    return cat[0] == "C" or cat in ("Zl", "Zp")
-
-
-def classify(key: str) -> Place:
-    """Check one relative key; raise ``RefusedKey`` if it may not be written."""
-    if key == "":
-        return Place(IGNORED, why="the repository prefix itself")
-    if len(key) > MAX_KEY_CHARS:
-        raise RefusedKey(key, f"longer than {MAX_KEY_CHARS} characters")
-    for ch in key:
-        if _bad_char(ch):
-            what = (
-                "a backslash" if ch == "\\" else f"control or invisible character U+{ord(ch):04X}"
-            )
-            raise RefusedKey(key, f"holds {what}")
-    if key.startswith("/"):
-        raise RefusedKey(key, "is an absolute path")
-    is_dir = key.endswith("/")
-    segments = key[:-1].split("/") if is_dir else key.split("/")
-    for seg in segments:
-        if seg == "":
-            raise RefusedKey(key, "has an empty path segment ('//')")
-        if seg in (".", ".."):
-            raise RefusedKey(key, f"has a '{seg}' path segment")
-        if len(seg.encode("utf-8")) > MAX_SEGMENT_BYTES:
-            raise RefusedKey(key, f"has a path segment longer than {MAX_SEGMENT_BYTES} bytes")
-    model = segments[0]
-    if len(segments) == 1:
-        return Place(IGNORED, why="not inside a model folder")
-    if model.startswith("."):
-        return Place(IGNORED, why="hidden folder")
-    if not MODEL_NAME.fullmatch(model):
-        raise RefusedKey(
-            key, f"'{model}' is not a valid model name (letters, digits, '_', '-', '.')"
-        )
-    second, rest = segments[1], segments[2:]
-    if VERSION_NAME.fullmatch(second):
-        version = int(second)
-        if not rest:
-            if is_dir:
-                return Place(VERSION_DIR, model, version)
-            raise RefusedKey(key, f"a file named like version folder '{second}'")
-        if is_dir:
-            return Place(IGNORED, why="folder marker inside a version")
-        if rest == [READY_MARKER]:
-            return Place(READY, model, version)
-        return Place(VERSION_FILE, model, version, "/".join(rest))
-    if rest or is_dir:
-        return Place(IGNORED, why=f"'{second}' is not a version folder")
-    return Place(MODEL_FILE, model, None, second)
-
+from conch.core.repository_keys import (
+    IGNORED,
+    MAX_KEY_CHARS,
+    MAX_SEGMENT_BYTES,
+    MODEL_FILE,
+    MODEL_NAME,
+    READY,
+    READY_MARKER,
+    VERSION_DIR,
+    VERSION_FILE,
+    VERSION_NAME,
+    Place,
+    RefusedKey,
+    classify,
+)
 
 __all__ = [
     "IGNORED",
+    "MAX_KEY_CHARS",
+    "MAX_SEGMENT_BYTES",
     "MODEL_FILE",
     "MODEL_NAME",
     "READY",
     "READY_MARKER",
     "VERSION_DIR",
     "VERSION_FILE",
+    "VERSION_NAME",
     "Place",
     "RefusedKey",
     "classify",

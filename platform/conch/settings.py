@@ -1,23 +1,33 @@
 """Runtime settings shared by the gateway, the worker and ``conch serve``.
 
-Flags win over environment variables (``CONCH_*``, and ``REDIS_URL``), which win over
-the defaults here.
+This module is the one reader of conch's configuration. Flags win over environment
+variables, which win over the defaults here:
+
+- each field of ``Settings`` holds its default, and the environment variable that can set
+  it, if any (``CONCH_*``, ``REDIS_URL``, ``AWS_DEFAULT_REGION``/``AWS_REGION``);
+- ``FLAGS`` lists every command-line flag of ``conch serve|gateway|worker`` (Triton's names
+  where Triton has them), with the field it sets and the subcommands that take it.
+
+``Settings.from_env()`` reads the environment; ``Settings.from_args(namespace)`` adds the
+flags a command line gave (argparse defaults are all None, so only given flags count);
+``settings.to_args(role)`` writes the flags that reproduce a Settings for one subcommand,
+which is how ``conch serve`` starts its worker and gateway. Settings that have no flag
+(the visibility timeout, attempts, job limits, the HTTP worker class, the local Redis
+probe, the S3 region) reach those children through the environment they inherit.
+
+This module imports only the standard library: the gateway reads its Settings before
+gevent patches the process, and that must happen before redis is imported.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-
-
-def _env_float(name: str, default: float) -> float:
-    return float(os.environ.get(name, default))
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+from typing import Any
 
 
 class ModelControlMode(StrEnum):
@@ -47,27 +57,45 @@ class ModelControlMode(StrEnum):
         return self is not ModelControlMode.NONE
 
 
+class Role(StrEnum):
+    """The subcommands that run a part of the server, each with its own flags."""
+
+    SERVE = "serve"  # Redis if needed, a worker and the gateway
+    GATEWAY = "gateway"
+    WORKER = "worker"
+
+
+GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
+LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _env(*names: str, parse: Callable[[str], Any] = str) -> dict[str, Any]:
+    """A field's metadata: the environment variables that set it (the first one set wins)."""
+    return {"env": names, "parse": parse}
+
+
 @dataclass
 class Settings:
     model_repository: Path = Path("functions")
-    redis_url: str = field(default_factory=lambda: os.environ.get("REDIS_URL", ""))
+    # The broker. Empty: a Redis answering on local_redis_url, else a private redis-server.
+    redis_url: str = field(default="", metadata=_env("REDIS_URL"))
     # Requests with no "timeout" parameter wait this long for their reply.
     request_timeout_s: float = field(
-        default_factory=lambda: _env_float("CONCH_REQUEST_TIMEOUT_S", 60.0)
+        default=60.0, metadata=_env("CONCH_REQUEST_TIMEOUT_S", parse=float)
     )
     # Triton's --http-max-input-size default: 64 MiB.
     max_input_bytes: int = field(
-        default_factory=lambda: _env_int("CONCH_MAX_INPUT_BYTES", 64 * 1024 * 1024)
+        default=64 * 1024 * 1024, metadata=_env("CONCH_MAX_INPUT_BYTES", parse=int)
     )
     # A message a dead worker held comes back after this long (kombu's default is an hour).
     visibility_timeout_s: float = field(
-        default_factory=lambda: _env_float("CONCH_VISIBILITY_TIMEOUT_S", 6.0)
+        default=6.0, metadata=_env("CONCH_VISIBILITY_TIMEOUT_S", parse=float)
     )
-    max_attempts: int = field(default_factory=lambda: _env_int("CONCH_MAX_ATTEMPTS", 3))
+    max_attempts: int = field(default=3, metadata=_env("CONCH_MAX_ATTEMPTS", parse=int))
     # How long an async job's result (and its record) is kept: Celery's result_expires.
-    job_ttl_s: int = field(default_factory=lambda: _env_int("CONCH_JOB_TTL_S", 86_400))
+    job_ttl_s: int = field(default=86_400, metadata=_env("CONCH_JOB_TTL_S", parse=int))
     # Async jobs a model's queue may hold before submissions get a 503 (Redis memory).
-    max_queued_jobs: int = field(default_factory=lambda: _env_int("CONCH_MAX_QUEUED_JOBS", 100_000))
+    max_queued_jobs: int = field(default=100_000, metadata=_env("CONCH_MAX_QUEUED_JOBS", parse=int))
     auto_complete: bool = True
     default_max_batch_size: int = 4
     models: list[str] | None = None  # the worker serves these; None = all
@@ -80,15 +108,291 @@ class Settings:
     # Triton's metrics port: GET /metrics there, with Triton's nv_inference_* names.
     allow_metrics: bool = True
     metrics_port: int = 8002
+    # The gateway's sockets and processes (gunicorn's bind, workers and threads).
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    http_thread_count: int = 64  # threads (or gevent connections) per gateway process
+    http_workers: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+    # gunicorn worker class of the gateway (e.g. gthread instead of the gevent worker).
+    http_worker_class: str = field(default=GEVENT_WORKER, metadata=_env("CONCH_HTTP_WORKER_CLASS"))
+    # The Redis tried when no redis_url is given (tests point it at nothing).
+    local_redis_url: str = field(default=LOCAL_REDIS_URL, metadata=_env("CONCH_LOCAL_REDIS_URL"))
+    # Batch jobs' S3 region; boto3 reads the rest of the AWS settings itself.
+    s3_region: str | None = field(default=None, metadata=_env("AWS_DEFAULT_REGION", "AWS_REGION"))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The defaults, with what the environment sets (an empty variable counts as unset)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            for name in f.metadata.get("env", ()):
+                raw = environ.get(name)
+                if raw:
+                    try:
+                        values[f.name] = f.metadata["parse"](raw)
+                    except ValueError as exc:
+                        raise ValueError(f"${name}={raw!r}: {exc}") from None
+                    break
+        return cls(**values)
+
+    @classmethod
+    def from_args(
+        cls, namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """``from_env``, then every flag of ``FLAGS`` that ``namespace`` has a value for.
+
+        Raises ValueError for a flag value argparse cannot check (``--backend-config``).
+        """
+        settings = cls.from_env(environ)
+        for flag in FLAGS:
+            given = getattr(namespace, flag.dest, None)
+            value = None if given is None else flag.read(given)
+            if value is not None:
+                setattr(settings, flag.field, value)
+        return settings
+
+    def to_args(self, role: Role | str) -> list[str]:
+        """The flags of subcommand ``role`` that reproduce these settings (those it has)."""
+        return [arg for flag in FLAGS if role in flag.roles for arg in flag.write(self)]
+
+    @property
+    def http_worker_uses_gevent(self) -> bool:
+        """The gateway runs under gevent: the process must be patched before redis loads."""
+        return self.http_worker_class == GEVENT_WORKER or "gevent" in self.http_worker_class
 
 
-GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
+# --- command-line flags -------------------------------------------------------------------
+
+ALL_ROLES = frozenset(Role)
+HTTP_ROLES = frozenset({Role.SERVE, Role.GATEWAY})
+WORKER_ROLES = frozenset({Role.SERVE, Role.WORKER})
 
 
-def gateway_worker_class() -> str:
-    """gunicorn worker class of the gateway (``CONCH_HTTP_WORKER_CLASS``, e.g. gthread)."""
-    return os.environ.get("CONCH_HTTP_WORKER_CLASS", GEVENT_WORKER)
+def _value(name: str, value: Any) -> list[str]:
+    return [] if value is None or value == "" else [name, str(value)]
 
 
-def gateway_uses_gevent() -> bool:
-    return "gevent" in gateway_worker_class() or gateway_worker_class() == GEVENT_WORKER
+def _each(name: str, values: Iterable[str]) -> list[str]:
+    return [arg for v in values for arg in (name, v)]
+
+
+def _comma_list(name: str, values: list[str] | None) -> list[str]:
+    return [name, ",".join(values)] if values else []
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _given(value: Any) -> Any:
+    """Empty text or 0 counts as not given."""
+    return value or None
+
+
+_BATCH_SIZE = "onnxruntime,default-max-batch-size"
+
+
+def _backend_config(items: list[str]) -> int | None:
+    """``--backend-config BACKEND,KEY=VALUE`` items: the one conch knows sets the default
+    max_batch_size of auto-completed configs."""
+    size = None
+    for item in items:
+        key, _, value = item.partition("=")
+        if key != _BATCH_SIZE:
+            raise ValueError(f"unknown --backend-config {item!r}")
+        try:
+            size = int(value)
+        except ValueError:
+            raise ValueError(f"--backend-config {item!r}: not an integer") from None
+    return size
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag: its argparse arguments, the field it sets, how to read a
+    parsed value into the field (None: leave the field as it is) and how to write the
+    field back as arguments."""
+
+    name: str
+    field: str
+    roles: frozenset[Role]
+    help: str | None = None
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    action: str = "store"  # or "append", "store_true"
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    read: Callable[[Any], Any] = _same
+    as_args: Callable[[str, Any], list[str]] = _value
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def write(self, settings: Settings) -> list[str]:
+        return self.as_args(self.name, getattr(settings, self.field))
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        # default None everywhere: a flag not given leaves the environment's value.
+        kwargs: dict[str, Any] = {"action": self.action, "default": None, "help": self.help}
+        if self.action != "store_true":
+            kwargs.update(type=self.type, metavar=self.metavar, choices=self.choices)
+        if self.required:
+            kwargs["required"] = True
+        parser.add_argument(self.name, **kwargs)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "--model-repository",
+        "model_repository",
+        ALL_ROLES,
+        "the Triton-layout model repository to serve",
+        type=Path,
+        metavar="DIR",
+        required=True,
+        read=lambda path: path.resolve(),
+    ),
+    Flag(
+        "--redis-url",
+        "redis_url",
+        ALL_ROLES,
+        "the broker (default: $REDIS_URL)",
+        read=_given,
+    ),
+    Flag(
+        "--log-verbose",
+        "log_verbose",
+        ALL_ROLES,
+        "verbose logging when N > 0",
+        type=int,
+        metavar="N",
+    ),
+    Flag(
+        "--disable-auto-complete-config",
+        "auto_complete",
+        ALL_ROLES,
+        "do not complete configs from the models themselves",
+        action="store_true",
+        read=lambda on: False if on else None,
+        as_args=lambda name, auto_complete: [] if auto_complete else [name],
+    ),
+    Flag(  # Triton's older spelling of the same switch; written back as the one above
+        "--strict-model-config",
+        "auto_complete",
+        ALL_ROLES,
+        argparse.SUPPRESS,
+        action="store_true",
+        read=lambda on: False if on else None,
+        as_args=lambda name, auto_complete: [],
+    ),
+    Flag(
+        "--backend-config",
+        "default_max_batch_size",
+        ALL_ROLES,
+        "e.g. onnxruntime,default-max-batch-size=8",
+        metavar="BACKEND,KEY=VALUE",
+        action="append",
+        read=_backend_config,
+        as_args=lambda name, size: [name, f"{_BATCH_SIZE}={size}"],
+    ),
+    Flag(
+        "--request-timeout-secs",
+        "request_timeout_s",
+        ALL_ROLES,
+        "deadline of requests that set no 'timeout' parameter",
+        type=float,
+    ),
+    Flag(
+        "--model-control-mode",
+        "model_control_mode",
+        ALL_ROLES,
+        "none: load everything at start; poll: follow repository changes; "
+        "explicit: load and unload through the repository API",
+        choices=tuple(m.value for m in ModelControlMode),
+        read=ModelControlMode,
+    ),
+    Flag(
+        "--repository-poll-secs",
+        "repository_poll_secs",
+        ALL_ROLES,
+        "poll mode: how often to look for repository changes",
+        type=float,
+        metavar="S",
+    ),
+    Flag(
+        "--load-model",
+        "load_models",
+        ALL_ROLES,
+        "explicit mode: load this model at start ('*' for all); repeatable",
+        metavar="MODEL",
+        action="append",
+        read=list,
+        as_args=_each,
+    ),
+    Flag(
+        "--metrics-port",
+        "metrics_port",
+        HTTP_ROLES,
+        "GET /metrics here (Triton's 8002)",
+        type=int,
+    ),
+    Flag(
+        "--allow-metrics",
+        "allow_metrics",
+        HTTP_ROLES,
+        "serve metrics (default true; --allow-metrics=false to turn them off)",
+        type=_bool,
+        metavar="BOOL",
+        as_args=lambda name, on: [f"{name}={str(on).lower()}"],
+    ),
+    Flag("--http-port", "http_port", HTTP_ROLES, type=int),
+    Flag("--http-address", "http_address", HTTP_ROLES, read=_given),
+    Flag(
+        "--http-thread-count",
+        "http_thread_count",
+        HTTP_ROLES,
+        "threads per gateway process",
+        type=int,
+    ),
+    Flag("--http-workers", "http_workers", HTTP_ROLES, "gateway processes", type=int),
+    Flag(
+        "--http-max-input-size",
+        "max_input_bytes",
+        HTTP_ROLES,
+        type=int,
+        metavar="BYTES",
+        read=_given,
+    ),
+    Flag(
+        "--models",
+        "models",
+        WORKER_ROLES,
+        "comma-separated models this worker serves (default: all)",
+        read=lambda text: [m for m in text.split(",") if m] or None,
+        as_args=_comma_list,
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, role: Role | str) -> None:
+    """The flags of subcommand ``role``, in ``FLAGS`` order."""
+    for flag in FLAGS:
+        if role in flag.roles:
+            flag.add_to(parser)
+
+
+__all__ = [
+    "FLAGS",
+    "GEVENT_WORKER",
+    "Flag",
+    "ModelControlMode",
+    "Role",
+    "Settings",
+    "add_arguments",
+]

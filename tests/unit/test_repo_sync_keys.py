@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conch.core.repository import MODEL_NAME as REPOSITORY_MODEL_NAME
 from repo_sync import keys
 from repo_sync.keys import RefusedKey, classify
-
-
-def test_model_name_pattern_is_the_repository_one():
-    assert keys.MODEL_NAME.pattern == REPOSITORY_MODEL_NAME.pattern
 
 
 @pytest.mark.parametrize(

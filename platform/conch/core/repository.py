@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +20,11 @@ from conch.core import ensemble_graph
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
 from conch.core.model_config import config_to_json, json_to_config, new_config, parse_config
+from conch.core.repository_keys import MODEL_NAME
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.pbtxt"
-
-# Model names become URL segments, Redis keys and queue names: keep them plain.
-MODEL_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 
 # Instances per group when the config gives no count. Triton uses 2 for onnxruntime
 # KIND_CPU groups; conch uses 1 because a worker has few cores and runs one drain loop

@@ -1,8 +1,10 @@
 """Finding a Redis to use, or starting a private one.
 
 ``conch serve`` and the tests need a broker on machines that may have none: use
-``REDIS_URL`` when given, else a Redis answering on the default local port, else start
-``redis-server`` on a free port in a private folder that goes away with it.
+``REDIS_URL`` when given, else a Redis answering on the local URL (``Settings.local_redis_url``,
+``CONCH_LOCAL_REDIS_URL``, by default the default local port), else start ``redis-server``
+on a free port in a private folder that goes away with it. The caller, which has the
+Settings, passes both URLs in.
 """
 
 from __future__ import annotations
@@ -17,9 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-
-# The local Redis tried when no URL is given (settable so tests can point it at nothing).
-DEFAULT_URL = os.environ.get("CONCH_LOCAL_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 class RedisNotFound(RuntimeError):
@@ -120,13 +119,14 @@ def start_private(port: int | None = None) -> PrivateRedis:
     raise RuntimeError("redis-server did not answer within 15 s")
 
 
-def resolve(url: str | None) -> tuple[str, PrivateRedis | None]:
-    """The Redis to use: the given URL, else the local default, else a private one."""
+def resolve(url: str | None, local_url: str) -> tuple[str, PrivateRedis | None]:
+    """The Redis to use: ``url`` if given, else ``local_url`` if a Redis answers there,
+    else a private one (the second item: stop it when done)."""
     if url:
         if not answers(url, 2.0):
             raise RedisNotFound(f"no Redis answers at {url} (REDIS_URL / --redis-url)")
         return url, None
-    if answers(DEFAULT_URL):
-        return DEFAULT_URL, None
+    if answers(local_url):
+        return local_url, None
     private = start_private()
     return private.url, private

@@ -12,7 +12,6 @@ never holds more of the dataset than the window.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import tempfile
 import time
@@ -77,14 +76,15 @@ def parse_uri(uri: Any, what: str) -> ObjectRef:
     return ObjectRef(bucket, key)
 
 
-def s3_client() -> Any:
-    """boto3's S3 client with the usual AWS settings (AWS_ENDPOINT_URL for MinIO & co)."""
+def s3_client(region: str | None) -> Any:
+    """boto3's S3 client in ``region`` (``Settings.s3_region``); boto3 reads the other AWS
+    settings itself (AWS_ENDPOINT_URL for MinIO & co)."""
     import boto3
     from botocore.config import Config
 
     return boto3.session.Session().client(
         "s3",
-        region_name=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION"),
+        region_name=region,
         config=Config(retries={"mode": "standard", "max_attempts": 5}),
     )
 
@@ -192,7 +192,7 @@ def run(
     job_id: str,
     entry_of: Callable[[str], ModelEntry],
     *,
-    s3: Any = None,
+    s3: Any,
     max_line_bytes: int = 64 * 1024 * 1024,
     reply_key: str = "",
 ) -> dict[str, Any]:
@@ -210,7 +210,6 @@ def run(
     version = entry.resolve_version(record.version) if record.version else -1
     source = parse_uri(record.detail["input"], "input")
     target = parse_uri(record.detail["output"], "output")
-    s3 = s3 or s3_client()
     _check_writable(s3, target)  # before the work, not after it
     reply_key = reply_key or new_reply_key(job_id)
     publisher = broker.Publisher(client)

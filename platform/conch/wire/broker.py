@@ -29,23 +29,23 @@ import msgpack
 import orjson
 import redis
 
+from conch.wire.keys import (
+    ATTEMPTS,
+    DEADLETTER,
+    PRIORITY_SEP,
+    QUEUE_PREFIX,
+    UNACKED,
+    UNACKED_INDEX,
+    WAKE_SUFFIX,
+)
+from conch.wire.keys import JOBS_QUEUE as JOBS_QUEUE  # the name its callers know
 from conch.wire.messages import BadMessage
 from conch.wire.redis_link import RedisLink
 
 TASK_NAME = "conch.infer"
-JOBS_QUEUE = (
-    "conch.jobs"  # the Celery queue of job tasks (conch.frontend.batch_job), on every worker
-)
-QUEUE_PREFIX = "conch.model."
-PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
 # One sub-list per step, 0 the highest (kombu's order on Redis). Online requests take
 # steps 0-7 by their Triton priority level; async jobs and offline chunks sit below.
 PRIORITY_STEPS = tuple(range(10))
-UNACKED = "unacked"  # kombu's default keys, so its restore_visible sees our messages
-UNACKED_INDEX = "unacked_index"
-ATTEMPTS = "conch.attempts"
-DEADLETTER = "conch.deadletter"
-WAKE_SUFFIX = ".wake"
 WAKE_CAP = 8
 REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
 POLL_S = 0.0005  # pop again this often while a batch waits out a short delay

@@ -5,7 +5,7 @@ disappears; the model control API publishes load and unload commands. Workers an
 gateways each run one ``Subscriber`` and re-read what changed. Pub/sub loses what is sent
 while a listener is away, so state also lives in keys: the set of models loaded through
 the API (explicit mode) and a repository generation counter, which a subscriber checks
-on every tick to catch up on anything it missed.
+on every tick to catch up on anything it missed. The names are in ``conch.wire.keys``.
 """
 
 from __future__ import annotations
@@ -24,32 +24,39 @@ from typing import Any
 import redis
 
 from conch.core.repository import ModelRepository
+from conch.core.repository_keys import VERSION_FILE, RefusedKey, classify
 from conch.settings import Settings
+from conch.wire.keys import (
+    CONTROL_COMMANDS,
+    LOAD_IDS,
+    LOADED_MODELS,
+    OVERRIDE_FILES_PREFIX,
+    OVERRIDE_PREFIX,
+    REPOSITORY_EVENTS,
+    REPOSITORY_GENERATION,
+)
 
 log = logging.getLogger(__name__)
 
-EVENTS = "conch.repository.events"  # {"model", "version", "change", "at"} from repo_sync
-COMMANDS = "conch.control"  # {"action": "load"|"unload", "model", ...} from the API
-GENERATION = "conch.repository.generation"  # bumped by every repository change
-LOADED = "conch.models.loaded"  # explicit mode: the models loaded through the API
-LOAD_IDS = "conch.models.load_ids"  # explicit mode: model -> id of its latest load command
-OVERRIDE_PREFIX = "conch.override."  # explicit load's config override, by model
-FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
+# The channels a subscriber's on_message is called with (callers compare against these).
+EVENTS = REPOSITORY_EVENTS
+COMMANDS = CONTROL_COMMANDS
 
 
 def command(client: redis.Redis, action: str, model: str, **fields: Any) -> None:
     """Record the wanted state, then tell every worker and gateway."""
     pipe = client.pipeline(transaction=True)
     if action == "load":
-        pipe.sadd(LOADED, model)
+        pipe.sadd(LOADED_MODELS, model)
         if fields.get("id"):
             pipe.hset(LOAD_IDS, model, str(fields["id"]))
     elif action == "unload":
-        pipe.srem(LOADED, model)
+        pipe.srem(LOADED_MODELS, model)
         pipe.hdel(LOAD_IDS, model)
-    pipe.incr(GENERATION)
+    pipe.incr(REPOSITORY_GENERATION)
     pipe.publish(
-        COMMANDS, json.dumps({"action": action, "model": model, "at": time.time(), **fields})
+        CONTROL_COMMANDS,
+        json.dumps({"action": action, "model": model, "at": time.time(), **fields}),
     )
     pipe.execute()
 
@@ -61,7 +68,7 @@ def last_load_id(client: redis.Redis, model: str) -> str:
 
 
 def loaded_models(client: redis.Redis) -> set[str]:
-    return {m.decode() if isinstance(m, bytes) else m for m in client.smembers(LOADED)}
+    return {m.decode() if isinstance(m, bytes) else m for m in client.smembers(LOADED_MODELS)}
 
 
 def set_override(
@@ -69,18 +76,16 @@ def set_override(
 ) -> None:
     """A load request's config (JSON) and ``file:`` contents, for every worker to read."""
     pipe = client.pipeline(transaction=True)
-    pipe.delete(OVERRIDE_PREFIX + model, FILES_PREFIX + model)
+    pipe.delete(OVERRIDE_PREFIX + model, OVERRIDE_FILES_PREFIX + model)
     if config_json is not None:
         pipe.set(OVERRIDE_PREFIX + model, config_json)
     if files:
-        pipe.hset(FILES_PREFIX + model, mapping=files)
+        pipe.hset(OVERRIDE_FILES_PREFIX + model, mapping=files)
     pipe.execute()
 
 
 def check_file_path(model: str, rel: str) -> str:
     """``<version>/<path>`` of a ``file:`` override, refused if it could leave its folder."""
-    from repo_sync.keys import VERSION_FILE, RefusedKey, classify
-
     try:
         place = classify(f"{model}/{rel}")
     except RefusedKey as exc:
@@ -95,7 +100,7 @@ def check_file_path(model: str, rel: str) -> str:
 def override_dir(client: redis.Redis, model: str) -> Path | None:
     """The model folder a load's ``file:`` overrides describe, written out locally once
     per content (a folder named by its hash, so readers never see it half written)."""
-    files = client.hgetall(FILES_PREFIX + model)
+    files = client.hgetall(OVERRIDE_FILES_PREFIX + model)
     if not files:
         return None
     items = sorted((k.decode() if isinstance(k, bytes) else k, v) for k, v in files.items())
@@ -121,10 +126,10 @@ def override_dir(client: redis.Redis, model: str) -> Path | None:
 def override_models(client: redis.Redis) -> set[str]:
     """Models that exist only through a load request's ``file:`` overrides."""
     return {
-        k.decode().removeprefix(FILES_PREFIX)
+        k.decode().removeprefix(OVERRIDE_FILES_PREFIX)
         if isinstance(k, bytes)
-        else k.removeprefix(FILES_PREFIX)
-        for k in client.scan_iter(match=FILES_PREFIX + "*", count=1000)
+        else k.removeprefix(OVERRIDE_FILES_PREFIX)
+        for k in client.scan_iter(match=OVERRIDE_FILES_PREFIX + "*", count=1000)
     }
 
 
@@ -170,8 +175,8 @@ class Subscriber(threading.Thread):
 
     def _listen(self) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(EVENTS, COMMANDS)
-        self._generation = self.client.get(GENERATION)
+        pubsub.subscribe(REPOSITORY_EVENTS, CONTROL_COMMANDS)
+        self._generation = self.client.get(REPOSITORY_GENERATION)
         # Catch up at once on what was sent before this subscription: a command published
         # while the process started (or while it reconnected) is not delivered again.
         if self.on_tick is not None:
@@ -195,7 +200,7 @@ class Subscriber(threading.Thread):
                         self._call(self.on_message, channel, payload)
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + self.tick_s
-                    generation = self.client.get(GENERATION)
+                    generation = self.client.get(REPOSITORY_GENERATION)
                     changed, self._generation = generation != self._generation, generation
                     if self.on_tick is not None:
                         self._call(self.on_tick, changed)

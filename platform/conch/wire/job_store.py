@@ -21,10 +21,9 @@ import orjson
 import redis
 
 from conch.core.errors import Cancelled, ConchError, InvalidArgument, error_class, from_code
+from conch.wire.keys import JOB_RECORD_PREFIX, JOB_RESULT_PREFIX
 from conch.wire.messages import BadMessage, Reply, WireTensor, read_tensor
 
-RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
-RECORD_PREFIX = "conch.job."
 JOB_ID = re.compile(r"[0-9a-f]{32}")
 
 PENDING, STARTED, SUCCESS, FAILURE = "PENDING", "STARTED", "SUCCESS", "FAILURE"
@@ -34,11 +33,11 @@ PROGRESS = ("lines", "failed")
 
 
 def result_key(job_id: str) -> str:
-    return RESULT_PREFIX + job_id
+    return JOB_RESULT_PREFIX + job_id
 
 
 def record_key(job_id: str) -> str:
-    return RECORD_PREFIX + job_id
+    return JOB_RECORD_PREFIX + job_id
 
 
 def check_id(job_id: str) -> str:

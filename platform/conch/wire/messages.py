@@ -14,11 +14,11 @@ import msgpack
 
 from conch.core.datatypes import WIRE_TYPES
 from conch.core.errors import ConchError, InvalidArgument, from_code
+from conch.wire.keys import REPLY_PREFIX
 
 # Tensors travel as [name, datatype, shape, raw bytes].
 WireTensor = tuple[str, str, tuple[int, ...], bytes]
 
-REPLY_PREFIX = "conch.reply."
 MAX_RANK = 16
 MAX_TENSORS = 1024
 # Models a BLS request's chain may name (the models waiting on it); BLS bounds the depth

@@ -15,7 +15,8 @@ from typing import Any
 
 import redis
 
-KEY_PREFIX = "conch.stats."
+from conch.wire.keys import STATS_PREFIX
+
 # Triton's inference_stats entries, each {"count", "ns"}.
 DURATIONS = (
     "success",
@@ -45,7 +46,7 @@ return 0
 
 
 def key(model: str) -> str:
-    return KEY_PREFIX + model
+    return STATS_PREFIX + model
 
 
 @dataclass

@@ -13,8 +13,7 @@ from typing import Any
 
 import redis
 
-WORKERS = "conch.workers"
-WORKER_PREFIX = "conch.worker."
+from conch.wire.keys import WORKER_PREFIX, WORKERS
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"

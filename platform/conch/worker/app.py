@@ -400,6 +400,7 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
                 client,
                 job_id,
                 repository.read_model,
+                s3=batch_job.s3_client(settings.s3_region),
                 max_line_bytes=settings.max_input_bytes,
                 reply_key=reply_key,
             )

@@ -239,7 +239,7 @@ def _unexpected(exc: Exception) -> Response:
 
 
 def create_app(settings: Settings | None = None) -> Flask:
-    settings = settings or Settings()
+    settings = settings or Settings.from_env()
     app = Flask("conch")
     client = redis.Redis.from_url(settings.redis_url)
     app.extensions["conch.settings"] = settings

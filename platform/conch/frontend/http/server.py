@@ -6,7 +6,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from conch.settings import Settings, gateway_worker_class
+from conch.settings import Settings
 
 
 class _Gunicorn(BaseApplication):
@@ -35,7 +35,7 @@ def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
         {
             "bind": binds,
             "workers": workers,
-            "worker_class": gateway_worker_class(),
+            "worker_class": settings.http_worker_class,
             "worker_connections": max(threads, 1000),
             "threads": threads,
             "keepalive": 75,  # perf_analyzer and tritonclient hold connections open

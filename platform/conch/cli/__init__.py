@@ -1,0 +1,111 @@
+"""``conch``: serve, gateway and worker, with Triton's flag names where Triton has them.
+
+argv → ``Settings`` → one role. The flags of serve, gateway and worker, their defaults
+and the environment variables behind them are all in ``conch.settings``; this package
+only builds the parser from them and starts the role asked for: ``worker`` and
+``gateway`` here, ``serve`` (``cli/serve.py``) as both in child processes, plus ``batch``
+(``cli/batch.py``, a client of a running gateway) and ``sync`` (``repo_sync.cli``). The
+CLI sits above every room, so it is the one place in conch that may import repo_sync.
+
+Imports stay lazy: ``conch gateway`` must patch the process for gevent before redis
+(and ssl through it) is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from conch import __version__
+from conch.settings import Role, Settings, add_arguments
+
+DESCRIPTION = (__doc__ or "").partition("\n")[0]
+_ROLE_HELP = {
+    Role.SERVE: "run Redis (if needed), a worker and the gateway",
+    Role.GATEWAY: "run the HTTP gateway under gunicorn",
+    Role.WORKER: "run a Celery worker that serves models",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    from conch.cli import batch
+    from repo_sync.cli import add_arguments as sync_arguments
+
+    top = argparse.ArgumentParser(prog="conch", description=DESCRIPTION)
+    top.add_argument("--version", action="version", version=f"conch {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+    for role, help_text in _ROLE_HELP.items():
+        add_arguments(sub.add_parser(role, help=help_text), role)
+    sync_arguments(
+        sub.add_parser("sync", help="mirror a model repository from S3 or a folder (repo_sync)")
+    )
+    batch.add_arguments(
+        sub.add_parser(
+            "batch",
+            help="run an offline batch job (JSONL of infer requests in S3) and follow it",
+        )
+    )
+    return top
+
+
+def _logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 0 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "sync":
+        from repo_sync.cli import run as sync
+
+        _logging(args.log_verbose)
+        return sync(args)
+    if args.command == "batch":
+        from conch.cli import batch
+
+        _logging(args.log_verbose)
+        return batch.run(args)
+    try:
+        settings = Settings.from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"conch: {exc}") from None
+    _logging(settings.log_verbose)
+    if not settings.model_repository.is_dir():
+        raise SystemExit(f"conch: --model-repository {args.model_repository} is not a folder")
+    if args.command == Role.WORKER:
+        return worker(settings)
+    if args.command == Role.GATEWAY:
+        return gateway(settings)
+    from conch.cli import serve
+
+    return serve.run(settings)
+
+
+def worker(settings: Settings) -> int:
+    from conch.devtools import redis_server
+    from conch.worker import app as worker_app
+
+    settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    worker_app.run(settings, loglevel="DEBUG" if settings.log_verbose else "INFO")
+    return 0
+
+
+def gateway(settings: Settings) -> int:
+    if settings.http_worker_uses_gevent:
+        # Patch before redis (and ssl through it) is imported, as gevent asks.
+        from gevent import monkey
+
+        monkey.patch_all()
+    from conch.devtools import redis_server
+    from conch.frontend.http.server import run
+
+    settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    run(
+        settings,
+        bind=f"{settings.http_address}:{settings.http_port}",
+        workers=settings.http_workers,
+        threads=settings.http_thread_count,
+    )
+    return 0

@@ -1,0 +1,68 @@
+"""``conch serve``: the whole stack in one command: Redis if needed, one worker, the gateway.
+
+The worker and the gateway run as ``python -m conch worker|gateway`` children, started
+with ``settings.to_args(role)``: the same settings, the broker URL resolved once here
+(a private redis-server, if this command started one, is shared by both). Settings that
+have no flag reach them through the environment they inherit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import subprocess
+import sys
+import time
+
+from conch.settings import Role, Settings
+
+log = logging.getLogger("conch.serve")
+
+
+def run(settings: Settings) -> int:
+    """Start the children, stop all of them when one exits or on SIGTERM/SIGINT."""
+    from conch.devtools import redis_server
+
+    url, private = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    log.info("broker: %s%s", url, " (private redis-server)" if private else "")
+    settings = dataclasses.replace(settings, redis_url=url)
+    children = [
+        subprocess.Popen([sys.executable, "-m", "conch", role.value, *settings.to_args(role)])
+        for role in (Role.WORKER, Role.GATEWAY)
+    ]
+    log.info(
+        "serving %s on http://%s:%d",
+        settings.model_repository,
+        settings.http_address,
+        settings.http_port,
+    )
+
+    stopping = False
+
+    def _stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    code = 0
+    try:
+        while not stopping:
+            for c in children:
+                if c.poll() is not None:
+                    log.error("%s exited with %s; stopping", c.args[3], c.returncode)
+                    stopping, code = True, c.returncode or 1
+            time.sleep(0.2)
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.terminate()
+        for c in children:
+            try:
+                c.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                c.kill()
+        if private is not None:
+            private.stop()
+    return code

@@ -1,0 +1,129 @@
+r"""Every Redis key, list and channel conch uses: the whole Redis schema on one page.
+
+Each name is defined here once; the wire modules that read and write it, and repo_sync,
+import it from here. The values are the wire contract: Celery, kombu, KEDA triggers and
+conch processes of other versions read the same names, so none may change by a byte.
+``<model>`` is a model name (``conch.core.repository_keys.MODEL_NAME``), ``<job>`` a job id
+(32 hex digits), ``<tag>`` a message's delivery tag (its task id); each constant is in
+brackets under its name.
+
+Model queues and messages in flight (``conch.wire.broker``)::
+
+    name                           type     written by                   read by
+    -----------------------------  -------  ---------------------------  ---------------------------
+    conch.model.<model>            list     gateway, BLS and batch jobs  worker (the pop script);
+      [QUEUE_PREFIX]                        (publish); worker (requeue); gateway /metrics and
+    <queue>\x06\x16<step>, 1..9    list     kombu (restore)              KEDA (LLEN)
+      [PRIORITY_SEP] kombu's priority sub-lists of a queue, same writers and readers
+    conch.model.<model>.wake       list     publish (a token a message), idle workers (BLPOP)
+      [WAKE_SUFFIX]                         pop (reset to what waits)
+    conch.jobs (+ sub-lists)       list     gateway (batch job submit),  Celery workers (kombu)
+      [JOBS_QUEUE]                          kombu (restore)
+    unacked                        hash     worker pop: tag -> [message, ack (HDEL); kombu restores
+      [UNACKED]                             "", routing key] (kombu's)   what outlived visibility
+    unacked_index                  zset     worker pop, touch:           kombu's restore sweep;
+      [UNACKED_INDEX]                       tag -> epoch seconds         ack (ZREM)
+    conch.attempts                 hash     worker pop: tag -> HINCRBY   worker (dead-letters past
+      [ATTEMPTS]                            deliveries                   the limit); ack (HDEL)
+    conch.deadletter               list     worker: JSON tag, reason,    operators (10,000 kept)
+      [DEADLETTER]                          at, message
+    conch.untagged                 string   the pop script (a counter    nobody; named inside the
+                                            for messages with no tag)    Lua, which stays intact
+
+Replies and job results (``conch.wire.messages``, ``conch.wire.job_store``)::
+
+    conch.reply.<host>.<pid>.<hex> list     worker: msgpack replies      the gateway process or BLS
+      [REPLY_PREFIX]                        (expire 60 s after a push)   client that owns it (BLMPOP)
+    conch.reply.batch.<job>.<hex>  list     worker (same)                that batch job's attempt
+    celery-task-meta-<job>         string   worker (an async job's       gateway (status, result),
+      [JOB_RESULT_PREFIX]          + chan.  reply), Celery (a batch      Celery's AsyncResult; the
+                                            job's result), gateway       channel of the same name
+                                            (cancel); Celery's format    wakes waiters
+    conch.job.<job>                hash     gateway (submit, cancel),    gateway (status); worker
+      [JOB_RECORD_PREFIX]                   batch job (progress)         and batch job (cancelled)
+
+Workers and statistics (``conch.wire.worker_reports``, ``conch.wire.statistics``)::
+
+    conch.workers                  set      worker (its id, every beat)  gateway, BLS (who is live;
+      [WORKERS]                                                          prunes expired ids)
+    conch.worker.<id>              string   worker: JSON model states,   gateway, BLS (readiness,
+      [WORKER_PREFIX]                       expires unless refreshed     index, load results)
+    conch.stats.<model>            hash     worker: <version>|<counter>  gateway (statistics API,
+      [STATS_PREFIX]                        -> int, a script a batch     /metrics)
+
+Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
+
+    conch.repository.events        channel  repo_sync: JSON a model or   workers, gateways
+      [REPOSITORY_EVENTS]                   version added/changed/removed
+    conch.repository.generation    string   repo_sync (INCR a pass that  workers, gateways (catch up
+      [REPOSITORY_GENERATION]               changed), load/unload (INCR) on what pub/sub lost)
+    conch.control                  channel  model control API: JSON      workers, gateways
+      [CONTROL_COMMANDS]                    load / unload commands
+    conch.models.loaded            set      model control API            workers, gateways
+      [LOADED_MODELS]                                                    (explicit mode)
+    conch.models.load_ids          hash     model control API: model ->  workers (answer the latest
+      [LOAD_IDS]                            id of its latest load        load)
+    conch.override.<model>         string   model control API: a load's  workers, gateways
+      [OVERRIDE_PREFIX]                     config JSON                  (explicit mode)
+    conch.override.files.<model>   hash     model control API: a load's  workers, gateways (explicit
+      [OVERRIDE_FILES_PREFIX]               file: overrides, path->bytes mode; SCANned for models)
+
+kombu's own bookkeeping for the Celery queue (``_kombu.binding.*``, ``unacked_mutex``)
+is kombu's and not named here.
+"""
+
+from __future__ import annotations
+
+# Model queues (a Celery queue each, in kombu's Redis layout).
+QUEUE_PREFIX = "conch.model."
+PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
+WAKE_SUFFIX = ".wake"
+JOBS_QUEUE = "conch.jobs"  # the Celery queue of job tasks (batch jobs), on every worker
+# Messages in flight: kombu's default keys, so its restore_visible sees our messages.
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
+ATTEMPTS = "conch.attempts"
+DEADLETTER = "conch.deadletter"
+
+# Replies and job results.
+REPLY_PREFIX = "conch.reply."
+JOB_RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
+JOB_RECORD_PREFIX = "conch.job."
+
+# Workers and statistics.
+WORKERS = "conch.workers"
+WORKER_PREFIX = "conch.worker."
+STATS_PREFIX = "conch.stats."
+
+# Control plane.
+REPOSITORY_EVENTS = "conch.repository.events"  # {"model", "version", "change", "at", ...}
+REPOSITORY_GENERATION = "conch.repository.generation"  # bumped by every repository change
+CONTROL_COMMANDS = "conch.control"  # {"action": "load"|"unload", "model", ...} from the API
+LOADED_MODELS = "conch.models.loaded"  # explicit mode: the models loaded through the API
+LOAD_IDS = "conch.models.load_ids"  # explicit mode: model -> id of its latest load command
+OVERRIDE_PREFIX = "conch.override."  # explicit load's config override, by model
+OVERRIDE_FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
+
+__all__ = [
+    "ATTEMPTS",
+    "CONTROL_COMMANDS",
+    "DEADLETTER",
+    "JOBS_QUEUE",
+    "JOB_RECORD_PREFIX",
+    "JOB_RESULT_PREFIX",
+    "LOADED_MODELS",
+    "LOAD_IDS",
+    "OVERRIDE_FILES_PREFIX",
+    "OVERRIDE_PREFIX",
+    "PRIORITY_SEP",
+    "QUEUE_PREFIX",
+    "REPLY_PREFIX",
+    "REPOSITORY_EVENTS",
+    "REPOSITORY_GENERATION",
+    "STATS_PREFIX",
+    "UNACKED",
+    "UNACKED_INDEX",
+    "WAKE_SUFFIX",
+    "WORKERS",
+    "WORKER_PREFIX",
+]

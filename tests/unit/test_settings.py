@@ -1,0 +1,202 @@
+"""conch.settings: the one reader of flags and environment, and the flags it writes back."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from conch.cli import main, parser
+from conch.settings import (
+    FLAGS,
+    GEVENT_WORKER,
+    LOCAL_REDIS_URL,
+    ModelControlMode,
+    Role,
+    Settings,
+)
+
+# Every variable Settings reads, so a test's environment is exactly what it says.
+ENV_NAMES = [name for f in dataclasses.fields(Settings) for name in f.metadata.get("env", ())]
+
+
+@pytest.fixture(autouse=True)
+def _no_settings_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def parse(role: Role, *argv: str):
+    return parser().parse_args([role.value, *argv])
+
+
+def test_from_env_without_variables_is_the_defaults():
+    s = Settings.from_env({})
+    assert s == Settings()
+    assert (s.redis_url, s.request_timeout_s, s.max_input_bytes) == ("", 60.0, 64 << 20)
+    assert (s.http_worker_class, s.local_redis_url, s.s3_region) == (
+        GEVENT_WORKER,
+        LOCAL_REDIS_URL,
+        None,
+    )
+    assert Settings.from_env() == Settings()  # the process environment, cleared above
+
+
+def test_from_env_reads_every_variable():
+    s = Settings.from_env(
+        {
+            "REDIS_URL": "redis://r:1/2",
+            "CONCH_REQUEST_TIMEOUT_S": "2.5",
+            "CONCH_MAX_INPUT_BYTES": "4096",
+            "CONCH_VISIBILITY_TIMEOUT_S": "3",
+            "CONCH_MAX_ATTEMPTS": "5",
+            "CONCH_JOB_TTL_S": "60",
+            "CONCH_MAX_QUEUED_JOBS": "7",
+            "CONCH_HTTP_WORKER_CLASS": "gthread",
+            "CONCH_LOCAL_REDIS_URL": "redis://127.0.0.1:1/0",
+            "AWS_REGION": "eu-west-3",
+        }
+    )
+    assert s == dataclasses.replace(
+        Settings(),
+        redis_url="redis://r:1/2",
+        request_timeout_s=2.5,
+        max_input_bytes=4096,
+        visibility_timeout_s=3.0,
+        max_attempts=5,
+        job_ttl_s=60,
+        max_queued_jobs=7,
+        http_worker_class="gthread",
+        local_redis_url="redis://127.0.0.1:1/0",
+        s3_region="eu-west-3",
+    )
+    assert not s.http_worker_uses_gevent and Settings().http_worker_uses_gevent
+
+
+def test_from_env_region_order_and_empty_variables():
+    both = {"AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "eu-west-3"}
+    assert Settings.from_env(both).s3_region == "us-east-1"
+    assert Settings.from_env({**both, "AWS_DEFAULT_REGION": ""}).s3_region == "eu-west-3"
+    assert Settings.from_env({"CONCH_MAX_ATTEMPTS": ""}).max_attempts == 3
+
+
+def test_from_env_names_the_bad_variable():
+    with pytest.raises(ValueError, match="CONCH_MAX_ATTEMPTS"):
+        Settings.from_env({"CONCH_MAX_ATTEMPTS": "many"})
+
+
+def test_from_args_flags_win_over_the_environment(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "redis://env:1/0")
+    monkeypatch.setenv("CONCH_REQUEST_TIMEOUT_S", "9")
+    monkeypatch.setenv("CONCH_MAX_INPUT_BYTES", "1000")
+    s = Settings.from_args(parse(Role.SERVE, "--model-repository", str(tmp_path)))
+    assert (s.redis_url, s.request_timeout_s, s.max_input_bytes) == ("redis://env:1/0", 9.0, 1000)
+    s = Settings.from_args(
+        parse(
+            Role.SERVE,
+            *("--model-repository", str(tmp_path), "--redis-url", "redis://flag:2/0"),
+            *("--request-timeout-secs", "1.5", "--http-max-input-size", "2000"),
+        )
+    )
+    assert (s.redis_url, s.request_timeout_s, s.max_input_bytes) == ("redis://flag:2/0", 1.5, 2000)
+    # An empty --redis-url is no URL: $REDIS_URL stays, as before.
+    s = Settings.from_args(
+        parse(Role.WORKER, "--model-repository", str(tmp_path), "--redis-url", "")
+    )
+    assert s.redis_url == "redis://env:1/0"
+
+
+def test_from_args_reads_each_flag(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repo").mkdir()
+    s = Settings.from_args(
+        parse(
+            Role.SERVE,
+            *("--model-repository", "repo", "--log-verbose", "1"),
+            "--disable-auto-complete-config",
+            *("--backend-config", "onnxruntime,default-max-batch-size=8"),
+            *("--model-control-mode", "explicit", "--repository-poll-secs", "0.5"),
+            *("--load-model", "a", "--load-model", "b"),
+            *("--metrics-port", "9002", "--allow-metrics=false"),
+            *("--http-port", "9000", "--http-address", "127.0.0.1"),
+            *("--http-thread-count", "8", "--http-workers", "3"),
+            *("--models", "a,,b"),
+        )
+    )
+    assert s.model_repository == tmp_path / "repo" and s.model_repository.is_absolute()
+    assert s.model_control_mode is ModelControlMode.EXPLICIT
+    assert (s.log_verbose, s.auto_complete, s.default_max_batch_size) == (1, False, 8)
+    assert (s.repository_poll_secs, s.load_models, s.models) == (0.5, ["a", "b"], ["a", "b"])
+    assert (s.metrics_port, s.allow_metrics) == (9002, False)
+    assert (s.http_port, s.http_address, s.http_thread_count, s.http_workers) == (
+        9000,
+        "127.0.0.1",
+        8,
+        3,
+    )
+    strict = Settings.from_args(
+        parse(Role.WORKER, "--model-repository", "repo", "--strict-model-config")
+    )
+    assert strict.auto_complete is False
+
+
+def test_unknown_backend_config_is_refused(tmp_path: Path):
+    args = parse(Role.WORKER, "--model-repository", str(tmp_path), "--backend-config", "x,y=1")
+    with pytest.raises(ValueError, match="unknown --backend-config 'x,y=1'"):
+        Settings.from_args(args)
+    with pytest.raises(SystemExit, match="conch: unknown --backend-config"):
+        main(["worker", "--model-repository", str(tmp_path), "--backend-config", "x,y=1"])
+
+
+def test_control_mode_choices_come_from_the_enum(tmp_path: Path, capsys):
+    [flag] = [f for f in FLAGS if f.name == "--model-control-mode"]
+    assert flag.choices == tuple(m.value for m in ModelControlMode)
+    with pytest.raises(SystemExit):
+        parse(Role.GATEWAY, "--model-repository", str(tmp_path), "--model-control-mode", "x")
+    assert "invalid choice: 'x'" in capsys.readouterr().err
+
+
+def _changed(role: Role, repo: Path) -> Settings:
+    """Settings with every field that ``role`` has a flag for away from its default."""
+    s = dataclasses.replace(
+        Settings(),
+        model_repository=repo,
+        redis_url="redis://h:1/3",
+        request_timeout_s=0.1 + 0.2,  # a float that str() must keep exactly
+        auto_complete=False,
+        default_max_batch_size=16,
+        model_control_mode=ModelControlMode.POLL,
+        repository_poll_secs=2.5,
+        load_models=["*", "m"],
+        log_verbose=2,
+    )
+    if role in (Role.SERVE, Role.GATEWAY):
+        s = dataclasses.replace(
+            s,
+            max_input_bytes=12345,
+            allow_metrics=False,
+            metrics_port=9102,
+            http_address="127.0.0.2",
+            http_port=9100,
+            http_thread_count=3,
+            http_workers=5,
+        )
+    if role in (Role.SERVE, Role.WORKER):
+        s = dataclasses.replace(s, models=["a", "b"])
+    return s
+
+
+@pytest.mark.parametrize("role", list(Role))
+def test_to_args_round_trips(role: Role, tmp_path: Path):
+    for s in (Settings(model_repository=tmp_path), _changed(role, tmp_path)):
+        assert Settings.from_args(parser().parse_args([role.value, *s.to_args(role)])) == s
+
+
+def test_to_args_writes_only_the_role_flags(tmp_path: Path):
+    s = _changed(Role.SERVE, tmp_path)
+    worker, gateway = s.to_args(Role.WORKER), s.to_args(Role.GATEWAY)
+    assert "--models" in worker and "--http-port" not in worker
+    assert "--http-port" in gateway and "--models" not in gateway
+    assert "--allow-metrics=false" in gateway
+    assert "--strict-model-config" not in s.to_args(Role.SERVE)
