@@ -25,6 +25,7 @@ from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, U
 from conch.core.model_config import output_types
 from conch.wire import broker, job_store, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
+from conch.worker.drain import Drain, ack, dead_letter, requeue
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class Batcher(threading.Thread):
         self.idle_poll = idle_poll
         self.on_batch = on_batch
         self.sequencer = sequencer
-        self.drain = broker.Drain(client, model)
+        self.drain = Drain(client, model)
         # Outputs go out as the config declares them, whatever width the backend used.
         self.output_types = (
             output_types(next(iter(backends.values())).spec.config) if backends else {}
@@ -237,7 +238,7 @@ class Batcher(threading.Thread):
             done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
             items = [i for i in items if i.msg.id not in gone]
         if done:
-            broker.ack(pipe, [tag for tag, _ in done])
+            ack(pipe, [tag for tag, _ in done])
             pipe.execute()
             self.inflight.discard([tag for tag, _ in done])
             if self.sequencer is not None:
@@ -254,7 +255,7 @@ class Batcher(threading.Thread):
             msg = InferMessage.from_dict(payload)
         except BadMessage as exc:
             log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
-            broker.dead_letter(pipe, tag, raw, str(exc))
+            dead_letter(pipe, tag, raw, str(exc))
             return None
         if msg.deadline and now > msg.deadline:
             log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
@@ -269,7 +270,7 @@ class Batcher(threading.Thread):
             if msg.delay_on_timeout:
                 # Triton's DELAY: behind every request still in time, not dropped.
                 msg.delayed = True
-                broker.requeue(
+                requeue(
                     pipe,
                     self.drain.queue,
                     msg.to_dict(),
@@ -291,7 +292,7 @@ class Batcher(threading.Thread):
                 f"attempts: each one ended with its worker dying"
             )
             log.error("%s: %s (id %s)", self.name, reason, msg.id)
-            broker.dead_letter(pipe, tag, raw, reason)
+            dead_letter(pipe, tag, raw, reason)
             self._reply(pipe, msg, Reply(msg.id, error=Internal(reason)))
             return None
         batched = self.policy.max_batch_size > 1 and msg.inputs and msg.inputs[0][2]
@@ -303,7 +304,7 @@ class Batcher(threading.Thread):
             return
         pipe = self.client.pipeline(transaction=True)
         for item in reversed(items):
-            broker.requeue(
+            requeue(
                 pipe,
                 self.drain.queue,
                 item.msg.to_dict(),
@@ -312,7 +313,7 @@ class Batcher(threading.Thread):
                 reply_to=item.msg.reply_to,
                 head=True,
             )
-        broker.ack(pipe, [i.tag for i in items])
+        ack(pipe, [i.tag for i in items])
         pipe.execute()
         self.inflight.discard([i.tag for i in items])
         if self.sequencer is not None:
@@ -414,7 +415,7 @@ class Batcher(threading.Thread):
             pipe.rpush(key, *packed)
             pipe.expire(key, REPLY_TTL_S)
         tags = [i.tag for i in items]
-        broker.ack(pipe, tags)
+        ack(pipe, tags)
         pipe.execute()
         self.inflight.discard(tags)
 
