@@ -27,8 +27,8 @@ from celery.exceptions import Ignore
 from conch.frontend import batch_job, bls
 from conch.settings import Settings
 from conch.wire import broker, control_bus, job_store
+from conch.wire.messages import REPLY_TTL_S
 from conch.worker import steps
-from conch.worker.batcher import REPLY_TTL_S
 from conch.worker.host import ModelHost
 
 

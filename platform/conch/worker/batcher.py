@@ -23,13 +23,12 @@ from conch.backends import Backend, BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
 from conch.core.model_config import output_types
-from conch.wire import broker, job_store, statistics
+from conch.wire import broker, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
 from conch.worker.drain import Drain, ack, dead_letter, requeue
+from conch.worker.replies import ReplySink
 
 log = logging.getLogger(__name__)
-
-REPLY_TTL_S = 60
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,11 @@ class InFlight:
 
 
 class Batcher(threading.Thread):
-    """Drains one model's queue into one model instance."""
+    """Drains one model's queue into one instance slot: ``backends`` maps each loaded
+    version to its instance in that slot, so a batch splits by the version its requests
+    ask for. Requests come from ``drain`` and replies go to ``sink`` (the seams a test
+    fakes); a model with N instances has N batchers on the same queue.
+    """
 
     def __init__(
         self,
@@ -144,6 +147,8 @@ class Batcher(threading.Thread):
         backends: dict[int, Backend],
         policy: BatchPolicy,
         inflight: InFlight,
+        drain: Drain | None = None,
+        sink: ReplySink | None = None,
         max_attempts: int = 3,
         idle_poll: float = 1.0,
         on_batch: Callable[[str, dict[str, int]], None] | None = None,
@@ -160,7 +165,8 @@ class Batcher(threading.Thread):
         self.idle_poll = idle_poll
         self.on_batch = on_batch
         self.sequencer = sequencer
-        self.drain = Drain(client, model)
+        self.drain = drain or Drain(client, model)  # where requests come from
+        self.sink = sink or ReplySink(client, model)  # where their replies go
         # Outputs go out as the config declares them, whatever width the backend used.
         self.output_types = (
             output_types(next(iter(backends.values())).spec.config) if backends else {}
@@ -233,7 +239,7 @@ class Batcher(threading.Thread):
             else:
                 item.ticket = ticket
                 items.append(item)
-        gone = job_store.cancelled(self.client, [i.msg.id for i in items if i.msg.job_ttl])
+        gone = self.sink.cancelled(i.msg for i in items)
         if gone:  # cancelled while queued: never run
             done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
             items = [i for i in items if i.msg.id not in gone]
@@ -264,7 +270,7 @@ class Batcher(threading.Thread):
                     f"Request timeout expired: the job waited in the queue of model "
                     f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
                 )
-                self._reply(pipe, msg, Reply(msg.id, error=error))
+                self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
             return None
         if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
             if msg.delay_on_timeout:
@@ -284,7 +290,7 @@ class Batcher(threading.Thread):
                     f"Request timeout expired: the request waited longer than the queue policy "
                     f"of model '{self.model}' allows"
                 )
-                self._reply(pipe, msg, Reply(msg.id, error=error))
+                self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
             return None
         if attempts > self.max_attempts:
             reason = (
@@ -293,7 +299,7 @@ class Batcher(threading.Thread):
             )
             log.error("%s: %s (id %s)", self.name, reason, msg.id)
             dead_letter(pipe, tag, raw, reason)
-            self._reply(pipe, msg, Reply(msg.id, error=Internal(reason)))
+            self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
             return None
         batched = self.policy.max_batch_size > 1 and msg.inputs and msg.inputs[0][2]
         return Item(tag, msg, max(1, msg.inputs[0][2][0]) if batched else 1, attempts)
@@ -405,15 +411,7 @@ class Batcher(threading.Thread):
         now_ms = int(time.time() * 1000)
         for run in runs:
             statistics.record(pipe, self.model, run, now_ms)
-        by_list: dict[str, list[bytes]] = {}
-        for item in items:
-            if item.msg.job_ttl:
-                job_store.store(pipe, item.msg.id, self.model, replies[item.tag], item.msg.job_ttl)
-            elif item.msg.reply_to:
-                by_list.setdefault(item.msg.reply_to, []).append(replies[item.tag].pack())
-        for key, packed in by_list.items():  # one push per gateway process, not per request
-            pipe.rpush(key, *packed)
-            pipe.expire(key, REPLY_TTL_S)
+        self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])
         tags = [i.tag for i in items]
         ack(pipe, tags)
         pipe.execute()
@@ -485,10 +483,3 @@ class Batcher(threading.Thread):
                 continue
             replies[item.tag] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
-
-    def _reply(self, pipe: redis.client.Pipeline, msg: InferMessage, reply: Reply) -> None:
-        if msg.job_ttl:
-            job_store.store(pipe, msg.id, self.model, reply, msg.job_ttl)
-        elif msg.reply_to:
-            pipe.rpush(msg.reply_to, reply.pack())
-            pipe.expire(msg.reply_to, REPLY_TTL_S)
