@@ -14,10 +14,8 @@ and registers the tasks.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
-import threading
 from typing import Any
 
 import redis
@@ -26,8 +24,7 @@ from celery.exceptions import Ignore
 
 from conch.frontend import batch_job, bls
 from conch.settings import Settings
-from conch.wire import broker, control_bus, job_store
-from conch.wire.messages import REPLY_TTL_S
+from conch.wire import broker, control_bus
 from conch.worker import steps
 from conch.worker.host import ModelHost
 
@@ -85,40 +82,17 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
         result_expires=settings.job_ttl_s,
         task_track_started=True,
     )
+    client = redis.Redis.from_url(settings.redis_url)
     # The worker's own view, overrides included: a job on a model loaded with a config
     # or file: override reads the model the gateway accepted it for.
-    repository = control_bus.open_repository(settings, redis.Redis.from_url(settings.redis_url))
+    repository = control_bus.open_repository(settings, client)
 
     @app.task(name=batch_job.TASK_NAME)
     def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:
-        job_id = job_store.check_id(str(payload.get("id", "")))
-        client = redis.Redis.from_url(settings.redis_url)
-        # Keep kombu from restoring the task's message while it runs (its delivery tag
-        # is the job id), however long the job or one of its uploads takes.
-        # And its reply list from expiring while the job is busy elsewhere (a slow read).
-        done = threading.Event()
-        reply_key = batch_job.new_reply_key(job_id)
-
-        def keepalive() -> None:
-            while not done.wait(min(1.0, settings.visibility_timeout_s / 3)):
-                with contextlib.suppress(redis.RedisError):
-                    broker.touch(client, [job_id])
-                    client.expire(reply_key, REPLY_TTL_S)
-
-        threading.Thread(target=keepalive, name=f"job-{job_id[:8]}", daemon=True).start()
         try:
-            return batch_job.run(
-                client,
-                job_id,
-                repository.read_model,
-                max_line_bytes=settings.max_input_bytes,
-                reply_key=reply_key,
-            )
-        except job_store.JobCancelled:
-            job_store.revoke(client, job_id, settings.job_ttl_s)
-            raise Ignore() from None  # Celery keeps the REVOKED state written above
-        finally:
-            done.set()
+            return batch_job.run_task(settings, client, repository, payload)
+        except batch_job.JobCancelled:
+            raise Ignore() from None  # Celery keeps the REVOKED state run_task wrote
 
 
 def run(settings: Settings, *, loglevel: str = "INFO") -> None:
