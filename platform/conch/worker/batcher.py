@@ -137,6 +137,10 @@ class Batcher(threading.Thread):
     version to its instance in that slot, so a batch splits by the version its requests
     ask for. Requests come from ``drain`` and replies go to ``sink`` (the seams a test
     fakes); a model with N instances has N batchers on the same queue.
+
+    Each execution's Triton statistics go to Redis (``conch.wire.statistics``) with its
+    replies. ``on_batch(model, counts)``, if given, also gets each batch's counts for the
+    worker's own telemetry (``host.WorkerTelemetry``).
     """
 
     def __init__(
@@ -363,21 +367,7 @@ class Batcher(threading.Thread):
                 self._send([item], replies, runs if k == len(ordered) - 1 else [])
                 self.sequencer.finish(item.ticket)
         if self.on_batch is not None:
-            failed = sum(1 for i in batch if replies[i.tag].error is not None)
-            self.on_batch(
-                self.model,
-                {
-                    "executions": 1,
-                    "requests": len(batch),
-                    "rows": sum(i.rows for i in batch),
-                    "success": len(batch) - failed,
-                    "failure": failed,
-                    "queue_us": sum(replies[i.tag].timing.get("queue", 0) for i in batch) // 1000,
-                    # As Triton counts it: each request is charged its batch's compute time.
-                    "compute_us": sum(replies[i.tag].timing.get("compute", 0) for i in batch)
-                    // 1000,
-                },
-            )
+            self.on_batch(self.model, _telemetry(batch, replies))
 
     def _execution(
         self,
@@ -483,3 +473,18 @@ class Batcher(threading.Thread):
                 continue
             replies[item.tag] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
+
+
+def _telemetry(batch: list[Item], replies: dict[str, Reply]) -> dict[str, int]:
+    """One batch's counts for this worker's telemetry (``host.WorkerTelemetry``)."""
+    failed = sum(1 for i in batch if replies[i.tag].error is not None)
+    return {
+        "executions": 1,
+        "requests": len(batch),
+        "rows": sum(i.rows for i in batch),
+        "success": len(batch) - failed,
+        "failure": failed,
+        "queue_us": sum(replies[i.tag].timing.get("queue", 0) for i in batch) // 1000,
+        # As Triton counts it: each request is charged its batch's compute time.
+        "compute_us": sum(replies[i.tag].timing.get("compute", 0) for i in batch) // 1000,
+    }

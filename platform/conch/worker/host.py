@@ -44,6 +44,32 @@ class LoadedModel:
     load_id: str = ""  # the load command this state answers (explicit mode)
 
 
+class WorkerTelemetry:
+    """Running totals of the batches this worker ran, per model: executions, requests,
+    rows, success, failure, queue_us and compute_us.
+
+    Telemetry of one worker, for the integration tests and ``bench/run.py`` (mean batch
+    size is rows / executions; which worker ran how much). It travels only in this
+    worker's report (``worker_reports``, under ``stats``). It is not what ``/metrics`` or
+    the statistics extension serve: those read ``conch.wire.statistics``, which every
+    batcher records in Redis per execution, summed over all workers as it is written.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals: dict[str, dict[str, int]] = {}
+
+    def add(self, model: str, counts: dict[str, int]) -> None:
+        with self._lock:
+            totals = self._totals.setdefault(model, {})
+            for key, value in counts.items():
+                totals[key] = totals.get(key, 0) + value
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {model: dict(totals) for model, totals in self._totals.items()}
+
+
 class ModelHost:
     """Loads models, runs their batchers, and reports them in the worker reports.
 
@@ -65,8 +91,7 @@ class ModelHost:
         self.repository = repository
         self.inflight = InFlight()
         self.models: dict[str, LoadedModel] = {}
-        self.stats: dict[str, dict[str, int]] = {}  # model -> executions, requests, rows
-        self._stats_lock = threading.Lock()
+        self.telemetry = WorkerTelemetry()
         self._changes = threading.Lock()  # one load/unload at a time
         self._fingerprints: dict[str, Any] = {}
         # The report is published from start's LOADING announcement until stop begins,
@@ -228,19 +253,12 @@ class ModelHost:
                 inflight=self.inflight,
                 max_attempts=self.settings.max_attempts,
                 name=f"batcher-{spec.name}",
-                on_batch=self._count,
+                on_batch=self.telemetry.add,
                 sequencer=sequencer,
             )
             for k, spec in enumerate(specs)
         ]
         return versions, batchers
-
-    def _count(self, model: str, batch: dict[str, int]) -> None:
-        """Counters per model (what the gateways' /metrics add up over workers)."""
-        with self._stats_lock:
-            st = self.stats.setdefault(model, {})
-            for key, value in batch.items():
-                st[key] = st.get(key, 0) + value
 
     def _states(self) -> dict[str, dict[str, Any]]:
         out = {}
@@ -259,9 +277,8 @@ class ModelHost:
         return out
 
     def report(self) -> None:
-        """Publish this worker's model states (and counters) for the gateways."""
-        with self._stats_lock:
-            stats = {m: dict(st) for m, st in self.stats.items()}
+        """Publish this worker's model states for the gateways, with its telemetry."""
+        stats = self.telemetry.snapshot()
         with self._report_lock:
             if self._reporting:
                 worker_reports.publish(
