@@ -64,13 +64,18 @@ def _make_host(settings: Settings) -> ModelHost:
     client = redis.Redis.from_url(settings.redis_url)
     repository = control_bus.open_repository(settings, client)
     # Python models' BLS calls (pb_utils.InferenceRequest.exec) go through this worker,
-    # on its view of the repository (overrides included).
-    bls.install(bls.BlsClient(settings, repository, client=client))
+    # on its view of the repository (overrides included). The host hands the port to
+    # the backends it builds (ModelSpec.bls).
+    port = bls.BlsClient(settings, repository, client=client)
+    # Until the Python backend takes its client from ModelSpec.bls (another room's
+    # change), pb_utils still reads the process-global one; remove this call then.
+    bls.install(port)
     return ModelHost(
         settings,
         worker_id=f"{socket.gethostname()}.{os.getpid()}",
         client=client,
         repository=repository,
+        bls=port,
     )
 
 

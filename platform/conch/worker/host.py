@@ -12,6 +12,7 @@ start it, keep its report alive, and tell it what the control bus asks for.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 import redis
 
 from conch.backends import Backend, backend_class
+from conch.backends.base import BlsPort
 from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
 from conch.core.repository import ModelRepository
@@ -74,7 +76,9 @@ class ModelHost:
     """Loads models, runs their batchers, and reports them in the worker reports.
 
     ``repository`` is the worker's view of the model repository (``control_bus.
-    open_repository``: explicit-mode overrides included), opened by the composition root.
+    open_repository``: explicit-mode overrides included), and ``bls`` the port through
+    which the models it loads call other models (``ModelSpec.bls``); the composition root
+    (``conch.worker.app``) makes both.
     """
 
     def __init__(
@@ -84,11 +88,13 @@ class ModelHost:
         *,
         client: redis.Redis,
         repository: ModelRepository,
+        bls: BlsPort | None = None,
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id
         self.client = client
         self.repository = repository
+        self.bls = bls
         self.inflight = InFlight()
         self.models: dict[str, LoadedModel] = {}
         self.telemetry = WorkerTelemetry()
@@ -228,8 +234,9 @@ class ModelHost:
         try:
             for version in entry.versions:
                 versions[version] = instances = []
+                model_spec = dataclasses.replace(entry.spec(version), bls=self.bls)
                 for spec in specs:
-                    backend = cls(entry.spec(version), spec)
+                    backend = cls(model_spec, spec)
                     backend.load()
                     instances.append(backend)
                     run_warmup(backend, backend.spec)  # before the model is reported ready
