@@ -51,9 +51,10 @@ def make_celery(settings: Settings) -> Celery:
             "priority_steps": list(broker.PRIORITY_STEPS),
         },
     )
-    # The settings reach the steps bound into their classes (steps.bound_steps), not as an
-    # attribute set on the app and read back in a step: Celery builds steps itself, and a
-    # class built here says where what it needs comes from.
+    # The steps get the host factory (and the settings through it) bound into their
+    # classes here (steps.bound_steps), instead of reading back an attribute set on the
+    # app (the old app.conch_settings): Celery builds steps itself, so a class made here
+    # is the explicit way to say where what they need comes from.
     app.steps["worker"].update(steps.bound_steps(lambda: _make_host(settings)))
     _register_jobs(app, settings)
     return app

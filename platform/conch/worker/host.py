@@ -131,7 +131,8 @@ class ModelHost:
             self.models[name] = LoadedModel(
                 name, loading=True, planned=list(entries[name].versions)
             )
-        self._reporting = True
+        with self._report_lock:
+            self._reporting = True
         self.report()  # LOADING, so readiness and the index say so while models load
         explicit = self.settings.model_control_mode.explicit
         for name in wanted:
