@@ -12,6 +12,7 @@ from conch.core.errors import Unavailable
 from conch.frontend.producer import Dispatcher
 from conch.wire import broker
 from conch.wire.messages import InferMessage, Reply
+from conch.worker.drain import Drain, ack
 
 
 def message(deadline_s: float = 5.0) -> InferMessage:
@@ -32,7 +33,7 @@ def play_worker(client: redis.Redis, replies: int) -> threading.Thread:
     """Pop one request like a worker and answer it ``replies`` times."""
 
     def run() -> None:
-        drain = broker.Drain(client, "m")
+        drain = Drain(client, "m")
         while True:
             popped = drain.pop(1)
             if popped:
@@ -45,7 +46,7 @@ def play_worker(client: redis.Redis, replies: int) -> threading.Thread:
             reply = Reply(msg.id, outputs=[("Y", "FP32", (1,), bytes([i, 0, 0, 0]))])
             client.rpush(msg.reply_to, reply.pack())
         pipe = client.pipeline()
-        broker.ack(pipe, [tag])
+        ack(pipe, [tag])
         pipe.execute()
 
     t = threading.Thread(target=run, daemon=True)

@@ -22,7 +22,16 @@ from test_jobs import result, submit, wait_done
 
 from conch.wire import broker
 
-from harness import fresh_db, reference_mlp, serving, start_worker, wait_until
+from harness import (
+    fresh_db,
+    reference_mlp,
+    serving,
+    start_gateway,
+    start_worker,
+    wait_model_ready,
+    wait_until,
+)
+from models import offset_model
 
 MODELS = ("mlp", "batch_probe")
 
@@ -318,3 +327,59 @@ def test_an_unwritable_output_fails_the_job_before_any_work(stack: str, s3, buck
     # Raised by the task, stored by Celery, answered with the error's own status.
     r = requests.get(f"http://{stack}/v2/jobs/{job}/result")
     assert r.status_code == 400 and "no-such-bucket-here" in r.json()["error"]
+
+
+def test_a_job_on_a_model_that_exists_only_through_its_load_overrides(
+    tmp_path: Path, redis_url: str, log_dir: Path, s3_endpoint: str, s3, bucket: str
+) -> None:
+    """Explicit mode: ``fresh`` exists only in its load request (a config override and a
+    ``file:`` override; nothing on disk). The job's task must read the model through the
+    overrides, as the gateway that accepted the job does: a repository opened without
+    them has no such model, and the job would fail."""
+    repo = tmp_path / "models"
+    repo.mkdir()
+    offset_model(tmp_path / "elsewhere" / "offset", 1, 1.0)  # Y = X + 1, outside the repository
+    onnx_bytes = (tmp_path / "elsewhere" / "offset" / "1" / "model.onnx").read_bytes()
+    config = json.dumps(
+        {
+            "name": "fresh",
+            "platform": "onnxruntime_onnx",
+            "max_batch_size": 8,
+            "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}],
+        }
+    )
+    lines = [
+        {
+            "id": f"r{i}",
+            "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [i] * 4}],
+        }
+        for i in range(5)
+    ]
+    put_jsonl(s3, bucket, "fresh.jsonl", [json.dumps(line) for line in lines])
+    spec = {"input": f"s3://{bucket}/fresh.jsonl", "output": f"s3://{bucket}/fresh-out.jsonl"}
+    db = fresh_db(redis_url, 12)
+    flags = ("--model-control-mode", "explicit")
+    worker = start_worker(repo, db, log_dir, *flags, env={"AWS_ENDPOINT_URL": s3_endpoint})
+    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    try:
+        client = httpclient.InferenceServerClient(url)
+        wait_until(client.is_server_ready, 60, "the gateway", worker, gateway)
+        client.load_model("fresh", config=config, files={"file:1/model.onnx": onnx_bytes})
+        wait_model_ready(url, "fresh", 60, worker, gateway)
+        assert not (repo / "fresh").exists()
+        r = submit_batch(url, "fresh", spec)
+        assert r.status_code == 202, r.text
+        status = wait_done(url, r.json()["id"], timeout=60)
+    finally:
+        gateway.stop()
+        worker.stop()
+    assert status["status"] == "SUCCESS", status
+    assert status["progress"] == {"lines": 5, "failed": 0}
+    out = read_jsonl(s3, bucket, "fresh-out.jsonl")
+    assert [o["id"] for o in out] == [f"r{i}" for i in range(5)]
+    for i, o in enumerate(out):
+        assert o["model_name"] == "fresh"
+        (output,) = o["outputs"]
+        assert output["name"] == "Y" and output["shape"] == [1, 4]
+        assert output["data"] == [i + 1.0] * 4

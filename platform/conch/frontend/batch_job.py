@@ -11,9 +11,11 @@ never holds more of the dataset than the window.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -25,10 +27,12 @@ import redis
 
 from conch.core import inference, validation
 from conch.core.errors import ConchError, InvalidArgument, Unavailable
-from conch.core.repository import ModelEntry
+from conch.core.repository import ModelEntry, ModelRepository
 from conch.frontend import v2_codec
+from conch.settings import Settings
 from conch.wire import broker, job_store
-from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
+from conch.wire.job_store import JobCancelled
+from conch.wire.messages import REPLY_PREFIX, REPLY_TTL_S, BadMessage, InferMessage, Reply
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +189,54 @@ def new_reply_key(job_id: str) -> str:
     """Where one attempt at a job collects its replies: a new list per attempt, so the
     late replies of an attempt that died are never taken for this one's."""
     return f"{REPLY_PREFIX}batch.{job_id}.{uuid.uuid4().hex[:8]}"
+
+
+def run_task(
+    settings: Settings, client: redis.Redis, repository: ModelRepository, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """The body of the ``conch.batch_job`` Celery task, in the worker that took the task.
+
+    ``repository`` is that worker's own (``control_bus.open_repository``, explicit-mode
+    overrides included), so a job on a model loaded with a config or ``file:`` override
+    reads the model the gateway accepted it for. A cancelled job is recorded REVOKED and
+    ``JobCancelled`` raised; the task then tells Celery to leave that state alone.
+    """
+    job_id = job_store.check_id(str(payload.get("id", "")))
+    reply_key = new_reply_key(job_id)
+    period = min(1.0, settings.visibility_timeout_s / 3)
+    with _keepalive(client, job_id, reply_key, period):
+        try:
+            return run(
+                client,
+                job_id,
+                repository.read_model,
+                s3=s3_client(settings.s3_region),
+                max_line_bytes=settings.max_input_bytes,
+                reply_key=reply_key,
+            )
+        except JobCancelled:
+            job_store.revoke(client, job_id, settings.job_ttl_s)
+            raise
+
+
+@contextlib.contextmanager
+def _keepalive(client: redis.Redis, job_id: str, reply_key: str, period: float) -> Iterator[None]:
+    """While the job runs, keep kombu from restoring the task's message (its delivery tag
+    is the job id), however long the job or one of its uploads takes, and its reply list
+    from expiring while the job is busy elsewhere (a slow read)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(period):
+            with contextlib.suppress(redis.RedisError):
+                broker.touch(client, [job_id])
+                client.expire(reply_key, REPLY_TTL_S)
+
+    threading.Thread(target=beat, name=f"job-{job_id[:8]}", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def run(

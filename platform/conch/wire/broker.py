@@ -2,10 +2,12 @@
 
 Each model has one Celery queue (a Redis list, with kombu's priority sub-lists), so
 Celery tooling, KEDA's list-length trigger and kombu's visibility-timeout restore keep
-working. The worker does not use kombu's one-message consumer: ``Drain.pop`` takes up
-to a whole batch in one Lua script that also records every message in kombu's
-``unacked`` hash and index, so a message is never out of the list without being
-registered in flight (kombu's own pop-then-register is two steps; celery#7950).
+working. This module is the contract both ends share: the key names, the envelope, and
+the producer's ``Publisher``. The consumer's half (``conch.worker.drain``) does not use
+kombu's one-message consumer: ``Drain.pop`` takes up to a whole batch in one Lua script
+that also records every message in kombu's ``unacked`` hash and index, so a message is
+never out of the list without being registered in flight (kombu's own pop-then-register
+is two steps; celery#7950).
 
 A small "wake" list per queue lets idle workers block (BLPOP) instead of polling: the
 gateway pushes a token with every message and each pop resets the tokens to the number
@@ -17,7 +19,6 @@ drain's periodic poll.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import socket
 import threading
@@ -29,16 +30,13 @@ import msgpack
 import orjson
 import redis
 
+from conch.wire.keys import JOBS_QUEUE as JOBS_QUEUE  # the name its callers know
 from conch.wire.keys import (
-    ATTEMPTS,
-    DEADLETTER,
     PRIORITY_SEP,
     QUEUE_PREFIX,
-    UNACKED,
     UNACKED_INDEX,
     WAKE_SUFFIX,
 )
-from conch.wire.keys import JOBS_QUEUE as JOBS_QUEUE  # the name its callers know
 from conch.wire.messages import BadMessage
 from conch.wire.redis_link import RedisLink
 
@@ -47,8 +45,6 @@ TASK_NAME = "conch.infer"
 # steps 0-7 by their Triton priority level; async jobs and offline chunks sit below.
 PRIORITY_STEPS = tuple(range(10))
 WAKE_CAP = 8
-REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
-POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 ONLINE_STEPS = 8
 PRIORITY_ASYNC = 8
@@ -265,116 +261,6 @@ def decode(raw: bytes | str) -> tuple[str, dict, bool]:
         raise BadMessage(f"not a conch message: {exc}") from None
 
 
-# KEYS: wake, unacked, unacked_index, attempts, then the priority sub-lists in order.
-# ARGV: max count, now, routing key, wake cap.
-_POP_LUA = """
-local n = tonumber(ARGV[1])
-local out = {}
-local waiting = 0
-local rk = cjson.encode(ARGV[3])
-for i = 5, #KEYS do
-  local key = KEYS[i]
-  if n > 0 then
-    local items = redis.call('RPOP', key, n)
-    if items then
-      for _, raw in ipairs(items) do
-        local tag = string.match(raw, '"delivery_tag":%s*"([^"]+)"')
-        if not tag then
-          local ok, m = pcall(cjson.decode, raw)
-          if ok and type(m) == 'table' and type(m['properties']) == 'table' then
-            tag = m['properties']['delivery_tag']
-          end
-        end
-        if type(tag) ~= 'string' then tag = 'conch-untagged-' .. redis.call('INCR', 'conch.untagged') end
-        redis.call('ZADD', KEYS[3], ARGV[2], tag)
-        redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
-        out[#out + 1] = tag
-        out[#out + 1] = raw
-        out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
-      end
-      n = n - #items
-    end
-  end
-  waiting = waiting + redis.call('LLEN', key)
-end
-redis.call('DEL', KEYS[1])
-if waiting > 0 then
-  local t = {}
-  for j = 1, math.min(waiting, tonumber(ARGV[4])) do t[j] = '1' end
-  redis.call('LPUSH', KEYS[1], unpack(t))
-end
-table.insert(out, 1, waiting)
-return out
-"""
-
-
-class Drain:
-    """The worker's side of one model queue: block, pop a batch atomically, ack."""
-
-    def __init__(self, client: redis.Redis, model: str) -> None:
-        self.client = client
-        self.queue = queue_name(model)
-        self.keys = [
-            wake_key(self.queue),
-            UNACKED,
-            UNACKED_INDEX,
-            ATTEMPTS,
-            *priority_keys(self.queue),
-        ]
-        self._pop = client.register_script(_POP_LUA)
-        self.waiting = 0
-
-    def wait(self, timeout: float) -> None:
-        """Block until a message may be waiting, or about ``timeout`` seconds pass.
-
-        Redis checks blocking timeouts on its own clock tick (100 ms at the default
-        ``hz 10``), so BLPOP cannot time a short wait: below a few ticks this sleeps a
-        fraction of a millisecond and lets the caller pop again.
-        """
-        if timeout > 2 * REDIS_TICK_S:
-            self.client.blpop([self.keys[0]], timeout=timeout - REDIS_TICK_S)
-        elif timeout > 0:
-            time.sleep(min(timeout, POLL_S))
-
-    def pop(self, count: int) -> list[tuple[str, bytes, int]]:
-        """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight.
-
-        ``self.waiting`` is then the number of messages still queued behind them.
-        """
-        if count <= 0:
-            return []
-        flat = self._pop(keys=self.keys, args=[count, time.time(), self.queue, WAKE_CAP])
-        self.waiting = int(flat[0])
-        return [(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(1, len(flat), 3)]
-
-
-def requeue(
-    pipe: redis.client.Pipeline,
-    queue: str,
-    payload: dict,
-    *,
-    tag: str,
-    priority: int,
-    reply_to: str | None,
-    head: bool,
-) -> None:
-    """Put a popped request back: at the head (next to run) or the tail of a sub-list."""
-    raw = envelope(payload, task_id=tag, queue=queue, priority=priority, reply_to=reply_to)
-    key = priority_key(queue, priority)
-    pipe.rpush(key, raw) if head else pipe.lpush(key, raw)
-    pipe.lpush(wake_key(queue), "1")
-    pipe.ltrim(wake_key(queue), 0, WAKE_CAP - 1)
-
-
-def ack(pipe: redis.client.Pipeline, tags: Iterable[str]) -> None:
-    """Forget delivered messages: kombu's ack plus our attempt counter."""
-    tags = list(tags)
-    if tags:
-        pipe.zrem(UNACKED_INDEX, *tags)
-        pipe.hdel(UNACKED, *tags)
-        pipe.hdel(ATTEMPTS, *tags)
-
-
 def touch(client: redis.Redis, tags: Iterable[str]) -> None:
     """Push back the visibility timeout of messages a live worker still holds."""
     tags = list(tags)
@@ -383,24 +269,5 @@ def touch(client: redis.Redis, tags: Iterable[str]) -> None:
         client.zadd(UNACKED_INDEX, dict.fromkeys(tags, now), xx=True)
 
 
-def dead_letter(pipe: redis.client.Pipeline, tag: str, raw: bytes | str, reason: str) -> None:
-    pipe.lpush(
-        DEADLETTER,
-        json.dumps(
-            {
-                "tag": tag,
-                "reason": reason,
-                "at": time.time(),
-                "message": raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw,
-            }
-        ),
-    )
-    pipe.ltrim(DEADLETTER, 0, 9999)
-
-
 def new_id() -> str:
     return uuid.uuid4().hex
-
-
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v

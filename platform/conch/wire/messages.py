@@ -19,6 +19,9 @@ from conch.wire.keys import REPLY_PREFIX
 # Tensors travel as [name, datatype, shape, raw bytes].
 WireTensor = tuple[str, str, tuple[int, ...], bytes]
 
+# Workers give a reply list this TTL at each push, so the lists of callers that died go
+# away; a caller that may read slowly (a batch job) refreshes it while it waits.
+REPLY_TTL_S = 60
 MAX_RANK = 16
 MAX_TENSORS = 1024
 # Models a BLS request's chain may name (the models waiting on it); BLS bounds the depth

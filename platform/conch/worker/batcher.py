@@ -23,12 +23,12 @@ from conch.backends import Backend, BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
 from conch.core.model_config import output_types
-from conch.wire import broker, job_store, statistics
+from conch.wire import broker, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
+from conch.worker.drain import Drain, ack, dead_letter, requeue
+from conch.worker.replies import ReplySink
 
 log = logging.getLogger(__name__)
-
-REPLY_TTL_S = 60
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,15 @@ class InFlight:
 
 
 class Batcher(threading.Thread):
-    """Drains one model's queue into one model instance."""
+    """Drains one model's queue into one instance slot: ``backends`` maps each loaded
+    version to its instance in that slot, so a batch splits by the version its requests
+    ask for. Requests come from ``drain`` and replies go to ``sink`` (the seams a test
+    fakes); a model with N instances has N batchers on the same queue.
+
+    Each execution's Triton statistics go to Redis (``conch.wire.statistics``) with its
+    replies. ``on_batch(model, counts)``, if given, also gets each batch's counts for the
+    worker's own telemetry (``host.WorkerTelemetry``).
+    """
 
     def __init__(
         self,
@@ -143,6 +151,8 @@ class Batcher(threading.Thread):
         backends: dict[int, Backend],
         policy: BatchPolicy,
         inflight: InFlight,
+        drain: Drain | None = None,
+        sink: ReplySink | None = None,
         max_attempts: int = 3,
         idle_poll: float = 1.0,
         on_batch: Callable[[str, dict[str, int]], None] | None = None,
@@ -159,7 +169,8 @@ class Batcher(threading.Thread):
         self.idle_poll = idle_poll
         self.on_batch = on_batch
         self.sequencer = sequencer
-        self.drain = broker.Drain(client, model)
+        self.drain = drain or Drain(client, model)  # where requests come from
+        self.sink = sink or ReplySink(client, model)  # where their replies go
         # Outputs go out as the config declares them, whatever width the backend used.
         self.output_types = (
             output_types(next(iter(backends.values())).spec.config) if backends else {}
@@ -232,12 +243,12 @@ class Batcher(threading.Thread):
             else:
                 item.ticket = ticket
                 items.append(item)
-        gone = job_store.cancelled(self.client, [i.msg.id for i in items if i.msg.job_ttl])
+        gone = self.sink.cancelled(i.msg for i in items)
         if gone:  # cancelled while queued: never run
             done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
             items = [i for i in items if i.msg.id not in gone]
         if done:
-            broker.ack(pipe, [tag for tag, _ in done])
+            ack(pipe, [tag for tag, _ in done])
             pipe.execute()
             self.inflight.discard([tag for tag, _ in done])
             if self.sequencer is not None:
@@ -254,7 +265,7 @@ class Batcher(threading.Thread):
             msg = InferMessage.from_dict(payload)
         except BadMessage as exc:
             log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
-            broker.dead_letter(pipe, tag, raw, str(exc))
+            dead_letter(pipe, tag, raw, str(exc))
             return None
         if msg.deadline and now > msg.deadline:
             log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
@@ -263,13 +274,13 @@ class Batcher(threading.Thread):
                     f"Request timeout expired: the job waited in the queue of model "
                     f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
                 )
-                self._reply(pipe, msg, Reply(msg.id, error=error))
+                self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
             return None
         if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
             if msg.delay_on_timeout:
                 # Triton's DELAY: behind every request still in time, not dropped.
                 msg.delayed = True
-                broker.requeue(
+                requeue(
                     pipe,
                     self.drain.queue,
                     msg.to_dict(),
@@ -283,7 +294,7 @@ class Batcher(threading.Thread):
                     f"Request timeout expired: the request waited longer than the queue policy "
                     f"of model '{self.model}' allows"
                 )
-                self._reply(pipe, msg, Reply(msg.id, error=error))
+                self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
             return None
         if attempts > self.max_attempts:
             reason = (
@@ -291,8 +302,8 @@ class Batcher(threading.Thread):
                 f"attempts: each one ended with its worker dying"
             )
             log.error("%s: %s (id %s)", self.name, reason, msg.id)
-            broker.dead_letter(pipe, tag, raw, reason)
-            self._reply(pipe, msg, Reply(msg.id, error=Internal(reason)))
+            dead_letter(pipe, tag, raw, reason)
+            self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
             return None
         batched = self.policy.max_batch_size > 1 and msg.inputs and msg.inputs[0][2]
         return Item(tag, msg, max(1, msg.inputs[0][2][0]) if batched else 1, attempts)
@@ -303,7 +314,7 @@ class Batcher(threading.Thread):
             return
         pipe = self.client.pipeline(transaction=True)
         for item in reversed(items):
-            broker.requeue(
+            requeue(
                 pipe,
                 self.drain.queue,
                 item.msg.to_dict(),
@@ -312,7 +323,7 @@ class Batcher(threading.Thread):
                 reply_to=item.msg.reply_to,
                 head=True,
             )
-        broker.ack(pipe, [i.tag for i in items])
+        ack(pipe, [i.tag for i in items])
         pipe.execute()
         self.inflight.discard([i.tag for i in items])
         if self.sequencer is not None:
@@ -356,21 +367,7 @@ class Batcher(threading.Thread):
                 self._send([item], replies, runs if k == len(ordered) - 1 else [])
                 self.sequencer.finish(item.ticket)
         if self.on_batch is not None:
-            failed = sum(1 for i in batch if replies[i.tag].error is not None)
-            self.on_batch(
-                self.model,
-                {
-                    "executions": 1,
-                    "requests": len(batch),
-                    "rows": sum(i.rows for i in batch),
-                    "success": len(batch) - failed,
-                    "failure": failed,
-                    "queue_us": sum(replies[i.tag].timing.get("queue", 0) for i in batch) // 1000,
-                    # As Triton counts it: each request is charged its batch's compute time.
-                    "compute_us": sum(replies[i.tag].timing.get("compute", 0) for i in batch)
-                    // 1000,
-                },
-            )
+            self.on_batch(self.model, _telemetry(batch, replies))
 
     def _execution(
         self,
@@ -404,17 +401,9 @@ class Batcher(threading.Thread):
         now_ms = int(time.time() * 1000)
         for run in runs:
             statistics.record(pipe, self.model, run, now_ms)
-        by_list: dict[str, list[bytes]] = {}
-        for item in items:
-            if item.msg.job_ttl:
-                job_store.store(pipe, item.msg.id, self.model, replies[item.tag], item.msg.job_ttl)
-            elif item.msg.reply_to:
-                by_list.setdefault(item.msg.reply_to, []).append(replies[item.tag].pack())
-        for key, packed in by_list.items():  # one push per gateway process, not per request
-            pipe.rpush(key, *packed)
-            pipe.expire(key, REPLY_TTL_S)
+        self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])
         tags = [i.tag for i in items]
-        broker.ack(pipe, tags)
+        ack(pipe, tags)
         pipe.execute()
         self.inflight.discard(tags)
 
@@ -485,9 +474,17 @@ class Batcher(threading.Thread):
             replies[item.tag] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
 
-    def _reply(self, pipe: redis.client.Pipeline, msg: InferMessage, reply: Reply) -> None:
-        if msg.job_ttl:
-            job_store.store(pipe, msg.id, self.model, reply, msg.job_ttl)
-        elif msg.reply_to:
-            pipe.rpush(msg.reply_to, reply.pack())
-            pipe.expire(msg.reply_to, REPLY_TTL_S)
+
+def _telemetry(batch: list[Item], replies: dict[str, Reply]) -> dict[str, int]:
+    """One batch's counts for this worker's telemetry (``host.WorkerTelemetry``)."""
+    failed = sum(1 for i in batch if replies[i.tag].error is not None)
+    return {
+        "executions": 1,
+        "requests": len(batch),
+        "rows": sum(i.rows for i in batch),
+        "success": len(batch) - failed,
+        "failure": failed,
+        "queue_us": sum(replies[i.tag].timing.get("queue", 0) for i in batch) // 1000,
+        # As Triton counts it: each request is charged its batch's compute time.
+        "compute_us": sum(replies[i.tag].timing.get("compute", 0) for i in batch) // 1000,
+    }

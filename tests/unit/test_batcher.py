@@ -1,0 +1,212 @@
+"""The Batcher through its seams: a fake drain feeds it, a fake sink takes its replies,
+and a recording pipeline stands in for Redis."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from conch.core.errors import Internal, Unavailable
+from conch.core.model_config import parse_config
+from conch.wire import broker
+from conch.wire.messages import InferMessage, Reply
+from conch.worker.batcher import Batcher, BatchPolicy, InFlight
+
+CONFIG = parse_config(
+    "max_batch_size: 8 dynamic_batching { }\n"
+    'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
+    model="m",
+    source="test",
+)
+
+
+class FakeDrain:
+    queue = broker.queue_name("m")
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[str, bytes, int]] = []
+        self.waiting = 0
+
+    def put(self, msg: InferMessage, attempts: int = 1) -> None:
+        raw = broker.envelope(
+            msg.to_dict(), task_id=msg.id, queue=self.queue, priority=0, reply_to=msg.reply_to
+        )
+        self.queued.append((msg.id, raw, attempts))
+
+    def pop(self, count: int) -> list[tuple[str, bytes, int]]:
+        taken, self.queued = self.queued[:count], self.queued[count:]
+        self.waiting = len(self.queued)
+        return taken
+
+    def wait(self, timeout: float) -> None:
+        time.sleep(min(timeout, 0.01))
+
+
+class FakeSink:
+    def __init__(self, cancelled: set[str] = frozenset()) -> None:
+        self.replies: dict[str, Reply] = {}
+        self._cancelled = set(cancelled)
+
+    def deliver(self, pipe: Any, msg: InferMessage, reply: Reply) -> None:
+        self.deliver_all(pipe, [(msg, reply)])
+
+    def deliver_all(self, pipe: Any, answers: Any) -> None:
+        for msg, reply in answers:
+            pipe.calls.append(("reply", msg.id))
+            self.replies[msg.id] = reply
+
+    def cancelled(self, msgs: Any) -> set[str]:
+        return {m.id for m in msgs if m.id in self._cancelled}
+
+
+class FakePipe:
+    """Records the commands queued on it; Redis is never reached."""
+
+    def __init__(self, log: list[tuple[str, tuple]]) -> None:
+        self.calls = log
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self.calls.append((name, args))
+
+    def execute(self) -> list:
+        self.calls.append(("execute", ()))
+        return []
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def pipeline(self, transaction: bool = True) -> FakePipe:
+        return FakePipe(self.calls)
+
+
+class Doubler:
+    """A backend answering Y = 2 X, recording the batches it was given."""
+
+    spec = SimpleNamespace(config=CONFIG)
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def execute(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
+        self.batches.append(len(requests))
+        return [{"Y": r.inputs["X"] * 2} for r in requests]
+
+
+def message(rows: int, **fields: Any) -> InferMessage:
+    x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    now = time.time()
+    base: dict[str, Any] = {
+        "id": broker.new_id(),
+        "model": "m",
+        "version": -1,
+        "inputs": [("X", "FP32", (rows, 4), x.tobytes())],
+        "outputs": ["Y"],
+        "reply_to": "conch.reply.test",
+        "enqueued": now,
+        "deadline": now + 30,
+    }
+    return InferMessage(**{**base, **fields})
+
+
+def run_until(batcher: Batcher, done: Any) -> None:
+    batcher.start()
+    deadline = time.monotonic() + 10
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    batcher.stop()
+    batcher.join(timeout=5)
+    assert done()
+
+
+def make(drain: FakeDrain, sink: FakeSink, client: FakeClient, **kwargs: Any) -> Batcher:
+    return Batcher(
+        client=client,  # type: ignore[arg-type]
+        model="m",
+        backends=kwargs.pop("backends"),
+        policy=BatchPolicy(8, 0.0),
+        inflight=kwargs.pop("inflight", InFlight()),
+        drain=drain,  # type: ignore[arg-type]
+        sink=sink,  # type: ignore[arg-type]
+        idle_poll=0.01,
+        **kwargs,
+    )
+
+
+def test_queued_requests_run_as_one_batch_and_each_gets_its_reply_then_an_ack() -> None:
+    drain, sink, client, backend = FakeDrain(), FakeSink(), FakeClient(), Doubler()
+    msgs = [message(1), message(2), message(1)]
+    for m in msgs:
+        drain.put(m)
+    counted: list[dict[str, int]] = []
+    inflight = InFlight()
+    batcher = make(
+        drain,
+        sink,
+        client,
+        backends={1: backend},
+        inflight=inflight,
+        on_batch=lambda model, counts: counted.append(counts),
+    )
+    run_until(batcher, lambda: len(sink.replies) == 3)
+    assert backend.batches == [3]
+    for m in msgs:
+        reply = sink.replies[m.id]
+        assert reply.error is None and reply.version == 1 and reply.batch_size == 4
+        ((name, datatype, shape, raw),) = reply.outputs
+        x = np.frombuffer(m.inputs[0][3], np.float32).reshape(shape)
+        assert (name, datatype) == ("Y", "FP32")
+        np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(shape), 2 * x)
+    # Reply, then ack, in one pipeline: a crash in between re-runs, never loses.
+    replied = [k for k, c in enumerate(client.calls) if c[0] == "reply"]
+    acked = [
+        k
+        for k, c in enumerate(client.calls)
+        if c == ("hdel", (broker.UNACKED, *[m.id for m in msgs]))
+    ]
+    assert acked and max(replied) < acked[0] < client.calls.index(("execute", ()), acked[0])
+    assert counted == [
+        {
+            "executions": 1,
+            "requests": 3,
+            "rows": 4,
+            "success": 3,
+            "failure": 0,
+            "queue_us": counted[0]["queue_us"],
+            "compute_us": counted[0]["compute_us"],
+        }
+    ]
+    assert inflight.snapshot() == []
+
+
+def test_requests_that_must_not_run_are_answered_or_dropped_without_running() -> None:
+    drain, client, backend = FakeDrain(), FakeClient(), Doubler()
+    past = time.time() - 1
+    expired_job = message(1, deadline=past, job_ttl=60)  # no one waits: its result says why
+    expired = message(1, deadline=past)  # its caller gave up already: dropped
+    cancelled = message(1, job_ttl=60)
+    poison = message(1)
+    good = message(1)
+    sink = FakeSink(cancelled={cancelled.id})
+    for m in (expired_job, expired, cancelled, good):
+        drain.put(m)
+    drain.put(poison, attempts=4)  # past max_attempts: every try killed its worker
+    batcher = make(drain, sink, client, backends={1: backend}, max_attempts=3)
+    run_until(batcher, lambda: good.id in sink.replies)
+    assert backend.batches == [1]
+    assert set(sink.replies) == {expired_job.id, poison.id, good.id}
+    assert isinstance(sink.replies[expired_job.id].error, Unavailable)
+    assert isinstance(sink.replies[poison.id].error, Internal)
+    assert any(c[0] == "lpush" and c[1][0] == broker.DEADLETTER for c in client.calls)
+    acked = {
+        t
+        for name, args in client.calls
+        if name == "hdel" and args[0] == broker.UNACKED
+        for t in args[1:]
+    }
+    assert acked == {m.id for m in (expired_job, expired, cancelled, poison, good)}
