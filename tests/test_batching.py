@@ -14,7 +14,7 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch.wire import broker, worker_reports
+from conch.wire import keys, worker_reports
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 
@@ -246,7 +246,7 @@ def _completion_order(url: str, db: str, model: str) -> list[float]:
         # The short ones go once the long one is taken (in flight), not after a guess
         # at how long that takes on a loaded machine.
         inflight = redis.Redis.from_url(db)
-        wait_until(lambda: inflight.zcard(broker.UNACKED_INDEX) > 0, 10, "the long request")
+        wait_until(lambda: inflight.zcard(keys.UNACKED_INDEX) > 0, 10, "the long request")
         for _ in range(6):
             futures.append(pool.submit(one, 1.0))  # a few milliseconds each, on the other
             time.sleep(0.01)

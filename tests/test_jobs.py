@@ -20,7 +20,7 @@ from celery import Celery
 from tritonclient.utils import InferenceServerException
 
 from conch.job_client import JobClient, JobPending
-from conch.wire import broker
+from conch.wire import broker, keys
 
 from harness import fresh_db, serving, start_gateway, wait_until
 
@@ -205,7 +205,7 @@ def test_online_requests_overtake_queued_jobs_and_jobs_fill_free_slots(stack: st
             lambda: httpclient.InferenceServerClient(stack).infer("batch_probe", probe(1.0))
         )
         # Popped (so in kombu's unacked index) means executing: it runs alone.
-        wait_until(lambda: client.zcard(broker.UNACKED_INDEX) > 0, 10, "the blocker to start")
+        wait_until(lambda: client.zcard(keys.UNACKED_INDEX) > 0, 10, "the blocker to start")
         jobs = [submit(stack, "batch_probe", probe(0.05)) for _ in range(10)]
         online = [
             pool.submit(

@@ -20,7 +20,7 @@ import requests
 import tritonclient.http as httpclient
 from test_jobs import result, submit, wait_done
 
-from conch.wire import broker
+from conch.wire import broker, keys
 
 from harness import (
     fresh_db,
@@ -172,7 +172,7 @@ def test_online_outranks_async_which_outranks_offline(stack: str, db: str, s3, b
         blocker = pool.submit(
             lambda: httpclient.InferenceServerClient(stack).infer("batch_probe", _probe(2.0))
         )
-        wait_until(lambda: client.zcard(broker.UNACKED_INDEX) > 0, 10, "the blocker to start")
+        wait_until(lambda: client.zcard(keys.UNACKED_INDEX) > 0, 10, "the blocker to start")
         # Queued in the worst order: offline chunks first, then async jobs, then online.
         spec = {"input": f"s3://{bucket}/probe.jsonl", "output": f"s3://{bucket}/probe-out.jsonl"}
         batch_job = submit_batch(stack, "batch_probe", spec).json()["id"]
@@ -231,7 +231,7 @@ def test_a_job_whose_worker_is_killed_is_run_again_by_another(
         job = submit_batch(url, "batch_probe", spec).json()["id"]
         # The slow line is executing once the job has sent every line (none answered yet).
         client = redis.Redis.from_url(db)
-        wait_until(lambda: client.zcard(broker.UNACKED_INDEX) >= 2, 20, "the job to run", worker)
+        wait_until(lambda: client.zcard(keys.UNACKED_INDEX) >= 2, 20, "the job to run", worker)
         time.sleep(0.5)
         worker.stop(signal.SIGKILL)
         status = requests.get(f"http://{url}/v2/jobs/{job}").json()

@@ -13,7 +13,7 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch.wire import broker, worker_reports
+from conch.wire import broker, keys, worker_reports
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 
@@ -38,7 +38,7 @@ def slow_request(url: str, value: float) -> np.ndarray:
 
 
 def in_flight(url: str) -> int:
-    return redis.Redis.from_url(url).zcard(broker.UNACKED_INDEX)
+    return redis.Redis.from_url(url).zcard(keys.UNACKED_INDEX)
 
 
 def test_sigkill_mid_batch_loses_nothing(model_repo: Path, db: str, log_dir: Path) -> None:
@@ -80,7 +80,7 @@ def test_poison_request_is_dead_lettered(model_repo: Path, db: str, log_dir: Pat
             w = start_worker(model_repo, db, log_dir, "--models", "slow", env=env)
             r = redis.Redis.from_url(db)
             wait_until(
-                lambda a=attempt, r=r: r.hvals(broker.ATTEMPTS) == [str(a).encode()],
+                lambda a=attempt, r=r: r.hvals(keys.ATTEMPTS) == [str(a).encode()],
                 60,
                 f"attempt {attempt}",
                 w,
@@ -93,7 +93,7 @@ def test_poison_request_is_dead_lettered(model_repo: Path, db: str, log_dir: Pat
                 future.result(timeout=60)
             assert exc.value.status() == "500"
             assert "dead-lettered after 2 attempts" in str(exc.value)
-            dead = redis.Redis.from_url(db).lrange(broker.DEADLETTER, 0, -1)
+            dead = redis.Redis.from_url(db).lrange(keys.DEADLETTER, 0, -1)
             assert len(dead) == 1 and b"dead-lettered" in dead[0]
             assert in_flight(db) == 0
             # The worker is fine and serves the next request.

@@ -11,7 +11,7 @@ import numpy as np
 
 from conch.core.errors import Internal, Unavailable
 from conch.core.model_config import parse_config
-from conch.wire import broker
+from conch.wire import broker, keys
 from conch.wire.messages import InferMessage, Reply
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight
 
@@ -167,7 +167,7 @@ def test_queued_requests_run_as_one_batch_and_each_gets_its_reply_then_an_ack() 
     acked = [
         k
         for k, c in enumerate(client.calls)
-        if c == ("hdel", (broker.UNACKED, *[m.id for m in msgs]))
+        if c == ("hdel", (keys.UNACKED, *[m.id for m in msgs]))
     ]
     assert acked and max(replied) < acked[0] < client.calls.index(("execute", ()), acked[0])
     assert counted == [
@@ -202,11 +202,11 @@ def test_requests_that_must_not_run_are_answered_or_dropped_without_running() ->
     assert set(sink.replies) == {expired_job.id, poison.id, good.id}
     assert isinstance(sink.replies[expired_job.id].error, Unavailable)
     assert isinstance(sink.replies[poison.id].error, Internal)
-    assert any(c[0] == "lpush" and c[1][0] == broker.DEADLETTER for c in client.calls)
+    assert any(c[0] == "lpush" and c[1][0] == keys.DEADLETTER for c in client.calls)
     acked = {
         t
         for name, args in client.calls
-        if name == "hdel" and args[0] == broker.UNACKED
+        if name == "hdel" and args[0] == keys.UNACKED
         for t in args[1:]
     }
     assert acked == {m.id for m in (expired_job, expired, cancelled, poison, good)}

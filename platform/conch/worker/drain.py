@@ -18,10 +18,6 @@ from collections.abc import Iterable
 import redis
 
 from conch.wire.broker import (
-    ATTEMPTS,
-    DEADLETTER,
-    UNACKED,
-    UNACKED_INDEX,
     WAKE_CAP,
     envelope,
     priority_key,
@@ -29,6 +25,7 @@ from conch.wire.broker import (
     queue_name,
     wake_key,
 )
+from conch.wire.keys import ATTEMPTS, DEADLETTER, UNACKED, UNACKED_INDEX
 
 REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
 POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
