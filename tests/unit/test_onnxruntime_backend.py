@@ -16,8 +16,9 @@ from _onnx_models import (
     write_model,
 )
 
-from conch.backends import BACKENDS, BackendRequest, InstanceSpec, backend_class
+from conch.backends import BackendRequest, InstanceSpec, backend_class
 from conch.backends.onnxruntime import OnnxRuntimeBackend, gpu_available
+from conch.core.backend_table import BACKENDS
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError
 from conch.core.model_config import new_config, parse_config
 from conch.core.repository import ModelRepository
@@ -35,8 +36,8 @@ def loaded(tmp_path, builder=mlp, config=None, name="m", kind="CPU", **kw):
 def test_registry_points_here():
     assert backend_class("onnxruntime") is OnnxRuntimeBackend
     entry = BACKENDS["onnxruntime"]
-    assert entry.platforms == OnnxRuntimeBackend.platforms == ("onnxruntime_onnx",)
-    assert entry.default_filename == OnnxRuntimeBackend.default_filename == "model.onnx"
+    assert entry.platforms == ("onnxruntime_onnx",)
+    assert entry.default_filename == "model.onnx"
 
 
 # -- auto-complete -----------------------------------------------------------------------

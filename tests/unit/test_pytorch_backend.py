@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conch.backends import BACKENDS, BackendRequest, InstanceSpec, backend_class  # noqa: E402
+from conch.backends import BackendRequest, InstanceSpec, backend_class  # noqa: E402
 from conch.backends.pytorch import (  # noqa: E402
     Argument,
     PyTorchBackend,
@@ -21,6 +21,7 @@ from conch.backends.pytorch import (  # noqa: E402
     named_index,
     plan_io,
 )
+from conch.core.backend_table import BACKENDS  # noqa: E402
 from conch.core.errors import ConchError, Internal, ModelLoadError  # noqa: E402
 from conch.core.repository import ModelRepository  # noqa: E402
 
@@ -159,8 +160,8 @@ def affine_reference(x: np.ndarray) -> np.ndarray:
 def test_registry_points_here():
     assert backend_class("pytorch") is PyTorchBackend
     entry = BACKENDS["pytorch"]
-    assert entry.platforms == PyTorchBackend.platforms == ("pytorch_libtorch", "libtorch")
-    assert entry.default_filename == PyTorchBackend.default_filename == "model.pt"
+    assert entry.platforms == ("pytorch_libtorch", "libtorch")
+    assert entry.default_filename == "model.pt"
 
 
 @pytest.mark.parametrize("platform", ["pytorch_libtorch", "libtorch"])

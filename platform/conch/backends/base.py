@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -107,9 +107,7 @@ BackendResult = dict[str, np.ndarray] | ConchError
 
 
 class Backend(ABC):
-    backend_name: ClassVar[str]
-    platforms: ClassVar[tuple[str, ...]] = ()
-    default_filename: ClassVar[str]
+    """One backend: its name, platforms and model file are in ``conch.core.backend_table``."""
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
         self.spec = spec

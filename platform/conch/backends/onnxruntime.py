@@ -280,10 +280,6 @@ def _int_parameter(config: Any, key: str, default: int) -> int:
 
 
 class OnnxRuntimeBackend(TensorBackend):
-    backend_name = "onnxruntime"
-    platforms = ("onnxruntime_onnx",)
-    default_filename = "model.onnx"
-
     gpu_available = staticmethod(gpu_available)
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:

@@ -366,10 +366,6 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
 
 
 class PyTorchBackend(TensorBackend):
-    backend_name = "pytorch"
-    platforms = ("pytorch_libtorch", "libtorch")
-    default_filename = "model.pt"
-
     gpu_available = staticmethod(gpu_available)
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:

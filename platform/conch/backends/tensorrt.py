@@ -386,10 +386,6 @@ def _profile_index(config: Any, instance: InstanceSpec) -> int:
 
 
 class TensorRTBackend(TensorBackend):
-    backend_name = "tensorrt"
-    platforms = ("tensorrt_plan",)
-    default_filename = "model.plan"
-
     # The repository asks this to decide KIND_AUTO: GPU only where engines can run.
     gpu_available = staticmethod(trt_available)
 

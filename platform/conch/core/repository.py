@@ -18,6 +18,12 @@ from typing import Any
 
 from conch import backends
 from conch.core import ensemble_graph
+from conch.core.backend_table import (
+    BACKENDS,
+    backend_for_filename,
+    backend_for_suffix,
+    backend_name_for,
+)
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
 from conch.core.model_config import config_to_json, json_to_config, new_config, parse_config
@@ -281,7 +287,7 @@ class ModelRepository:
             self._read_ensemble(entry, cfg, on_disk, where)
             return
         entry.backend = self._backend(cfg, path, on_disk, where)
-        registered = backends.BACKENDS[entry.backend]
+        registered = BACKENDS[entry.backend]
         if not cfg.backend:
             cfg.backend = entry.backend
         if not cfg.platform and registered.platforms:
@@ -321,10 +327,10 @@ class ModelRepository:
     def _backend(self, cfg: Any, path: Path, on_disk: list[int], where: str) -> str:
         if cfg.backend or cfg.platform:
             try:
-                name = backends.backend_name_for(cfg.platform, cfg.backend)
+                name = backend_name_for(cfg.platform, cfg.backend)
             except ModelLoadError as exc:
                 raise ModelLoadError(f"{where}: {exc.message}") from None
-            platforms = backends.BACKENDS[name].platforms
+            platforms = BACKENDS[name].platforms
             if cfg.backend and cfg.platform and cfg.platform not in platforms:
                 raise ModelLoadError(
                     f"{where}: field platform '{cfg.platform}' does not go with backend "
@@ -334,9 +340,9 @@ class ModelRepository:
         found: dict[str, str] = {}
         for v in on_disk:
             for item in (path / str(v)).iterdir():
-                backend = backends.backend_for_filename(item.name)
+                backend = backend_for_filename(item.name)
                 if backend is None and cfg.default_model_filename == item.name:
-                    backend = _backend_by_suffix(item.name)
+                    backend = backend_for_suffix(item.name)
                 if backend is not None:
                     found.setdefault(backend, item.name)
         if len(found) == 1:
@@ -346,7 +352,7 @@ class ModelRepository:
                 f"{where}: cannot tell the backend from the model files "
                 f"{sorted(found.values())}; set field backend or platform"
             )
-        defaults = sorted(e.default_filename for e in backends.BACKENDS.values())
+        defaults = sorted(e.default_filename for e in BACKENDS.values())
         raise ModelLoadError(
             f"{where}: no field platform or backend, and no known model file ({', '.join(defaults)}) "
             f"in the version directories {on_disk or '(none)'}"
@@ -418,16 +424,6 @@ class ModelRepository:
                 raise ModelLoadError(
                     f"{where}: instance_group '{group.name}' sets field gpus but is not KIND_GPU"
                 )
-
-
-def _backend_by_suffix(filename: str) -> str | None:
-    suffix = Path(filename).suffix
-    if not suffix:
-        return None
-    matches = [
-        name for name, e in backends.BACKENDS.items() if Path(e.default_filename).suffix == suffix
-    ]
-    return matches[0] if len(matches) == 1 else None
 
 
 def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:

@@ -225,10 +225,6 @@ def _describe(exc: BaseException) -> str:
 
 
 class PythonBackend(Backend):
-    backend_name = "python"
-    platforms = ()
-    default_filename = "model.py"
-
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
         super().__init__(spec, instance)
         self.model: Any = None
