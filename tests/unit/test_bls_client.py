@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conch.backends import BackendRequest, backend_class
+from conch.backends.completion import complete
 from conch.backends.python import pb_utils as pb
 from conch.core import call_context, tensors
 from conch.core.errors import InvalidArgument, NotFound, Unavailable
@@ -186,7 +187,8 @@ def client(tmp_path: Path) -> bls.BlsClient:
     )
     settings = Settings(model_repository=root, redis_url="redis://unused")
     settings.request_timeout_s = 30.0
-    c = bls.BlsClient(settings, dispatcher=FakeDispatcher())  # type: ignore[arg-type]
+    repo = ModelRepository(root, complete=complete)
+    c = bls.BlsClient(settings, repo, dispatcher=FakeDispatcher())  # type: ignore[arg-type]
     c.states = lambda max_age=1.0: {}  # type: ignore[method-assign]
     return c
 
@@ -325,6 +327,7 @@ def test_a_model_given_by_a_load_request_is_found(tmp_path: Path) -> None:
     _write(tmp_path / "elsewhere", "extra")
     repo = ModelRepository(
         tmp_path / "models",
+        complete=complete,
         folder_override=lambda name: tmp_path / "elsewhere" / name if name == "extra" else None,
     )
     settings = Settings(model_repository=tmp_path / "models", redis_url="redis://unused")
@@ -490,7 +493,7 @@ def test_the_python_backend_hands_its_batch_context_to_bls_calls(
         'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
     )
     (root / "ctx" / "1" / "model.py").write_text(CONTEXT_MODEL.format(kind=kind, wait=wait))
-    entry = ModelRepository(root).read_model("ctx")
+    entry = ModelRepository(root, complete=complete).read_model("ctx")
     assert entry.error is None, entry.error
     backend = backend_class("python")(entry.spec(1), entry.instances()[0])
     backend.load()

@@ -21,6 +21,7 @@ from celery import Celery, bootsteps
 from celery.exceptions import Ignore
 
 from conch.backends import Backend, backend_class
+from conch.backends.completion import complete
 from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
 from conch.frontend import batch_job, bls
@@ -62,7 +63,7 @@ class ModelHost:
         self._control: control_bus.Subscriber | None = None
         self._changes = threading.Lock()  # one load/unload at a time
         self._fingerprints: dict[str, Any] = {}
-        self.repository = control_bus.open_repository(settings, self.client)
+        self.repository = control_bus.open_repository(settings, self.client, complete=complete)
 
     def _wanted(self, entries: dict[str, Any]) -> list[str]:
         """The models this worker should serve now."""
@@ -376,7 +377,9 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
     )
     # The worker's own view, overrides included: a job on a model loaded with a config
     # or file: override reads the model the gateway accepted it for.
-    repository = control_bus.open_repository(settings, redis.Redis.from_url(settings.redis_url))
+    repository = control_bus.open_repository(
+        settings, redis.Redis.from_url(settings.redis_url), complete=complete
+    )
 
     @app.task(name=batch_job.TASK_NAME)
     def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:
