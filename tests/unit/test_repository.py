@@ -218,7 +218,7 @@ def test_no_dynamic_batching_added_when_a_scheduler_is_set(tmp_path):
         ),
         (
             'max_batch_size: 4\noutput [ { name: "z" data_type: TYPE_FP32 dims: [ 3 ] } ]',
-            ["output 'z'", "not a output"],
+            ["output 'z'", "not an output"],
         ),
     ],
 )

@@ -1,34 +1,18 @@
 """The ``Completer`` the model repository is handed: Triton's auto-complete by each backend.
 
 The repository lives in the core and may not import model runtimes; the processes that
-complete configs (the gateway, the worker, the CLI) pass ``complete`` to
-``ModelRepository`` (through ``conch.wire.control_bus.open_repository``). A backend's
-module is imported the first time a model of that backend is completed.
+complete configs (the gateway and the worker: their composition roots) pass ``complete``
+to ``ModelRepository`` through ``conch.wire.control_bus.open_repository``. A backend's
+module is imported the first time the repository asks about a model of that backend.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from pathlib import Path
 from typing import Any
 
 from conch.backends import backend_class
-
-
-@functools.cache
-def _host_gpu_count() -> int:
-    """GPUs this process can see; no CUDA libraries are needed to ask."""
-    for lib_name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            lib = ctypes.CDLL(lib_name)
-        except OSError:
-            continue
-        count = ctypes.c_int(0)
-        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-            return 0
-        return count.value
-    return 0
+from conch.backends.autocomplete import cuda_device_count
 
 
 class BackendCompleter:
@@ -43,7 +27,7 @@ class BackendCompleter:
 
     def gpu_count(self, backend: str) -> int:
         """The host's visible GPUs when the backend says its GPU stack is installed, else 0."""
-        gpus = _host_gpu_count()
+        gpus = cuda_device_count()
         check = getattr(backend_class(backend), "gpu_available", None)
         if gpus and check is not None and not check()[0]:
             return 0
