@@ -43,7 +43,7 @@ class ModelSpec:
     version: int
     path: Path  # <repository>/<model>
     config: Any  # Triton's ModelConfig message, completed by the repository
-    bls: BlsPort | None = None  # set by the worker for backends that call models (Python)
+    bls: BlsPort | None = None  # the worker's BLS client; the Python backend hands it to pb_utils
 
     @property
     def version_dir(self) -> Path:

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -64,6 +64,9 @@ class ModelHost:
         self._changes = threading.Lock()  # one load/unload at a time
         self._fingerprints: dict[str, Any] = {}
         self.repository = control_bus.open_repository(settings, self.client, complete=complete)
+        # Python models' BLS calls (pb_utils.InferenceRequest.exec) go through this worker:
+        # every model spec the host builds carries this port (ModelSpec.bls).
+        self.bls = bls.BlsClient(settings, self.repository, client=self.client)
 
     def _wanted(self, entries: dict[str, Any]) -> list[str]:
         """The models this worker should serve now."""
@@ -77,8 +80,6 @@ class ModelHost:
         return names
 
     def start(self) -> None:
-        # Python models' BLS calls (pb_utils.InferenceRequest.exec) go through this worker.
-        bls.install(bls.BlsClient(self.settings, self.repository, client=self.client))
         entries = self.repository.scan()
         for missing in sorted(set(self.settings.models or ()) - set(entries)):
             log.error(
@@ -232,7 +233,7 @@ class ModelHost:
             for version in entry.versions:
                 versions[version] = instances = []
                 for spec in specs:
-                    backend = cls(entry.spec(version), spec)
+                    backend = cls(replace(entry.spec(version), bls=self.bls), spec)
                     backend.load()
                     instances.append(backend)
                     run_warmup(backend, backend.spec)  # before the model is reported ready

@@ -1,8 +1,9 @@
 """Python models, Triton style: ``backend: "python"`` and ``<model>/<version>/model.py``.
 
 The file defines ``class TritonPythonModel`` exactly as for Triton's python backend and
-imports ``triton_python_backend_utils`` (conch's ``python_utils``, registered under that
-name before the file is imported). The model runs inside the worker process that owns it:
+imports ``triton_python_backend_utils`` (conch's ``pb_utils``, registered under that
+name before the file is imported). Its BLS calls go through the port the worker puts on
+the spec (``ModelSpec.bls``), made current while the model's methods run. The model runs inside the worker process that owns it:
 ``initialize(args)`` at load, ``execute(requests)`` once per dynamic batch with one
 ``pb_utils.InferenceRequest`` per client request (sync or ``async def``), ``finalize()``
 at unload, and the static ``auto_complete_config`` while the repository completes the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import importlib.util
 import inspect
 import itertools
@@ -30,6 +32,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -305,15 +308,13 @@ class PythonBackend(Backend):
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
                 # BLS calls from initialize: no deadline but the default, and no self-call.
-                token = call_context.CURRENT.set(call_context.CallContext(self.spec.name))
                 try:
-                    self._await(initialize(self.initialize_args()))
+                    with self._calls(call_context.CallContext(self.spec.name)):
+                        self._await(initialize(self.initialize_args()))
                 except Exception as exc:
                     raise ModelLoadError(
                         f"{self._where()}: initialize failed: {_describe(exc)}"
                     ) from None
-                finally:
-                    call_context.CURRENT.reset(token)
         except BaseException:
             self._release()
             raise
@@ -324,7 +325,9 @@ class PythonBackend(Backend):
             finalize = getattr(model, "finalize", None)
             if finalize is not None:
                 try:
-                    self._await(finalize())
+                    # BLS calls from finalize: as from initialize.
+                    with self._calls(call_context.CallContext(self.spec.name)):
+                        self._await(finalize())
                 except Exception:
                     log.exception("%s: finalize failed", self._where())
         self._release()
@@ -341,6 +344,18 @@ class PythonBackend(Backend):
         module, self._module = self._module, None
         release_model_file(module, self.spec.model_file)
 
+    @contextlib.contextmanager
+    def _calls(self, context: call_context.CallContext) -> Iterator[None]:
+        """What the model's BLS calls see while it runs: the call context they inherit and
+        the BLS port this instance was handed (``spec.bls``; None outside a worker)."""
+        context_token = call_context.CURRENT.set(context)
+        port_token = pb.BLS_PORT.set(self.spec.bls)
+        try:
+            yield
+        finally:
+            pb.BLS_PORT.reset(port_token)
+            call_context.CURRENT.reset(context_token)
+
     def _await(self, value: Any) -> Any:
         """Run a coroutine on this instance's own event loop; pass anything else through."""
         if not inspect.isawaitable(value):
@@ -356,16 +371,14 @@ class PythonBackend(Backend):
             return [Unavailable(f"{self._where()} is not loaded")] * len(requests)
         batch = [self._request(r) for r in requests]
         # BLS calls made by this execute inherit the batch's deadline and call chain.
-        token = call_context.CURRENT.set(call_context.batch_context(self.spec.name, requests))
         try:
-            responses = self._await(self.model.execute(batch))
+            with self._calls(call_context.batch_context(self.spec.name, requests)):
+                responses = self._await(self.model.execute(batch))
         except (Exception, SystemExit) as exc:
             log.warning("%s: execute raised", self._where(), exc_info=True)
             return [
                 Internal(f"model '{self.spec.name}' failed to execute: {_describe(exc)}")
             ] * len(requests)
-        finally:
-            call_context.CURRENT.reset(token)
         problem = self._check(responses, len(requests))
         if problem is not None:
             return [Internal(f"model '{self.spec.name}': {problem}")] * len(requests)
