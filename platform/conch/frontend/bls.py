@@ -54,7 +54,14 @@ import redis
 from conch.backends.python import pb_utils as pb
 from conch.core import ensemble_graph, inference, tensors, validation
 from conch.core.call_context import CURRENT, CallContext
-from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable, Unsupported
+from conch.core.errors import (
+    ConchError,
+    Internal,
+    InvalidArgument,
+    Unavailable,
+    Unsupported,
+    triton_code,
+)
 from conch.core.model_config import wire_type
 from conch.core.repository import MODEL_NAME, ModelEntry, ModelRepository
 from conch.frontend import ensemble_runner, model_control
@@ -69,17 +76,6 @@ log = logging.getLogger(__name__)
 MAX_DEPTH = 16  # models on one path, from the outer request's model to the deepest call
 STATES_MAX_AGE_S = 1.0  # how stale the workers' registry may be for readiness checks
 CONFIG_MAX_AGE_S = 2.0  # how stale a target's config may be (models reload at run time)
-
-_TRITON_CODES = {
-    "UNKNOWN": pb.TritonError.UNKNOWN,
-    "INTERNAL": pb.TritonError.INTERNAL,
-    "NOT_FOUND": pb.TritonError.NOT_FOUND,
-    "INVALID_ARG": pb.TritonError.INVALID_ARG,
-    "UNAVAILABLE": pb.TritonError.UNAVAILABLE,
-    "UNSUPPORTED": pb.TritonError.UNSUPPORTED,
-    "ALREADY_EXISTS": pb.TritonError.ALREADY_EXISTS,
-    "CANCELLED": pb.TritonError.CANCELLED,
-}
 
 
 def check_call(ctx: CallContext, target: str) -> ConchError | None:
@@ -113,9 +109,7 @@ def error_response(error: ConchError, model: str) -> pb.InferenceResponse:
     message = error.message
     if f"'{model}'" not in message:
         message = f"BLS request to model '{model}' failed: {message}"
-    return pb.InferenceResponse(
-        error=pb.TritonError(message, _TRITON_CODES.get(error.code, pb.TritonError.INTERNAL))
-    )
+    return pb.InferenceResponse(error=pb.TritonError(message, triton_code(error.code)))
 
 
 class BlsClient:

@@ -42,18 +42,7 @@ import numpy as np
 from conch.backends.base import Backend, BackendRequest, BackendResult, InstanceSpec, ModelSpec
 from conch.backends.python import pb_utils as pb
 from conch.core import call_context
-from conch.core.errors import (
-    AlreadyExists,
-    Cancelled,
-    ConchError,
-    Internal,
-    InvalidArgument,
-    ModelLoadError,
-    NotFound,
-    Unavailable,
-    Unknown,
-    Unsupported,
-)
+from conch.core.errors import ConchError, Internal, ModelLoadError, Unavailable, from_code
 from conch.core.model_config import config_to_json, json_to_config
 
 log = logging.getLogger(__name__)
@@ -62,25 +51,11 @@ UTILS_MODULE = "triton_python_backend_utils"
 MODEL_CLASS = "TritonPythonModel"
 
 
-# -- TritonError codes -> conch errors (HTTP status as Triton's HttpCodeFromError) --------
-
-
-_BY_TRITON_CODE: dict[int, type[ConchError]] = {
-    pb.TritonError.UNKNOWN: Unknown,
-    pb.TritonError.INTERNAL: Internal,
-    pb.TritonError.NOT_FOUND: NotFound,
-    pb.TritonError.INVALID_ARG: InvalidArgument,
-    pb.TritonError.UNAVAILABLE: Unavailable,
-    pb.TritonError.UNSUPPORTED: Unsupported,
-    pb.TritonError.ALREADY_EXISTS: AlreadyExists,
-    pb.TritonError.CANCELLED: Cancelled,
-}
-
-
 def error_from_triton(error: Any) -> ConchError:
-    """A response's ``TritonError`` as the conch error with Triton's HTTP status."""
+    """A response's ``TritonError`` as the conch error with Triton's HTTP status
+    (by its code name: ``conch.core.errors.TRITON_CODES``)."""
     if isinstance(error, pb.TritonError):
-        return _BY_TRITON_CODE.get(error.code(), Internal)(error.message())
+        return from_code(error.code_name(), error.message())
     return Internal(str(error))
 
 

@@ -27,7 +27,8 @@ process rather than in a stub process with shared memory:
 - Response ``parameters`` are accepted and kept on the object; the HTTP reply does not
   carry them.
 
-The module imports nothing from conch, so it can be read and tested on its own.
+The module imports nothing from conch but the core's table of Triton's error codes, so it
+can be read and tested on its own.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from conch.core.errors import TRITON_CODES
 
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
@@ -252,25 +255,17 @@ class TritonModelException(Exception):
 class TritonError(Exception):
     """An error for one response: ``InferenceResponse(error=TritonError("...", code))``."""
 
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
+    # Triton's codes, from the core's table (conch.core.errors.TRITON_CODES).
+    UNKNOWN = TRITON_CODES["UNKNOWN"]
+    INTERNAL = TRITON_CODES["INTERNAL"]
+    NOT_FOUND = TRITON_CODES["NOT_FOUND"]
+    INVALID_ARG = TRITON_CODES["INVALID_ARG"]
+    UNAVAILABLE = TRITON_CODES["UNAVAILABLE"]
+    UNSUPPORTED = TRITON_CODES["UNSUPPORTED"]
+    ALREADY_EXISTS = TRITON_CODES["ALREADY_EXISTS"]
+    CANCELLED = TRITON_CODES["CANCELLED"]
 
-    _NAMES = (
-        "UNKNOWN",
-        "INTERNAL",
-        "NOT_FOUND",
-        "INVALID_ARG",
-        "UNAVAILABLE",
-        "UNSUPPORTED",
-        "ALREADY_EXISTS",
-        "CANCELLED",
-    )
+    _NAMES = tuple(sorted(TRITON_CODES, key=TRITON_CODES.__getitem__))
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
         super().__init__(message)
