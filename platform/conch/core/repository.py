@@ -2,8 +2,9 @@
 
 ``ModelRepository.scan()`` reads every model, completes its config the way Triton does
 (name, platform/backend, default filename, version policy, instance groups, then the
-backend's auto-complete through the ``Completer`` it is given) and checks it. A model that cannot be served keeps the reason
-in ``ModelEntry.error``; the others are not affected.
+backend's auto-complete, through the ``Completer`` it is given) and checks it. A model
+that cannot be served keeps the reason in ``ModelEntry.error``; the others are not
+affected.
 """
 
 from __future__ import annotations

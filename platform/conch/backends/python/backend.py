@@ -2,14 +2,18 @@
 
 The file defines ``class TritonPythonModel`` exactly as for Triton's python backend and
 imports ``triton_python_backend_utils`` (conch's ``pb_utils``, registered under that
-name before the file is imported). Its BLS calls go through the port the worker puts on
-the spec (``ModelSpec.bls``), made current while the model's methods run. The model runs inside the worker process that owns it:
+name before the file is imported). The model runs inside the worker process that owns it:
 ``initialize(args)`` at load, ``execute(requests)`` once per dynamic batch with one
 ``pb_utils.InferenceRequest`` per client request (sync or ``async def``), ``finalize()``
 at unload, and the static ``auto_complete_config`` while the repository completes the
 config. Completing a config imports the file only when its ``TritonPythonModel`` may
 define ``auto_complete_config`` (read from the source first), so the gateway, which
 completes configs too, does not run model code it does not need.
+
+The model's BLS calls (``pb_utils.InferenceRequest(...).exec()``, ``load_model``, ...) go
+through the port the worker put on the spec (``ModelSpec.bls``): it is made current
+(``pb_utils.BLS_PORT``) while ``initialize``, ``execute`` and ``finalize`` run, beside the
+call context those calls inherit (``conch.core.call_context``).
 
 Each load imports the file afresh as its own module (``conch_python_model_<model>_v<version>_<n>``),
 so two models, two versions or two instances never share module state. The version
