@@ -110,7 +110,7 @@ def required_files(model: str, config_text: bytes | None) -> tuple[str, ...]:
     file will do); else the config's ``default_model_filename``, or the default file name
     of its platform/backend, or, with neither, any backend's default file name (the
     config is auto-completed from whichever model file is there)."""
-    from conch.backends import BACKENDS, backend_name_for
+    from conch.core.backend_table import BACKENDS, backend_name_for
     from conch.core.ensemble_graph import ENSEMBLE
     from conch.core.errors import ModelLoadError
     from conch.core.model_config import parse_config

@@ -23,6 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conch.backends import BackendRequest, backend_class
+from conch.backends.completion import complete
 from conch.core.repository import ModelRepository
 
 from harness import ROOT, start_gateway, start_worker, wait_model_ready, wait_until
@@ -694,7 +695,7 @@ def test_finalize_runs_on_warm_shutdown(
 
 def _read(tmp_path: Path, name: str, config: str | None, model: str):
     _model(tmp_path, name, config, model)
-    return ModelRepository(tmp_path).read_model(name)
+    return ModelRepository(tmp_path, complete=complete).read_model(name)
 
 
 def test_model_py_without_the_class_is_a_load_error(tmp_path: Path) -> None:
@@ -718,7 +719,7 @@ def test_completing_a_config_runs_no_model_code_without_auto_complete_config(
     assert entry.error is None, entry.error
     assert not marker.exists()  # the gateway's scan did not import it
     _model(tmp_path, "loud", None, side_effect + AUTOCOMPLETE_MODEL)
-    assert ModelRepository(tmp_path).read_model("loud").error is None
+    assert ModelRepository(tmp_path, complete=complete).read_model("loud").error is None
     assert marker.exists()  # auto_complete_config has to be imported to be called
 
 
@@ -748,7 +749,9 @@ def test_auto_complete_must_return_the_model_config(tmp_path: Path) -> None:
 
 def test_auto_complete_is_skipped_when_disabled(tmp_path: Path) -> None:
     _model(tmp_path, "autocomplete", None, AUTOCOMPLETE_MODEL)
-    entry = ModelRepository(tmp_path, auto_complete=False).read_model("autocomplete")
+    entry = ModelRepository(tmp_path, complete=complete, auto_complete=False).read_model(
+        "autocomplete"
+    )
     assert not entry.config.input and not entry.config.output  # nothing filled them in
 
 
@@ -766,7 +769,7 @@ TWICE_MODEL = IDENTITY_MODEL.replace(
 
 def test_two_instances_load_separate_modules(tmp_path: Path) -> None:
     _model(tmp_path, "twice", TWICE_CONFIG, TWICE_MODEL)
-    entry = ModelRepository(tmp_path).read_model("twice")
+    entry = ModelRepository(tmp_path, complete=complete).read_model("twice")
     assert entry.error is None, entry.error
     cls = backend_class(entry.backend)
     instances = [cls(entry.spec(1), spec) for spec in entry.instances()]

@@ -23,9 +23,11 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from conch.backends import BACKENDS, BackendRequest, InstanceSpec, backend_class
+from conch.backends import BackendRequest, InstanceSpec, backend_class
 from conch.backends import tensorrt as trt_backend
+from conch.backends.completion import complete
 from conch.backends.tensorrt import EngineTensor, TensorRTBackend, check_and_fill, trt_available
+from conch.core.backend_table import BACKENDS
 from conch.core.errors import InvalidArgument, ModelLoadError
 from conch.core.model_config import new_config, parse_config
 from conch.core.repository import ModelRepository
@@ -117,8 +119,8 @@ dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
 def test_registry_points_here():
     assert backend_class("tensorrt") is TensorRTBackend
     entry = BACKENDS["tensorrt"]
-    assert entry.platforms == TensorRTBackend.platforms == ("tensorrt_plan",)
-    assert entry.default_filename == TensorRTBackend.default_filename == "model.plan"
+    assert entry.platforms == ("tensorrt_plan",)
+    assert entry.default_filename == "model.plan"
 
 
 @pytest.fixture()
@@ -149,7 +151,7 @@ def _plan_repo(tmp_path: Path, config: str | None = TRT_CONFIG, name: str = "t")
 
 
 def test_load_without_tensorrt_says_why(tmp_path, no_tensorrt):
-    entry = ModelRepository(_plan_repo(tmp_path), gpu_count=0).scan()["t"]
+    entry = ModelRepository(_plan_repo(tmp_path), complete=complete, gpu_count=0).scan()["t"]
     # A complete config passes the scan: the worker that loads the model decides.
     assert entry.error is None, entry.error
     assert entry.backend == "tensorrt"
@@ -163,7 +165,9 @@ def test_load_without_tensorrt_says_why(tmp_path, no_tensorrt):
 
 
 def test_incomplete_config_without_tensorrt_is_unavailable_at_scan(tmp_path, no_tensorrt):
-    entry = ModelRepository(_plan_repo(tmp_path, config=None), gpu_count=0).scan()["t"]
+    entry = ModelRepository(
+        _plan_repo(tmp_path, config=None), complete=complete, gpu_count=0
+    ).scan()["t"]
     assert entry.backend == "tensorrt"  # chosen by the model.plan file name
     assert entry.error is not None
     assert "model 't' needs TensorRT and an NVIDIA GPU" in entry.error
@@ -171,7 +175,7 @@ def test_incomplete_config_without_tensorrt_is_unavailable_at_scan(tmp_path, no_
 
 
 def test_kind_auto_is_cpu_without_tensorrt_and_still_says_why(tmp_path, no_tensorrt):
-    entry = ModelRepository(_plan_repo(tmp_path), gpu_count=0).scan()["t"]
+    entry = ModelRepository(_plan_repo(tmp_path), complete=complete, gpu_count=0).scan()["t"]
     [instance] = entry.instances()
     assert instance.kind == "CPU"
     with pytest.raises(ModelLoadError, match="needs TensorRT and an NVIDIA GPU"):
@@ -180,7 +184,7 @@ def test_kind_auto_is_cpu_without_tensorrt_and_still_says_why(tmp_path, no_tenso
 
 @needs_trt
 def test_kind_cpu_is_refused_where_tensorrt_runs(tmp_path):
-    entry = ModelRepository(_plan_repo(tmp_path), gpu_count=1).scan()["t"]
+    entry = ModelRepository(_plan_repo(tmp_path), complete=complete, gpu_count=1).scan()["t"]
     backend = TensorRTBackend(entry.spec(1), InstanceSpec("t_0", "CPU"))
     with pytest.raises(
         ModelLoadError, match="KIND_CPU but a TensorRT engine runs on an NVIDIA GPU"
@@ -190,7 +194,7 @@ def test_kind_cpu_is_refused_where_tensorrt_runs(tmp_path):
 
 @needs_trt
 def test_a_file_that_is_no_engine(tmp_path):
-    entry = ModelRepository(_plan_repo(tmp_path), gpu_count=1).scan()["t"]
+    entry = ModelRepository(_plan_repo(tmp_path), complete=complete, gpu_count=1).scan()["t"]
     backend = TensorRTBackend(entry.spec(1), InstanceSpec("t_0", "GPU", 0))
     with pytest.raises(ModelLoadError, match=r"model 't': TensorRT .* cannot deserialize"):
         backend.load()
@@ -378,7 +382,9 @@ def test_backend_runs_a_built_engine(built, tmp_path):
     onnx_path, plan = built
     (tmp_path / "t" / "1").mkdir(parents=True)
     (tmp_path / "t" / "1" / "model.plan").write_bytes(plan.read_bytes())
-    entry = ModelRepository(tmp_path, gpu_count=1).scan()["t"]  # no config: auto-complete
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=1).scan()[
+        "t"
+    ]  # no config: auto-complete
     assert entry.error is None, entry.error
     assert entry.config.max_batch_size == MAX_BATCH
     backend = TensorRTBackend(entry.spec(1), InstanceSpec("t_0", "GPU", 0))

@@ -7,6 +7,7 @@ The real path (worker, gateway, tritonclient) is tests/test_bls.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import textwrap
 import threading
 import time
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from conch.backends import BackendRequest, backend_class
+from conch.backends.completion import complete
 from conch.backends.python import pb_utils as pb
 from conch.core import call_context, tensors
 from conch.core.errors import InvalidArgument, NotFound, Unavailable
@@ -186,7 +188,8 @@ def client(tmp_path: Path) -> bls.BlsClient:
     )
     settings = Settings(model_repository=root, redis_url="redis://unused")
     settings.request_timeout_s = 30.0
-    c = bls.BlsClient(settings, dispatcher=FakeDispatcher())  # type: ignore[arg-type]
+    repo = ModelRepository(root, complete=complete)
+    c = bls.BlsClient(settings, repo, dispatcher=FakeDispatcher())  # type: ignore[arg-type]
     c.states = lambda max_age=1.0: {}  # type: ignore[method-assign]
     return c
 
@@ -325,6 +328,7 @@ def test_a_model_given_by_a_load_request_is_found(tmp_path: Path) -> None:
     _write(tmp_path / "elsewhere", "extra")
     repo = ModelRepository(
         tmp_path / "models",
+        complete=complete,
         folder_override=lambda name: tmp_path / "elsewhere" / name if name == "extra" else None,
     )
     settings = Settings(model_repository=tmp_path / "models", redis_url="redis://unused")
@@ -412,10 +416,11 @@ class SlowClient:
 
 @pytest.fixture()
 def installed() -> Any:
+    """A port made current as the Python backend does around a model's methods."""
     fake = SlowClient()
-    bls.install(fake)  # type: ignore[arg-type]
+    token = pb.BLS_PORT.set(fake)
     yield fake
-    bls.install(None)
+    pb.BLS_PORT.reset(token)
 
 
 def test_async_exec_calls_overlap_and_keep_the_callers_context(installed: SlowClient) -> None:
@@ -447,11 +452,11 @@ def test_a_client_that_raises_still_answers_a_response() -> None:
         def infer(self, request: Any, decoupled: bool) -> Any:
             raise RuntimeError("boom")
 
-    bls.install(Broken())  # type: ignore[arg-type]
+    token = pb.BLS_PORT.set(Broken())
     try:
         resp = pb.InferenceRequest(model_name="x").exec()
     finally:
-        bls.install(None)
+        pb.BLS_PORT.reset(token)
     assert resp.has_error() and resp.error().code() == pb.TritonError.INTERNAL
     assert "model 'x'" in resp.error().message() and "boom" in resp.error().message()
 
@@ -480,8 +485,9 @@ class TritonPythonModel:
     ("kind", "wait"), [("", "call.exec()"), ("async ", "await call.async_exec()")]
 )
 def test_the_python_backend_hands_its_batch_context_to_bls_calls(
-    tmp_path: Path, installed: SlowClient, kind: str, wait: str
+    tmp_path: Path, kind: str, wait: str
 ) -> None:
+    installed = SlowClient()  # the port the worker puts on the spec (ModelSpec.bls)
     root = tmp_path / "models"
     (root / "ctx" / "1").mkdir(parents=True)
     (root / "ctx" / "config.pbtxt").write_text(
@@ -490,9 +496,10 @@ def test_the_python_backend_hands_its_batch_context_to_bls_calls(
         'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
     )
     (root / "ctx" / "1" / "model.py").write_text(CONTEXT_MODEL.format(kind=kind, wait=wait))
-    entry = ModelRepository(root).read_model("ctx")
+    entry = ModelRepository(root, complete=complete).read_model("ctx")
     assert entry.error is None, entry.error
-    backend = backend_class("python")(entry.spec(1), entry.instances()[0])
+    spec = dataclasses.replace(entry.spec(1), bls=installed)
+    backend = backend_class("python")(spec, entry.instances()[0])
     backend.load()
     try:
         x = np.ones((1, 2), np.float32)
@@ -509,3 +516,54 @@ def test_the_python_backend_hands_its_batch_context_to_bls_calls(
     assert from_init == call_context.CallContext("ctx")
     assert from_execute == call_context.CallContext("ctx", (("a",), ()), 40.0, 0)
     assert call_context.CURRENT.get() is None  # reset after execute
+    assert pb.BLS_PORT.get() is None  # the port too
+
+
+FINALIZE_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answer = pb_utils.InferenceRequest(model_name="inner").exec()
+        assert answer.has_error(), "no port was handed: the call must fail"
+        self.error = answer.error().message()
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones((1, 2), np.float32))])
+            for _ in requests
+        ]
+
+    def finalize(self):
+        pb_utils.InferenceRequest(model_name="from_finalize").exec()
+"""
+
+
+def test_only_the_port_on_the_spec_is_seen_and_finalize_sees_it_too(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    (root / "fin" / "1").mkdir(parents=True)
+    (root / "fin" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+    )
+    (root / "fin" / "1" / "model.py").write_text(FINALIZE_MODEL)
+    entry = ModelRepository(root, complete=complete).read_model("fin")
+    assert entry.error is None, entry.error
+    x = np.ones((1, 2), np.float32)
+
+    portless = backend_class("python")(entry.spec(1), entry.instances()[0])
+    portless.load()
+    try:
+        [result] = portless.execute([BackendRequest({"X": x}, ["OUT"])])
+        assert isinstance(result, dict), result
+        assert "needs a conch worker" in portless.model.error
+    finally:
+        portless.unload()
+
+    port = SlowClient()
+    spec = dataclasses.replace(entry.spec(1), bls=port)
+    backend = backend_class("python")(spec, entry.instances()[0])
+    backend.load()
+    backend.unload()
+    assert port.seen == [call_context.CallContext("fin")]

@@ -274,6 +274,7 @@ def test_tiny_cnn_matches_the_numpy_reference(fresh, batch):
 
 def test_tiny_cnn_config_is_complete_for_the_pytorch_backend(fresh):
     config = pytest.importorskip("conch.core.model_config")
+    from conch.backends.completion import complete
     from conch.core.repository import ModelRepository
 
     text = (fresh / "tiny_cnn" / "config.pbtxt").read_text()
@@ -284,7 +285,7 @@ def test_tiny_cnn_config_is_complete_for_the_pytorch_backend(fresh):
     assert [(o.name, list(o.dims)) for o in cfg.output] == [("OUTPUT__0", [10])]
     assert cfg.HasField("dynamic_batching")
     assert cfg.parameters["INTRA_OP_THREAD_COUNT"].string_value == "1"
-    entry = ModelRepository(fresh, gpu_count=0).read_model("tiny_cnn")
+    entry = ModelRepository(fresh, complete=complete, gpu_count=0).read_model("tiny_cnn")
     assert entry.error is None, entry.error
     assert entry.backend == "pytorch"
 

@@ -16,8 +16,10 @@ from _onnx_models import (
     write_model,
 )
 
-from conch.backends import BACKENDS, BackendRequest, InstanceSpec, backend_class
+from conch.backends import BackendRequest, InstanceSpec, backend_class
+from conch.backends.completion import complete
 from conch.backends.onnxruntime import OnnxRuntimeBackend, gpu_available
+from conch.core.backend_table import BACKENDS
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError
 from conch.core.model_config import new_config, parse_config
 from conch.core.repository import ModelRepository
@@ -25,7 +27,7 @@ from conch.core.repository import ModelRepository
 
 def loaded(tmp_path, builder=mlp, config=None, name="m", kind="CPU", **kw):
     write_model(tmp_path, name, builder, config=config)
-    entry = ModelRepository(tmp_path, gpu_count=0, **kw).scan()[name]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0, **kw).scan()[name]
     assert entry.error is None, entry.error
     backend = OnnxRuntimeBackend(entry.spec(entry.latest()), InstanceSpec(f"{name}_0", kind))
     backend.load()
@@ -35,8 +37,8 @@ def loaded(tmp_path, builder=mlp, config=None, name="m", kind="CPU", **kw):
 def test_registry_points_here():
     assert backend_class("onnxruntime") is OnnxRuntimeBackend
     entry = BACKENDS["onnxruntime"]
-    assert entry.platforms == OnnxRuntimeBackend.platforms == ("onnxruntime_onnx",)
-    assert entry.default_filename == OnnxRuntimeBackend.default_filename == "model.onnx"
+    assert entry.platforms == ("onnxruntime_onnx",)
+    assert entry.default_filename == "model.onnx"
 
 
 # -- auto-complete -----------------------------------------------------------------------
@@ -265,7 +267,7 @@ def test_bad_thread_parameter(tmp_path):
         "m",
         config='parameters { key: "intra_op_thread_count" value { string_value: "lots" } }',
     )
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["m"]
     backend = OnnxRuntimeBackend(entry.spec(1), InstanceSpec("m_0", "CPU"))
     with pytest.raises(ModelLoadError, match="intra_op_thread_count"):
         backend.load()
@@ -279,7 +281,9 @@ def test_load_checks_config_against_model_without_auto_complete(tmp_path):
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         'output [ { name: "y" data_type: TYPE_INT64 dims: [ 3 ] } ]',
     )
-    entry = ModelRepository(tmp_path, gpu_count=0, auto_complete=False).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0, auto_complete=False).scan()[
+        "m"
+    ]
     assert entry.error is None
     backend = OnnxRuntimeBackend(entry.spec(1), InstanceSpec("m_0", "CPU"))
     with pytest.raises(ModelLoadError, match="output 'y' field data_type is TYPE_INT64"):
@@ -294,7 +298,9 @@ def test_load_missing_input_in_strict_config(tmp_path):
         config='platform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
         'input [ { name: "h" data_type: TYPE_FP16 dims: [ 2 ] } ]',
     )
-    entry = ModelRepository(tmp_path, gpu_count=0, auto_complete=False).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0, auto_complete=False).scan()[
+        "m"
+    ]
     backend = OnnxRuntimeBackend(entry.spec(1), InstanceSpec("m_0", "CPU"))
     with pytest.raises(ModelLoadError, match="input 'flag'"):
         backend.load()
@@ -311,7 +317,7 @@ def test_kind_gpu_without_gpu_stack_fails_clearly(tmp_path):
     if ok:
         pytest.skip(f"a GPU is usable here; this checks the failure without one ({reason})")
     write_model(tmp_path, "g", config="instance_group [ { kind: KIND_GPU } ]")
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["g"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["g"]
     assert entry.error is None, entry.error
     [instance] = entry.instances()
     assert instance.kind == "GPU"

@@ -218,6 +218,23 @@ def test_triton_error_codes_and_statuses() -> None:
         pb.TritonError("x", 42)
 
 
+def test_one_code_table_both_ways() -> None:
+    from conch.core.errors import TRITON_CODES, from_code, triton_code
+    from conch.frontend.bls import error_response
+
+    # Triton's numbering (TRITONSERVER_Error_Code), which Python models compare against.
+    assert [pb.TritonError.UNKNOWN, pb.TritonError.CANCELLED] == [0, 7]
+    assert list(TRITON_CODES.values()) == list(range(8))
+    for name, number in TRITON_CODES.items():
+        assert getattr(pb.TritonError, name) == number == triton_code(name)
+        assert pb.TritonError("m", number).code_name() == name
+        # conch error -> a BLS response's TritonError -> the conch error again
+        error = from_code(name, "model 'x' said so")
+        back = error_from_triton(error_response(error, "x").error())
+        assert (type(back), back.code, back.status) == (type(error), name, error.status)
+    assert triton_code("NO_SUCH_CODE") == pb.TritonError.INTERNAL
+
+
 def test_flags() -> None:
     assert pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START == 1
     assert pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END == 2

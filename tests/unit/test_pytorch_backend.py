@@ -12,7 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conch.backends import BACKENDS, BackendRequest, InstanceSpec, backend_class  # noqa: E402
+from conch.backends import BackendRequest, InstanceSpec, backend_class  # noqa: E402
+from conch.backends.completion import complete  # noqa: E402
 from conch.backends.pytorch import (  # noqa: E402
     Argument,
     PyTorchBackend,
@@ -21,6 +22,7 @@ from conch.backends.pytorch import (  # noqa: E402
     named_index,
     plan_io,
 )
+from conch.core.backend_table import BACKENDS  # noqa: E402
 from conch.core.errors import ConchError, Internal, ModelLoadError  # noqa: E402
 from conch.core.repository import ModelRepository  # noqa: E402
 
@@ -130,7 +132,7 @@ def write(
 
 
 def loaded(repo: Path, name: str, kind: str = "CPU", **kw) -> PyTorchBackend:
-    entry = ModelRepository(repo, gpu_count=0, **kw).scan()[name]
+    entry = ModelRepository(repo, complete=complete, gpu_count=0, **kw).scan()[name]
     assert entry.error is None, entry.error
     backend = PyTorchBackend(entry.spec(entry.latest()), InstanceSpec(f"{name}_0", kind))
     backend.load()
@@ -159,8 +161,8 @@ def affine_reference(x: np.ndarray) -> np.ndarray:
 def test_registry_points_here():
     assert backend_class("pytorch") is PyTorchBackend
     entry = BACKENDS["pytorch"]
-    assert entry.platforms == PyTorchBackend.platforms == ("pytorch_libtorch", "libtorch")
-    assert entry.default_filename == PyTorchBackend.default_filename == "model.pt"
+    assert entry.platforms == ("pytorch_libtorch", "libtorch")
+    assert entry.default_filename == "model.pt"
 
 
 @pytest.mark.parametrize("platform", ["pytorch_libtorch", "libtorch"])
@@ -168,7 +170,7 @@ def test_both_platform_names_select_pytorch(tmp_path, platform):
     affine_repo(tmp_path)
     cfg = tmp_path / "affine" / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace("pytorch_libtorch", platform))
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["affine"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["affine"]
     assert entry.error is None, entry.error
     assert entry.backend == "pytorch"
     assert entry.config.platform == platform
@@ -179,7 +181,7 @@ def test_backend_filled_from_model_pt_without_platform(tmp_path):
     affine_repo(tmp_path)
     cfg = tmp_path / "affine" / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace('platform: "pytorch_libtorch"\n', ""))
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["affine"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["affine"]
     assert entry.error is None, entry.error
     assert (entry.backend, entry.config.platform) == ("pytorch", "pytorch_libtorch")
     assert entry.config.default_model_filename == "model.pt"
@@ -318,7 +320,7 @@ def test_describe_forward_refuses_dict_results(tmp_path):
 
 def test_incomplete_config_is_refused_by_the_repository(tmp_path):
     write(tmp_path, "m", Affine(), [], [tensor("OUTPUT__0", "TYPE_FP32", [3])])
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["m"]
     assert entry.error is not None
     assert "model 'm': the pytorch backend needs a complete config" in entry.error
     assert "list every input" in entry.error
@@ -326,7 +328,7 @@ def test_incomplete_config_is_refused_by_the_repository(tmp_path):
 
 def test_missing_config_entirely(tmp_path):
     save(Affine(), tmp_path / "m" / "1" / "model.pt")
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["m"]
     assert entry.backend == "pytorch"
     assert "needs a complete config" in (entry.error or "")
 
@@ -348,7 +350,7 @@ def test_type_string_is_refused_with_model_and_tensor(tmp_path, where):
         )
     ]
     write(tmp_path, "m", Identity(), ins, outs)
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["m"]
     name = "TEXT__0" if where == "input" else "LABEL__0"
     assert entry.error is not None
     assert f"model 'm': {where} '{name}' is TYPE_STRING" in entry.error
@@ -363,7 +365,9 @@ def test_type_string_is_refused_at_load_without_auto_complete(tmp_path):
         [tensor("TEXT__0", "TYPE_STRING", [1])],
         [tensor("OUTPUT__0", "TYPE_FP32", [1])],
     )
-    entry = ModelRepository(tmp_path, gpu_count=0, auto_complete=False).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0, auto_complete=False).scan()[
+        "m"
+    ]
     assert entry.error is None  # the repository alone does not know the backend's limits
     backend = PyTorchBackend(entry.spec(1), InstanceSpec("m_0", "CPU"))
     with pytest.raises(ModelLoadError, match=r"input 'TEXT__0' is TYPE_STRING"):
@@ -378,7 +382,7 @@ def test_config_names_that_do_not_fit_the_model_fail_at_load(tmp_path):
         [tensor("INPUT__0", "TYPE_FP32", [4])],
         [tensor("OUTPUT__0", "TYPE_FP32", [4])],
     )
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["m"]
     assert entry.error is None
     backend = PyTorchBackend(entry.spec(1), InstanceSpec("m_0", "CPU"))
     with pytest.raises(ModelLoadError, match=r"model 'm': the config lists 1 input"):
@@ -394,7 +398,7 @@ def test_not_torchscript(tmp_path):
         [tensor("OUTPUT__0", "TYPE_FP32", [3])],
     )
     torch.save({"w": torch.ones(2)}, str(tmp_path / "m" / "1" / "model.pt"))
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["m"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["m"]
     backend = PyTorchBackend(entry.spec(1), InstanceSpec("m_0", "CPU"))
     with pytest.raises(ModelLoadError) as info:
         backend.load()
@@ -407,7 +411,7 @@ def test_bad_thread_parameter(tmp_path):
         tmp_path,
         extra='parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "many" } }',
     )
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["affine"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["affine"]
     backend = PyTorchBackend(entry.spec(1), InstanceSpec("affine_0", "CPU"))
     with pytest.raises(
         ModelLoadError, match="INTRA_OP_THREAD_COUNT' must be an integer, got 'many'"
@@ -419,7 +423,7 @@ def test_bad_bool_parameter(tmp_path):
     affine_repo(
         tmp_path, extra='parameters { key: "INFERENCE_MODE" value: { string_value: "maybe" } }'
     )
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["affine"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["affine"]
     backend = PyTorchBackend(entry.spec(1), InstanceSpec("affine_0", "CPU"))
     with pytest.raises(ModelLoadError, match="INFERENCE_MODE' must be true or false"):
         backend.load()
@@ -743,7 +747,7 @@ def test_kind_gpu_without_gpu_fails_clearly(tmp_path):
     if ok:
         pytest.skip(f"a GPU is usable here; this checks the failure without one ({reason})")
     affine_repo(tmp_path, extra="instance_group [ { kind: KIND_GPU } ]")
-    entry = ModelRepository(tmp_path, gpu_count=0).scan()["affine"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["affine"]
     assert entry.error is None, entry.error
     [instance] = entry.instances()
     assert instance.kind == "GPU"
@@ -758,7 +762,7 @@ def test_kind_gpu_runs_on_a_gpu(tmp_path):
     if not ok:
         pytest.skip(reason)
     affine_repo(tmp_path, extra="instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]")
-    entry = ModelRepository(tmp_path, gpu_count=1).scan()["affine"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=1).scan()["affine"]
     assert entry.error is None, entry.error
     backend = PyTorchBackend(entry.spec(1), InstanceSpec("affine_0", "GPU", 0))
     backend.load()
@@ -774,7 +778,7 @@ def test_kind_gpu_device_beyond_visible(tmp_path):
     if not ok:
         pytest.skip(reason)
     affine_repo(tmp_path, extra="instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]")
-    entry = ModelRepository(tmp_path, gpu_count=1).scan()["affine"]
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=1).scan()["affine"]
     backend = PyTorchBackend(entry.spec(1), InstanceSpec("affine_0", "GPU", 99))
     with pytest.raises(ModelLoadError, match="asks for GPU 99"):
         backend.load()

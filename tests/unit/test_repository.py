@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from _onnx_models import fixed, mlp, scalar, strings, write_model
 
+from conch.backends.completion import complete
 from conch.core.errors import InvalidArgument, NotFound, Unavailable
 from conch.core.repository import ModelRepository
 
 
 def scan(root: Path, **kw):
     kw.setdefault("gpu_count", 0)
-    return ModelRepository(root, **kw).scan()
+    return ModelRepository(root, complete=complete, **kw).scan()
 
 
 def only(root: Path, name: str, **kw):
@@ -217,7 +218,7 @@ def test_no_dynamic_batching_added_when_a_scheduler_is_set(tmp_path):
         ),
         (
             'max_batch_size: 4\noutput [ { name: "z" data_type: TYPE_FP32 dims: [ 3 ] } ]',
-            ["output 'z'", "not a output"],
+            ["output 'z'", "not an output"],
         ),
     ],
 )
@@ -335,7 +336,7 @@ def test_latest_zero_versions_is_an_error(tmp_path):
 
 
 def test_scan_is_re_readable(tmp_path):
-    repo = ModelRepository(tmp_path, gpu_count=0)
+    repo = ModelRepository(tmp_path, complete=complete, gpu_count=0)
     write_model(tmp_path, "m", versions=(1,))
     assert repo.scan()["m"].versions == [1]
     mlp(tmp_path / "m" / "2" / "model.onnx")
@@ -349,7 +350,72 @@ def test_missing_root(tmp_path):
     from conch.core.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="not a directory"):
-        ModelRepository(tmp_path / "nope").scan()
+        ModelRepository(tmp_path / "nope", complete=complete).scan()
+
+
+# -- the completer ---------------------------------------------------------------------
+
+
+class RecordingCompleter:
+    """A Completer that fills nothing in and says how it was asked."""
+
+    def __init__(self, gpus: int = 0) -> None:
+        self.gpus = gpus
+        self.completed: list[tuple[str, str, Path, int]] = []
+        self.asked_gpus: list[str] = []
+
+    def auto_complete(self, backend, config, model_file, *, default_max_batch_size):
+        self.completed.append((backend, config.name, model_file, default_max_batch_size))
+
+    def gpu_count(self, backend):
+        self.asked_gpus.append(backend)
+        return self.gpus
+
+
+FULL_CONFIG = """
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+"""
+
+
+def test_the_repository_completes_through_the_completer_it_is_given(tmp_path):
+    write_model(tmp_path, "m", config=FULL_CONFIG, versions=(1, 2))
+    completer = RecordingCompleter(gpus=2)
+    e = ModelRepository(tmp_path, complete=completer, default_max_batch_size=8).scan()["m"]
+    assert e.error is None, e.error
+    assert completer.completed == [("onnxruntime", "m", tmp_path / "m" / "2" / "model.onnx", 8)]
+    assert completer.asked_gpus == ["onnxruntime"]
+    [group] = e.to_json()["instance_group"]
+    assert (group["kind"], group["gpus"]) == ("KIND_GPU", [0, 1])
+
+
+def test_without_a_completer_a_model_to_auto_complete_says_why_it_cannot_be_read(tmp_path):
+    write_model(tmp_path, "m", config=FULL_CONFIG)
+    e = ModelRepository(tmp_path).scan()["m"]
+    assert not e.available
+    assert "model 'm'" in e.error and "without a completer" in e.error
+
+
+def test_without_a_completer_configs_read_as_written_and_no_gpu_is_counted(tmp_path):
+    write_model(tmp_path, "m", config=FULL_CONFIG)
+    e = ModelRepository(tmp_path, auto_complete=False).scan()["m"]
+    assert e.error is None, e.error
+    [group] = e.to_json()["instance_group"]
+    assert group["kind"] == "KIND_CPU"
+    assert not group["gpus"]
+
+
+def test_the_repository_imports_no_backend():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, conch.core.repository, conch.wire.control_bus; "
+        "print(sorted(m for m in sys.modules if m.startswith('conch.backends')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # -- instance groups ---------------------------------------------------------------------

@@ -11,11 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 import numpy as np
 
 from conch.core.errors import ConchError, Internal, InvalidArgument
+from conch.core.model_spec import BlsPort, InstanceSpec, ModelSpec
 
 
 def to_model_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np.ndarray:
@@ -46,48 +47,6 @@ def to_config_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> n
         ) from None
 
 
-@dataclass(frozen=True)
-class InstanceSpec:
-    """One model instance, as Triton names them: ``<group>_<index>``."""
-
-    name: str
-    kind: str  # "CPU" | "GPU" | "MODEL"
-    device_id: int = 0
-
-
-class BlsPort(Protocol):
-    """What a Python model's ``pb_utils`` needs to call other models (BLS) and to load or
-    unload them. The worker's composition root hands one in (``conch.frontend.bls``'s
-    client); backends never import the request pipeline themselves."""
-
-    def infer(self, request: Any, decoupled: bool = False) -> Any: ...
-
-    def is_ready(self, name: str, version: str | int = "") -> bool: ...
-
-    def load(self, name: str, config: str = "", files: dict[str, bytes] | None = None) -> None: ...
-
-    def unload(self, name: str, unload_dependents: bool = False) -> None: ...
-
-
-@dataclass
-class ModelSpec:
-    """What a backend needs to load one version of a model."""
-
-    name: str
-    version: int
-    path: Path  # <repository>/<model>
-    config: Any  # inference.ModelConfig, completed
-    bls: BlsPort | None = None  # set by the worker for backends that call models (Python)
-
-    @property
-    def version_dir(self) -> Path:
-        return self.path / str(self.version)
-
-    @property
-    def model_file(self) -> Path:
-        return self.version_dir / self.config.default_model_filename
-
-
 @dataclass
 class BackendRequest:
     """One request inside a batch: its tensors by name and the outputs it wants."""
@@ -107,9 +66,7 @@ BackendResult = dict[str, np.ndarray] | ConchError
 
 
 class Backend(ABC):
-    backend_name: ClassVar[str]
-    platforms: ClassVar[tuple[str, ...]] = ()
-    default_filename: ClassVar[str]
+    """One backend: its name, platforms and model file are in ``conch.core.backend_table``."""
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
         self.spec = spec
@@ -208,3 +165,16 @@ class TensorBackend(Backend):
         return [
             r if r is not None else InvalidArgument("request produced no result") for r in results
         ]
+
+
+__all__ = [
+    "Backend",
+    "BackendRequest",
+    "BackendResult",
+    "BlsPort",
+    "InstanceSpec",
+    "ModelSpec",
+    "TensorBackend",
+    "to_config_shape",
+    "to_model_shape",
+]

@@ -8,8 +8,6 @@ visible NVIDIA GPU, and may put TensorRT first through the config's
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from conch.backends.autocomplete import check_and_fill, cuda_device_count, int_parameter
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.core.errors import InvalidArgument, ModelLoadError
-from conch.core.model_config import model_config_pb2
 
 log = logging.getLogger(__name__)
 
@@ -53,21 +51,6 @@ def _ort() -> Any:
     return onnxruntime
 
 
-@functools.cache
-def _visible_gpu_count() -> int:
-    """CUDA devices the driver shows this process (honours CUDA_VISIBLE_DEVICES)."""
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        count = ctypes.c_int(0)
-        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-            return 0
-        return count.value
-    return 0
-
-
 def gpu_available() -> tuple[bool, str]:
     """Whether a KIND_GPU instance can load here, and if not, why."""
     if "CUDAExecutionProvider" not in _ort().get_available_providers():
@@ -75,39 +58,33 @@ def gpu_available() -> tuple[bool, str]:
             "onnxruntime has no CUDAExecutionProvider here "
             "(install conch[gpu] on a machine with an NVIDIA GPU)"
         )
-    if _visible_gpu_count() == 0:
+    if cuda_device_count() == 0:
         return False, "no NVIDIA GPU is visible to this process (driver, CUDA_VISIBLE_DEVICES)"
     return True, ""
 
 
-def _is_variable(dim: Any) -> bool:
-    return dim is None or isinstance(dim, str) or dim < 0
+@dataclass(frozen=True)
+class _Tensor:
+    """One input or output of an ONNX model, as ``autocomplete.check_and_fill`` reads it."""
+
+    name: str
+    dtype: str  # config data type name
+    shape: tuple[int, ...]  # -1 where the graph leaves a dimension open (None or a name)
 
 
-def _to_dims(shape: list[Any]) -> list[int]:
-    return [-1 if _is_variable(d) else int(d) for d in shape]
+def _io(session: Any, model: str) -> tuple[list[_Tensor], list[_Tensor]]:
+    """The model's inputs and outputs with config types and -1 for open dimensions."""
 
-
-def _type_name(value: int) -> str:
-    return model_config_pb2().DataType.Name(value)
-
-
-def _type_value(name: str) -> int:
-    return model_config_pb2().DataType.Value(name)
-
-
-def _io(
-    session: Any, model: str
-) -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list[Any]]]]:
-    """The model's (name, config type, shape) for inputs and outputs."""
-
-    def one(arg: Any, what: str) -> tuple[str, str, list[Any]]:
+    def one(arg: Any, what: str) -> _Tensor:
         if arg.type not in ONNX_TO_CONFIG:
             raise ModelLoadError(
                 f"model '{model}': {what} '{arg.name}' has ONNX type {arg.type}, "
                 "which has no Triton data type"
             )
-        return arg.name, ONNX_TO_CONFIG[arg.type], list(arg.shape or [])
+        shape = tuple(
+            -1 if d is None or isinstance(d, str) or d < 0 else int(d) for d in arg.shape or ()
+        )
+        return _Tensor(arg.name, ONNX_TO_CONFIG[arg.type], shape)
 
     return (
         [one(a, "input") for a in session.get_inputs()],
@@ -117,98 +94,15 @@ def _io(
 
 def _check_and_fill(config: Any, session: Any, *, fill: bool, default_max_batch_size: int) -> None:
     """Fill missing config inputs/outputs from the model (``fill``) and check existing ones."""
-    model = config.name
-    inputs, outputs = _io(session, model)
-    tensors = inputs + outputs
-    can_batch = all(shape and _is_variable(shape[0]) for _, _, shape in tensors)
-
-    if config.max_batch_size > 0 and not can_batch:
-        fixed = next(
-            (name, shape) for name, _, shape in tensors if not shape or not _is_variable(shape[0])
-        )
-        first = "has no dimensions" if not fixed[1] else f"has first dimension {fixed[1][0]}"
-        raise ModelLoadError(
-            f"model '{model}': max_batch_size is {config.max_batch_size} but the model cannot "
-            f"batch: tensor '{fixed[0]}' {first}, not a variable batch dimension; "
-            "set max_batch_size: 0"
-        )
-    if fill and config.max_batch_size == 0 and can_batch and default_max_batch_size > 0:
-        # Triton's rule: a model whose every input and output starts with a variable
-        # dimension batches. An existing entry whose dims already cover the full shape
-        # says the author meant max_batch_size 0, so keep it.
-        full_rank = any(
-            len(entry.dims) == len(shape)
-            for entries, model_io in ((config.input, inputs), (config.output, outputs))
-            for entry in entries
-            for name, _, shape in model_io
-            if entry.name == name and entry.dims and not entry.HasField("reshape")
-        )
-        if not full_rank:
-            config.max_batch_size = default_max_batch_size
-
-    batched = config.max_batch_size > 0
-    for what, entries, model_io in (
-        ("input", config.input, inputs),
-        ("output", config.output, outputs),
-    ):
-        by_name = {name: (dtype, shape) for name, dtype, shape in model_io}
-        for entry in entries:
-            if entry.name not in by_name:
-                raise ModelLoadError(
-                    f"model '{model}': config {what} '{entry.name}' is not a {what} of the ONNX "
-                    f"model (it has {sorted(by_name)})"
-                )
-            dtype, shape = by_name[entry.name]
-            if entry.data_type == 0 and fill:
-                entry.data_type = _type_value(dtype)
-            elif _type_name(entry.data_type) != dtype:
-                raise ModelLoadError(
-                    f"model '{model}': {what} '{entry.name}' field data_type is "
-                    f"{_type_name(entry.data_type)} but the model has {dtype}"
-                )
-            want = _to_dims(shape[1:] if batched else shape)
-            if not entry.dims and fill and not entry.HasField("reshape"):
-                _set_dims(entry, want)
-                continue
-            have = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
-            field = "reshape.shape" if entry.HasField("reshape") else "dims"
-            ok = len(have) == len(want) and all(
-                m == -1 or h == m for h, m in zip(have, want, strict=True)
-            )
-            if not ok:
-                batch = (
-                    f" after the batch dimension (max_batch_size {config.max_batch_size})"
-                    if batched
-                    else ""
-                )
-                raise ModelLoadError(
-                    f"model '{model}': {what} '{entry.name}' field {field} is {have} but the "
-                    f"model's shape{batch} is {want}"
-                )
-        present = {entry.name for entry in entries}
-        for name, dtype, shape in model_io:
-            if name in present:
-                continue
-            if not fill:
-                if what == "input":
-                    raise ModelLoadError(
-                        f"model '{model}': the ONNX model has input '{name}', which the config "
-                        "does not list"
-                    )
-                continue
-            entry = entries.add()
-            entry.name = name
-            entry.data_type = _type_value(dtype)
-            _set_dims(entry, _to_dims(shape[1:] if batched else shape))
-
-
-def _set_dims(entry: Any, dims: list[int]) -> None:
-    """Config dims for a model shape; a scalar is ``dims: [1]`` reshaped to ``[]``, as in Triton."""
-    if dims:
-        entry.dims.extend(dims)
-    else:
-        entry.dims.append(1)
-        entry.reshape.SetInParent()
+    inputs, outputs = _io(session, config.name)
+    check_and_fill(
+        config,
+        inputs,
+        outputs,
+        fill=fill,
+        default_max_batch_size=default_max_batch_size,
+        source="the ONNX model",
+    )
 
 
 @dataclass(frozen=True)
@@ -267,23 +161,7 @@ def _open_for_inspection(model_file: Path, model: str) -> _Signature:
     return signature
 
 
-def _int_parameter(config: Any, key: str, default: int) -> int:
-    if key not in config.parameters:
-        return default
-    raw = config.parameters[key].string_value
-    try:
-        return int(raw)
-    except ValueError:
-        raise ModelLoadError(
-            f"model '{config.name}': parameters '{key}' must be an integer, got '{raw}'"
-        ) from None
-
-
 class OnnxRuntimeBackend(TensorBackend):
-    backend_name = "onnxruntime"
-    platforms = ("onnxruntime_onnx",)
-    default_filename = "model.onnx"
-
     gpu_available = staticmethod(gpu_available)
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
@@ -310,10 +188,10 @@ class OnnxRuntimeBackend(TensorBackend):
         if not ok:
             raise ModelLoadError(f"model '{self.spec.name}' asks for KIND_GPU but {reason}")
         device = self.instance.device_id
-        if device >= _visible_gpu_count():
+        if device >= cuda_device_count():
             raise ModelLoadError(
                 f"model '{self.spec.name}' instance '{self.instance.name}' asks for GPU {device} "
-                f"but {_visible_gpu_count()} GPU(s) are visible"
+                f"but {cuda_device_count()} GPU(s) are visible"
             )
         providers: list[Any] = []
         accel = config.optimization.execution_accelerators.gpu_execution_accelerator
@@ -351,10 +229,10 @@ class OnnxRuntimeBackend(TensorBackend):
             raise ModelLoadError(f"model '{self.spec.name}': model file {model_file} not found")
         providers = self._providers()
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = _int_parameter(
+        opts.intra_op_num_threads = int_parameter(
             config, "intra_op_thread_count", DEFAULT_INTRA_OP_THREADS
         )
-        opts.inter_op_num_threads = _int_parameter(config, "inter_op_thread_count", 1)
+        opts.inter_op_num_threads = int_parameter(config, "inter_op_thread_count", 1)
         level = config.optimization.graph.level
         opts.graph_optimization_level = {
             -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

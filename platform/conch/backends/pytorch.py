@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from conch.backends.autocomplete import int_parameter, type_name
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.core.errors import Internal, InvalidArgument, ModelLoadError
-from conch.core.model_config import model_config_pb2
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +92,6 @@ def gpu_available() -> tuple[bool, str]:
     return True, ""
 
 
-def _type_name(value: int) -> str:
-    return model_config_pb2().DataType.Name(value)
-
-
 def named_index(name: str) -> int | None:
     """The index of a ``<name>__<index>`` tensor name, else None (split at the first ``__``)."""
     _, sep, tail = name.partition("__")
@@ -120,7 +116,7 @@ def check_config(config: Any) -> None:
         for entry in entries:
             if entry.data_type == 0:
                 continue  # the repository's own check names it
-            dtype = _type_name(entry.data_type)
+            dtype = type_name(entry.data_type)
             if dtype == "TYPE_STRING":
                 raise ModelLoadError(
                     f"model '{model}': {what} '{entry.name}' is TYPE_STRING, which a "
@@ -287,18 +283,6 @@ def describe_forward(module: Any, model: str) -> tuple[list[Argument], int | Non
     return args, returns
 
 
-def _int_parameter(config: Any, key: str, default: int) -> int:
-    if key not in config.parameters:
-        return default
-    raw = config.parameters[key].string_value.strip()
-    try:
-        return int(raw)
-    except ValueError:
-        raise ModelLoadError(
-            f"model '{config.name}': parameters '{key}' must be an integer, got '{raw}'"
-        ) from None
-
-
 def _bool_parameter(config: Any, key: str, default: bool) -> bool:
     if key not in config.parameters:
         return default
@@ -366,10 +350,6 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
 
 
 class PyTorchBackend(TensorBackend):
-    backend_name = "pytorch"
-    platforms = ("pytorch_libtorch", "libtorch")
-    default_filename = "model.pt"
-
     gpu_available = staticmethod(gpu_available)
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
@@ -418,8 +398,8 @@ class PyTorchBackend(TensorBackend):
         model_file = self.spec.model_file
         if not model_file.exists():
             raise ModelLoadError(f"model '{name}': model file {model_file} not found")
-        self._threads = _int_parameter(config, INTRA_OP_THREADS, DEFAULT_INTRA_OP_THREADS)
-        inter = _int_parameter(config, INTER_OP_THREADS, DEFAULT_INTER_OP_THREADS)
+        self._threads = int_parameter(config, INTRA_OP_THREADS, DEFAULT_INTRA_OP_THREADS)
+        inter = int_parameter(config, INTER_OP_THREADS, DEFAULT_INTER_OP_THREADS)
         self._inference_mode = _bool_parameter(config, INFERENCE_MODE, True)
         self._optimized = not _bool_parameter(config, DISABLE_OPTIMIZED_EXECUTION, False)
         self._clean_cache = _bool_parameter(config, ENABLE_CACHE_CLEANING, False)
@@ -449,11 +429,9 @@ class PyTorchBackend(TensorBackend):
         )
         self._inputs = {e.name: e for e in config.input}
         self._outputs = {e.name: e for e in config.output}
-        self._input_dtypes = {
-            e.name: CONFIG_TO_TORCH[_type_name(e.data_type)] for e in config.input
-        }
+        self._input_dtypes = {e.name: CONFIG_TO_TORCH[type_name(e.data_type)] for e in config.input}
         self._output_dtypes = {
-            e.name: CONFIG_TO_TORCH[_type_name(e.data_type)] for e in config.output
+            e.name: CONFIG_TO_TORCH[type_name(e.data_type)] for e in config.output
         }
         if device is not None and device.type == "cuda":
             self._stream = torch.cuda.Stream(device=device)
@@ -551,7 +529,7 @@ class PyTorchBackend(TensorBackend):
             if tensor.dtype != getattr(torch, want):
                 entry = self._outputs[name]
                 raise Internal(
-                    f"model '{model}': output '{name}' is {_type_name(entry.data_type)} in the "
+                    f"model '{model}': output '{name}' is {type_name(entry.data_type)} in the "
                     f"config but the model produced {tensor.dtype}"
                 )
             arr = torch_to_numpy(tensor)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from conch.backends import autocomplete
+from conch.backends.autocomplete import type_name
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.backends.pytorch import (
     CONFIG_TO_TORCH,
@@ -30,7 +32,6 @@ from conch.backends.pytorch import (
     torch_to_numpy,
 )
 from conch.core.errors import Internal, InvalidArgument, ModelLoadError
-from conch.core.model_config import model_config_pb2
 
 log = logging.getLogger(__name__)
 
@@ -189,26 +190,54 @@ def engine_io(engine: Any, profile: int = 0) -> list[EngineTensor]:
     return tensors
 
 
-def _type_name(value: int) -> str:
-    return model_config_pb2().DataType.Name(value)
+class _Profiles(autocomplete.Hooks):
+    """TensorRT's additions to Triton's auto-complete: the optimization profile bounds the
+    batch and any dimension the engine leaves dynamic."""
 
+    def __init__(self, model: str, inputs: list[EngineTensor]) -> None:
+        self.model = model
+        self.inputs = inputs
 
-def _type_value(name: str) -> int:
-    return model_config_pb2().DataType.Value(name)
+    def filled_max_batch_size(self, default_max_batch_size: int) -> int:
+        # Triton's TensorRT auto-complete: the largest batch the profile allows.
+        return max(1, min((t.profile_max[0] for t in self.inputs if t.profile_max), default=0))
 
+    def check_batching(self, config: Any) -> None:
+        for t in self.inputs:
+            if t.profile_max and t.profile_max[0] < config.max_batch_size:
+                raise ModelLoadError(
+                    f"model '{self.model}': max_batch_size is {config.max_batch_size} but the "
+                    f"engine's optimization profile allows input '{t.name}' a batch of at "
+                    f"most {t.profile_max[0]}"
+                )
+            if t.profile_min and t.profile_min[0] > 1:
+                log.warning(
+                    "model '%s': the engine's profile needs a batch of at least %d for "
+                    "input '%s'; smaller batches will fail",
+                    self.model,
+                    t.profile_min[0],
+                    t.name,
+                )
 
-def _set_dims(entry: Any, dims: list[int]) -> None:
-    if dims:
-        entry.dims.extend(dims)
-    else:
-        entry.dims.append(1)
-        entry.reshape.SetInParent()
+    def dims_fit(self, tensor: Any, have: list[int], batched: bool) -> bool:
+        if not tensor.profile_min:
+            return True
+        # A fixed config dimension where the engine's is dynamic must lie in the profile.
+        lo = tensor.profile_min[1:] if batched else tensor.profile_min
+        hi = tensor.profile_max[1:] if batched else tensor.profile_max
+        return all(h == -1 or lo_d <= h <= hi_d for h, lo_d, hi_d in zip(have, lo, hi, strict=True))
+
+    def shape_note(self, tensor: Any) -> str:
+        if not tensor.profile_min:
+            return ""
+        return f", profile {list(tensor.profile_min)}..{list(tensor.profile_max)}"
 
 
 def check_and_fill(
     config: Any, tensors: list[EngineTensor], *, fill: bool, default_max_batch_size: int
 ) -> None:
-    """Check the config against the engine's tensors; with ``fill``, add what it leaves out.
+    """Check the config against the engine's tensors; with ``fill``, add what it leaves out
+    (``autocomplete.check_and_fill`` with the profile checks).
 
     Raises ``ModelLoadError`` naming the model and the tensor.
     """
@@ -225,113 +254,15 @@ def check_and_fill(
                 "Triton data type"
             )
     inputs = [t for t in tensors if t.is_input]
-    outputs = [t for t in tensors if not t.is_input]
-    can_batch = bool(tensors) and all(t.shape and t.shape[0] == -1 for t in tensors)
-    profile_batch = min((t.profile_max[0] for t in inputs if t.profile_max), default=0)
-
-    if fill and config.max_batch_size == 0 and can_batch and default_max_batch_size > 0:
-        full_rank = any(
-            len(entry.dims) == len(t.shape)
-            for entries, group in ((config.input, inputs), (config.output, outputs))
-            for entry in entries
-            for t in group
-            if entry.name == t.name and entry.dims and not entry.HasField("reshape")
-        )
-        if not full_rank:
-            # Triton's TensorRT auto-complete: the largest batch the profile allows.
-            config.max_batch_size = max(1, profile_batch)
-
-    if config.max_batch_size > 0:
-        fixed = next((t for t in tensors if not t.shape or t.shape[0] != -1), None)
-        if fixed is not None:
-            first = (
-                "has no dimensions" if not fixed.shape else f"has first dimension {fixed.shape[0]}"
-            )
-            raise ModelLoadError(
-                f"model '{model}': max_batch_size is {config.max_batch_size} but the engine "
-                f"cannot batch: tensor '{fixed.name}' {first}, not a dynamic batch dimension; "
-                "set max_batch_size: 0"
-            )
-        for t in inputs:
-            if t.profile_max and t.profile_max[0] < config.max_batch_size:
-                raise ModelLoadError(
-                    f"model '{model}': max_batch_size is {config.max_batch_size} but the "
-                    f"engine's optimization profile allows input '{t.name}' a batch of at "
-                    f"most {t.profile_max[0]}"
-                )
-            if t.profile_min and t.profile_min[0] > 1:
-                log.warning(
-                    "model '%s': the engine's profile needs a batch of at least %d for "
-                    "input '%s'; smaller batches will fail",
-                    model,
-                    t.profile_min[0],
-                    t.name,
-                )
-
-    batched = config.max_batch_size > 0
-    for what, entries, group in (
-        ("input", config.input, inputs),
-        ("output", config.output, outputs),
-    ):
-        by_name = {t.name: t for t in group}
-        for entry in entries:
-            t = by_name.get(entry.name)
-            if t is None:
-                raise ModelLoadError(
-                    f"model '{model}': config {what} '{entry.name}' is not an {what} of the "
-                    f"engine (it has {sorted(by_name)})"
-                )
-            if entry.data_type == 0 and fill:
-                entry.data_type = _type_value(t.dtype)
-            elif _type_name(entry.data_type) != t.dtype:
-                raise ModelLoadError(
-                    f"model '{model}': {what} '{entry.name}' field data_type is "
-                    f"{_type_name(entry.data_type)} but the engine has {t.dtype}"
-                )
-            want = list(t.shape[1:] if batched else t.shape)
-            if not entry.dims and fill and not entry.HasField("reshape"):
-                _set_dims(entry, want)
-                continue
-            have = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
-            field = "reshape.shape" if entry.HasField("reshape") else "dims"
-            ok = len(have) == len(want) and all(
-                m == -1 or h == m for h, m in zip(have, want, strict=True)
-            )
-            if ok and t.profile_min:
-                # A fixed config dimension where the engine's is dynamic must lie in the profile.
-                lo = t.profile_min[1:] if batched else t.profile_min
-                hi = t.profile_max[1:] if batched else t.profile_max
-                ok = all(
-                    h == -1 or lo_d <= h <= hi_d for h, lo_d, hi_d in zip(have, lo, hi, strict=True)
-                )
-            if not ok:
-                batch = (
-                    f" after the batch dimension (max_batch_size {config.max_batch_size})"
-                    if batched
-                    else ""
-                )
-                profile = ""
-                if t.profile_min:
-                    profile = f", profile {list(t.profile_min)}..{list(t.profile_max)}"
-                raise ModelLoadError(
-                    f"model '{model}': {what} '{entry.name}' field {field} is {have} but the "
-                    f"engine's shape{batch} is {want}{profile}"
-                )
-        present = {entry.name for entry in entries}
-        for t in group:
-            if t.name in present:
-                continue
-            if not fill:
-                if what == "input":
-                    raise ModelLoadError(
-                        f"model '{model}': the engine has input '{t.name}', which the config "
-                        "does not list"
-                    )
-                continue
-            entry = entries.add()
-            entry.name = t.name
-            entry.data_type = _type_value(t.dtype)
-            _set_dims(entry, list(t.shape[1:] if batched else t.shape))
+    autocomplete.check_and_fill(
+        config,
+        inputs,
+        [t for t in tensors if not t.is_input],
+        fill=fill,
+        default_max_batch_size=default_max_batch_size,
+        source="the engine",
+        hooks=_Profiles(model, inputs),
+    )
 
 
 def _read_engine(model_file: Path, model: str, device: int) -> tuple[Any, Any]:
@@ -386,10 +317,6 @@ def _profile_index(config: Any, instance: InstanceSpec) -> int:
 
 
 class TensorRTBackend(TensorBackend):
-    backend_name = "tensorrt"
-    platforms = ("tensorrt_plan",)
-    default_filename = "model.plan"
-
     # The repository asks this to decide KIND_AUTO: GPU only where engines can run.
     gpu_available = staticmethod(trt_available)
 
@@ -454,9 +381,9 @@ class TensorRTBackend(TensorBackend):
         tensors = engine_io(engine, profile)
         check_and_fill(config, tensors, fill=False, default_max_batch_size=0)
         for entry in [*config.input, *config.output]:
-            if _type_name(entry.data_type) not in CONFIG_TO_TORCH:
+            if type_name(entry.data_type) not in CONFIG_TO_TORCH:
                 raise ModelLoadError(
-                    f"model '{name}': tensor '{entry.name}' is {_type_name(entry.data_type)}, "
+                    f"model '{name}': tensor '{entry.name}' is {type_name(entry.data_type)}, "
                     "which the tensorrt backend cannot hold in a torch buffer"
                 )
         device = torch.device("cuda", device_id)

@@ -67,6 +67,21 @@ class ModelLoadError(ConchError):
     code = "INVALID_ARG"
 
 
+# Triton's error codes by name (``ConchError.code``), with their numbers: Triton's
+# TRITONSERVER_Error_Code order, which ``pb_utils.TritonError``'s constants are. With
+# ``_BY_CODE`` below (name -> class) this is the one table for both directions: a conch
+# error to a Python model's TritonError (BLS responses) and back (a model's error response).
+TRITON_CODES: dict[str, int] = {
+    "UNKNOWN": 0,
+    "INTERNAL": 1,
+    "NOT_FOUND": 2,
+    "INVALID_ARG": 3,
+    "UNAVAILABLE": 4,
+    "UNSUPPORTED": 5,
+    "ALREADY_EXISTS": 6,
+    "CANCELLED": 7,
+}
+
 _BY_CODE = {
     cls.code: cls
     for cls in (
@@ -85,6 +100,11 @@ _BY_CODE = {
 def from_code(code: str, message: str, status: int | None = None) -> ConchError:
     """Rebuild an error sent across the broker by its Triton code."""
     return _BY_CODE.get(code, Internal)(message, status)
+
+
+def triton_code(code: str) -> int:
+    """Triton's number for a code name (``"INVALID_ARG"`` -> 3); INTERNAL's when unknown."""
+    return TRITON_CODES.get(code, TRITON_CODES["INTERNAL"])
 
 
 def error_class(name: str) -> type[ConchError]:

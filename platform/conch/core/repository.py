@@ -2,24 +2,30 @@
 
 ``ModelRepository.scan()`` reads every model, completes its config the way Triton does
 (name, platform/backend, default filename, version policy, instance groups, then the
-backend's auto-complete) and checks it. A model that cannot be served keeps the reason
-in ``ModelEntry.error``; the others are not affected.
+backend's auto-complete, through the ``Completer`` it is given) and checks it. A model
+that cannot be served keeps the reason in ``ModelEntry.error``; the others are not
+affected.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from conch import backends
 from conch.core import ensemble_graph
+from conch.core.backend_table import (
+    BACKENDS,
+    backend_for_filename,
+    backend_for_suffix,
+    backend_name_for,
+)
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
 from conch.core.model_config import config_to_json, json_to_config, new_config, parse_config
+from conch.core.model_spec import InstanceSpec, ModelSpec
 from conch.core.repository_keys import MODEL_NAME
 
 log = logging.getLogger(__name__)
@@ -38,21 +44,24 @@ def _is_version_dir(path: Path) -> bool:
     return path.is_dir() and name.isdigit() and name.isascii() and not name.startswith("0")
 
 
-@functools.cache
-def _host_gpu_count() -> int:
-    """GPUs this process can see; no CUDA libraries are needed to ask."""
-    import ctypes
+class Completer(Protocol):
+    """What the repository needs from the model runtimes, which the core cannot import.
 
-    for lib_name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            lib = ctypes.CDLL(lib_name)
-        except OSError:
-            continue
-        count = ctypes.c_int(0)
-        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-            return 0
-        return count.value
-    return 0
+    A composition root hands one in (``conch.backends.completion.complete``), so reading
+    a repository imports a runtime (onnxruntime, a Python model's ``model.py``) only in a
+    process that chose to complete configs with it.
+    """
+
+    def auto_complete(
+        self, backend: str, config: Any, model_file: Path, *, default_max_batch_size: int
+    ) -> None:
+        """Triton's auto-complete of ``config`` by ``backend`` from its model file; raise
+        ``ModelLoadError`` when the config contradicts the model."""
+        ...
+
+    def gpu_count(self, backend: str) -> int:
+        """GPUs an instance of ``backend`` can use in this process (0 without its GPU stack)."""
+        ...
 
 
 @dataclass
@@ -98,17 +107,15 @@ class ModelEntry:
         self._check_available()
         return version
 
-    def spec(self, version: int) -> backends.ModelSpec:
+    def spec(self, version: int) -> ModelSpec:
         self._check_available()
         if version not in self.versions:
             raise NotFound(
                 f"Request for unknown model version: '{self.name}' version {version} is not served"
             )
-        return backends.ModelSpec(
-            name=self.name, version=version, path=self.path, config=self.config
-        )
+        return ModelSpec(name=self.name, version=version, path=self.path, config=self.config)
 
-    def instances(self) -> list[backends.InstanceSpec]:
+    def instances(self) -> list[InstanceSpec]:
         """The instances the config's instance groups ask for, named ``<group>_<i>``."""
         self._check_available()
         kinds = {"KIND_CPU": "CPU", "KIND_GPU": "GPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "CPU"}
@@ -119,7 +126,7 @@ class ModelEntry:
             i = 0
             for device in devices:
                 for _ in range(max(group.count, 1)):
-                    out.append(backends.InstanceSpec(f"{group.name}_{i}", kind, device))
+                    out.append(InstanceSpec(f"{group.name}_{i}", kind, device))
                     i += 1
         return out
 
@@ -169,12 +176,20 @@ def _enum_name(message: Any, field_name: str, value: int) -> str:
 
 
 class ModelRepository:
-    """Reads a Triton model repository folder. ``scan()`` may be called again to poll."""
+    """Reads a Triton model repository folder. ``scan()`` may be called again to poll.
+
+    ``complete`` runs the backends' auto-complete and counts the GPUs they can use. Without
+    one, a model whose config would be auto-completed (``auto_complete``, any backend but
+    an ensemble) reads as broken with a reason that says so, rather than being served from
+    a config nobody checked against its model file; and no GPU is counted unless
+    ``gpu_count`` says otherwise.
+    """
 
     def __init__(
         self,
         root: Path,
         *,
+        complete: Completer | None = None,
         auto_complete: bool = True,
         default_max_batch_size: int = 4,
         gpu_count: int | None = None,
@@ -183,6 +198,7 @@ class ModelRepository:
         extra_models: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self.root = Path(root)
+        self.complete = complete
         self.auto_complete = auto_complete
         # Explicit model control: a config given with a load request (JSON) replaces
         # the model's config.pbtxt.
@@ -194,15 +210,14 @@ class ModelRepository:
         self._gpu_count = gpu_count
 
     def gpu_count(self, backend: str) -> int:
-        """GPUs the backend can use here: the count given to the constructor, else the
-        host's visible GPUs when the backend says its GPU stack is installed."""
+        """GPUs the backend can use here: the count given to the constructor, else what the
+        completer says (the host's visible GPUs when the backend's GPU stack is installed),
+        else none."""
         if self._gpu_count is not None:
             return self._gpu_count
-        gpus = _host_gpu_count()
-        check = getattr(backends.backend_class(backend), "gpu_available", None)
-        if gpus and check is not None and not check()[0]:
+        if self.complete is None:
             return 0
-        return gpus
+        return self.complete.gpu_count(backend)
 
     def scan(self) -> dict[str, ModelEntry]:
         if not self.root.is_dir():
@@ -278,7 +293,7 @@ class ModelRepository:
             self._read_ensemble(entry, cfg, on_disk, where)
             return
         entry.backend = self._backend(cfg, path, on_disk, where)
-        registered = backends.BACKENDS[entry.backend]
+        registered = BACKENDS[entry.backend]
         if not cfg.backend:
             cfg.backend = entry.backend
         if not cfg.platform and registered.platforms:
@@ -300,9 +315,18 @@ class ModelRepository:
 
         if self.auto_complete:
             model_file = path / str(max(entry.versions)) / cfg.default_model_filename
+            if self.complete is None:
+                raise ModelLoadError(
+                    f"{where}: its config is to be auto-completed, but this repository was "
+                    "opened without a completer (ModelRepository(complete=...)); the process "
+                    "that reads it must pass one, or turn auto-complete off"
+                )
             try:
-                backends.backend_class(entry.backend).auto_complete(
-                    cfg, model_file, default_max_batch_size=self.default_max_batch_size
+                self.complete.auto_complete(
+                    entry.backend,
+                    cfg,
+                    model_file,
+                    default_max_batch_size=self.default_max_batch_size,
                 )
             except ModelLoadError as exc:
                 source = config_path if config_path.is_file() else f"no {CONFIG_FILE}"
@@ -318,10 +342,10 @@ class ModelRepository:
     def _backend(self, cfg: Any, path: Path, on_disk: list[int], where: str) -> str:
         if cfg.backend or cfg.platform:
             try:
-                name = backends.backend_name_for(cfg.platform, cfg.backend)
+                name = backend_name_for(cfg.platform, cfg.backend)
             except ModelLoadError as exc:
                 raise ModelLoadError(f"{where}: {exc.message}") from None
-            platforms = backends.BACKENDS[name].platforms
+            platforms = BACKENDS[name].platforms
             if cfg.backend and cfg.platform and cfg.platform not in platforms:
                 raise ModelLoadError(
                     f"{where}: field platform '{cfg.platform}' does not go with backend "
@@ -331,9 +355,9 @@ class ModelRepository:
         found: dict[str, str] = {}
         for v in on_disk:
             for item in (path / str(v)).iterdir():
-                backend = backends.backend_for_filename(item.name)
+                backend = backend_for_filename(item.name)
                 if backend is None and cfg.default_model_filename == item.name:
-                    backend = _backend_by_suffix(item.name)
+                    backend = backend_for_suffix(item.name)
                 if backend is not None:
                     found.setdefault(backend, item.name)
         if len(found) == 1:
@@ -343,7 +367,7 @@ class ModelRepository:
                 f"{where}: cannot tell the backend from the model files "
                 f"{sorted(found.values())}; set field backend or platform"
             )
-        defaults = sorted(e.default_filename for e in backends.BACKENDS.values())
+        defaults = sorted(e.default_filename for e in BACKENDS.values())
         raise ModelLoadError(
             f"{where}: no field platform or backend, and no known model file ({', '.join(defaults)}) "
             f"in the version directories {on_disk or '(none)'}"
@@ -417,16 +441,6 @@ class ModelRepository:
                 )
 
 
-def _backend_by_suffix(filename: str) -> str | None:
-    suffix = Path(filename).suffix
-    if not suffix:
-        return None
-    matches = [
-        name for name, e in backends.BACKENDS.items() if Path(e.default_filename).suffix == suffix
-    ]
-    return matches[0] if len(matches) == 1 else None
-
-
 def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:
     labels: dict[str, list[str]] = {}
     for out in cfg.output:
@@ -475,4 +489,11 @@ def _validate(cfg: Any, where: str) -> None:
                 )
 
 
-__all__ = ["CONFIG_FILE", "DEFAULT_INSTANCE_COUNT", "MODEL_NAME", "ModelEntry", "ModelRepository"]
+__all__ = [
+    "CONFIG_FILE",
+    "DEFAULT_INSTANCE_COUNT",
+    "MODEL_NAME",
+    "Completer",
+    "ModelEntry",
+    "ModelRepository",
+]

@@ -17,9 +17,10 @@ here, as the gateway would: every step a request on its model's queue.
 Deadline: a call inherits the deadline of the batch it is made from (the smallest of
 its requests' deadlines), which the Python backend keeps in ``CURRENT`` around
 ``execute``; the BLS request's own ``timeout`` (µs) can only shorten it. ``async_exec``
-carries the context into its thread; a thread the model starts itself does not (a call
-from it gets the default timeout and no cycle check, and the worker logs a warning)
-unless it runs the call in ``contextvars.copy_context()``.
+carries the context into its thread; a thread the model starts itself does not, and
+so does not see this client either (the Python backend hands the client to the model in
+the same context: ``pb_utils`` then answers that the call needs a conch worker) unless it
+runs the call in ``contextvars.copy_context()``.
 
 Deadlock: the instance making a BLS call is busy until the call returns. A call to a
 model that is itself waiting on that instance (the caller itself, or a model earlier in
@@ -53,7 +54,14 @@ import redis
 from conch.backends.python import pb_utils as pb
 from conch.core import ensemble_graph, inference, tensors, validation
 from conch.core.call_context import CURRENT, CallContext
-from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable, Unsupported
+from conch.core.errors import (
+    ConchError,
+    Internal,
+    InvalidArgument,
+    Unavailable,
+    Unsupported,
+    triton_code,
+)
 from conch.core.model_config import wire_type
 from conch.core.repository import MODEL_NAME, ModelEntry, ModelRepository
 from conch.frontend import ensemble_runner, model_control
@@ -68,17 +76,6 @@ log = logging.getLogger(__name__)
 MAX_DEPTH = 16  # models on one path, from the outer request's model to the deepest call
 STATES_MAX_AGE_S = 1.0  # how stale the workers' registry may be for readiness checks
 CONFIG_MAX_AGE_S = 2.0  # how stale a target's config may be (models reload at run time)
-
-_TRITON_CODES = {
-    "UNKNOWN": pb.TritonError.UNKNOWN,
-    "INTERNAL": pb.TritonError.INTERNAL,
-    "NOT_FOUND": pb.TritonError.NOT_FOUND,
-    "INVALID_ARG": pb.TritonError.INVALID_ARG,
-    "UNAVAILABLE": pb.TritonError.UNAVAILABLE,
-    "UNSUPPORTED": pb.TritonError.UNSUPPORTED,
-    "ALREADY_EXISTS": pb.TritonError.ALREADY_EXISTS,
-    "CANCELLED": pb.TritonError.CANCELLED,
-}
 
 
 def check_call(ctx: CallContext, target: str) -> ConchError | None:
@@ -112,9 +109,7 @@ def error_response(error: ConchError, model: str) -> pb.InferenceResponse:
     message = error.message
     if f"'{model}'" not in message:
         message = f"BLS request to model '{model}' failed: {message}"
-    return pb.InferenceResponse(
-        error=pb.TritonError(message, _TRITON_CODES.get(error.code, pb.TritonError.INTERNAL))
-    )
+    return pb.InferenceResponse(error=pb.TritonError(message, triton_code(error.code)))
 
 
 class BlsClient:
@@ -542,15 +537,9 @@ class BlsClient:
         )
 
 
-def install(client: BlsClient | None) -> None:
-    """Make ``pb_utils`` BLS calls in this process go through ``client`` (None: remove)."""
-    pb._install_bls_client(client)
-
-
 __all__ = [
     "MAX_DEPTH",
     "BlsClient",
     "check_call",
     "error_response",
-    "install",
 ]

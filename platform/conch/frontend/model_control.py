@@ -175,7 +175,12 @@ def _ensemble_steps(
 ) -> list[str]:
     """The step models of ``model`` if it is an ensemble (from ``config``, else its files)."""
     if config is None:
-        entry = control_bus.open_repository(settings, client).read_model(model)
+        # Only an ensemble's steps are wanted here, and an ensemble has nothing to
+        # auto-complete: read with no completer (the frontend imports no backend) and
+        # auto-complete off, so other models are not completed (or reported) for nothing.
+        repository = control_bus.open_repository(settings, client)
+        repository.auto_complete = False
+        entry = repository.read_model(model)
         if entry.backend != ensemble_graph.ENSEMBLE or entry.config is None:
             return []
         config = entry.config

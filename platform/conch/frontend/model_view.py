@@ -11,16 +11,18 @@ import redis
 from conch.core import ensemble_graph
 from conch.core.errors import InvalidArgument
 from conch.core.model_config import output_types
-from conch.core.repository import ModelEntry
+from conch.core.repository import Completer, ModelEntry
 from conch.settings import Settings
 from conch.wire import control_bus, worker_reports
 
 
 class Catalog:
-    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+    def __init__(
+        self, settings: Settings, client: redis.Redis, *, complete: Completer | None = None
+    ) -> None:
         self.settings = settings
         self.client = client
-        self.repository = control_bus.open_repository(settings, client)
+        self.repository = control_bus.open_repository(settings, client, complete=complete)
         self.entries: dict[str, ModelEntry] = self.repository.scan()
         self._loaded: set[str] = set()
         self.problems: dict[str, str] = {}  # models serving an older, good read

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from conch.core.repository import ModelRepository
+from conch.core.repository import Completer, ModelRepository
 from conch.core.repository_keys import VERSION_FILE, RefusedKey, classify
 from conch.settings import Settings
 from conch.wire.keys import (
@@ -215,16 +215,21 @@ class Subscriber(threading.Thread):
             log.exception("control handler failed")
 
 
-def open_repository(settings: Settings, client: redis.Redis) -> ModelRepository:
+def open_repository(
+    settings: Settings, client: redis.Redis, *, complete: Completer | None = None
+) -> ModelRepository:
     """The model repository as this deployment sees it: the files on disk, plus, in explicit
     mode, the config and ``file:`` overrides that load requests stored in Redis.
 
     Every reader (the gateway's model view, a worker's host, BLS, batch jobs, model
     control) opens it here, so a model loaded with an override reads the same everywhere.
+    ``complete`` is the backends' auto-complete, which the composition roots pass
+    (``conch.backends.completion.complete``); see ``ModelRepository`` for a reader without.
     """
     explicit = settings.model_control_mode.explicit
     return ModelRepository(
         settings.model_repository,
+        complete=complete,
         auto_complete=settings.auto_complete,
         default_max_batch_size=settings.default_max_batch_size,
         config_override=(lambda name: get_override(client, name)) if explicit else None,

@@ -22,6 +22,7 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore
 
+from conch.backends.completion import complete
 from conch.frontend import batch_job, bls
 from conch.settings import Settings
 from conch.wire import broker, control_bus
@@ -63,14 +64,11 @@ def make_celery(settings: Settings) -> Celery:
 def _make_host(settings: Settings) -> ModelHost:
     """A ModelHost and its collaborators, in the worker process (from ModelServing)."""
     client = redis.Redis.from_url(settings.redis_url)
-    repository = control_bus.open_repository(settings, client)
+    repository = control_bus.open_repository(settings, client, complete=complete)
     # Python models' BLS calls (pb_utils.InferenceRequest.exec) go through this worker,
     # on its view of the repository (overrides included). The host hands the port to
     # the backends it builds (ModelSpec.bls).
     port = bls.BlsClient(settings, repository, client=client)
-    # Until the Python backend takes its client from ModelSpec.bls (another room's
-    # change), pb_utils still reads the process-global one; remove this call then.
-    bls.install(port)
     return ModelHost(
         settings,
         worker_id=f"{socket.gethostname()}.{os.getpid()}",
@@ -91,7 +89,7 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
     client = redis.Redis.from_url(settings.redis_url)
     # The worker's own view, overrides included: a job on a model loaded with a config
     # or file: override reads the model the gateway accepted it for.
-    repository = control_bus.open_repository(settings, client)
+    repository = control_bus.open_repository(settings, client, complete=complete)
 
     @app.task(name=batch_job.TASK_NAME)
     def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:

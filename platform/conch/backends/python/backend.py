@@ -1,7 +1,7 @@
 """Python models, Triton style: ``backend: "python"`` and ``<model>/<version>/model.py``.
 
 The file defines ``class TritonPythonModel`` exactly as for Triton's python backend and
-imports ``triton_python_backend_utils`` (conch's ``python_utils``, registered under that
+imports ``triton_python_backend_utils`` (conch's ``pb_utils``, registered under that
 name before the file is imported). The model runs inside the worker process that owns it:
 ``initialize(args)`` at load, ``execute(requests)`` once per dynamic batch with one
 ``pb_utils.InferenceRequest`` per client request (sync or ``async def``), ``finalize()``
@@ -9,6 +9,11 @@ at unload, and the static ``auto_complete_config`` while the repository complete
 config. Completing a config imports the file only when its ``TritonPythonModel`` may
 define ``auto_complete_config`` (read from the source first), so the gateway, which
 completes configs too, does not run model code it does not need.
+
+The model's BLS calls (``pb_utils.InferenceRequest(...).exec()``, ``load_model``, ...) go
+through the port the worker put on the spec (``ModelSpec.bls``): it is made current
+(``pb_utils.BLS_PORT``) while ``initialize``, ``execute`` and ``finalize`` run, beside the
+call context those calls inherit (``conch.core.call_context``).
 
 Each load imports the file afresh as its own module (``conch_python_model_<model>_v<version>_<n>``),
 so two models, two versions or two instances never share module state. The version
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import importlib.util
 import inspect
 import itertools
@@ -30,6 +36,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,18 +46,7 @@ import numpy as np
 from conch.backends.base import Backend, BackendRequest, BackendResult, InstanceSpec, ModelSpec
 from conch.backends.python import pb_utils as pb
 from conch.core import call_context
-from conch.core.errors import (
-    AlreadyExists,
-    Cancelled,
-    ConchError,
-    Internal,
-    InvalidArgument,
-    ModelLoadError,
-    NotFound,
-    Unavailable,
-    Unknown,
-    Unsupported,
-)
+from conch.core.errors import ConchError, Internal, ModelLoadError, Unavailable, from_code
 from conch.core.model_config import config_to_json, json_to_config
 
 log = logging.getLogger(__name__)
@@ -59,25 +55,11 @@ UTILS_MODULE = "triton_python_backend_utils"
 MODEL_CLASS = "TritonPythonModel"
 
 
-# -- TritonError codes -> conch errors (HTTP status as Triton's HttpCodeFromError) --------
-
-
-_BY_TRITON_CODE: dict[int, type[ConchError]] = {
-    pb.TritonError.UNKNOWN: Unknown,
-    pb.TritonError.INTERNAL: Internal,
-    pb.TritonError.NOT_FOUND: NotFound,
-    pb.TritonError.INVALID_ARG: InvalidArgument,
-    pb.TritonError.UNAVAILABLE: Unavailable,
-    pb.TritonError.UNSUPPORTED: Unsupported,
-    pb.TritonError.ALREADY_EXISTS: AlreadyExists,
-    pb.TritonError.CANCELLED: Cancelled,
-}
-
-
 def error_from_triton(error: Any) -> ConchError:
-    """A response's ``TritonError`` as the conch error with Triton's HTTP status."""
+    """A response's ``TritonError`` as the conch error with Triton's HTTP status
+    (by its code name: ``conch.core.errors.TRITON_CODES``)."""
     if isinstance(error, pb.TritonError):
-        return _BY_TRITON_CODE.get(error.code(), Internal)(error.message())
+        return from_code(error.code_name(), error.message())
     return Internal(str(error))
 
 
@@ -225,10 +207,6 @@ def _describe(exc: BaseException) -> str:
 
 
 class PythonBackend(Backend):
-    backend_name = "python"
-    platforms = ()
-    default_filename = "model.py"
-
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
         super().__init__(spec, instance)
         self.model: Any = None
@@ -309,15 +287,13 @@ class PythonBackend(Backend):
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
                 # BLS calls from initialize: no deadline but the default, and no self-call.
-                token = call_context.CURRENT.set(call_context.CallContext(self.spec.name))
                 try:
-                    self._await(initialize(self.initialize_args()))
+                    with self._calls(call_context.CallContext(self.spec.name)):
+                        self._await(initialize(self.initialize_args()))
                 except Exception as exc:
                     raise ModelLoadError(
                         f"{self._where()}: initialize failed: {_describe(exc)}"
                     ) from None
-                finally:
-                    call_context.CURRENT.reset(token)
         except BaseException:
             self._release()
             raise
@@ -328,7 +304,9 @@ class PythonBackend(Backend):
             finalize = getattr(model, "finalize", None)
             if finalize is not None:
                 try:
-                    self._await(finalize())
+                    # BLS calls from finalize: as from initialize.
+                    with self._calls(call_context.CallContext(self.spec.name)):
+                        self._await(finalize())
                 except Exception:
                     log.exception("%s: finalize failed", self._where())
         self._release()
@@ -345,6 +323,18 @@ class PythonBackend(Backend):
         module, self._module = self._module, None
         release_model_file(module, self.spec.model_file)
 
+    @contextlib.contextmanager
+    def _calls(self, context: call_context.CallContext) -> Iterator[None]:
+        """What the model's BLS calls see while it runs: the call context they inherit and
+        the BLS port this instance was handed (``spec.bls``; None outside a worker)."""
+        context_token = call_context.CURRENT.set(context)
+        port_token = pb.BLS_PORT.set(self.spec.bls)
+        try:
+            yield
+        finally:
+            pb.BLS_PORT.reset(port_token)
+            call_context.CURRENT.reset(context_token)
+
     def _await(self, value: Any) -> Any:
         """Run a coroutine on this instance's own event loop; pass anything else through."""
         if not inspect.isawaitable(value):
@@ -360,16 +350,14 @@ class PythonBackend(Backend):
             return [Unavailable(f"{self._where()} is not loaded")] * len(requests)
         batch = [self._request(r) for r in requests]
         # BLS calls made by this execute inherit the batch's deadline and call chain.
-        token = call_context.CURRENT.set(call_context.batch_context(self.spec.name, requests))
         try:
-            responses = self._await(self.model.execute(batch))
+            with self._calls(call_context.batch_context(self.spec.name, requests)):
+                responses = self._await(self.model.execute(batch))
         except (Exception, SystemExit) as exc:
             log.warning("%s: execute raised", self._where(), exc_info=True)
             return [
                 Internal(f"model '{self.spec.name}' failed to execute: {_describe(exc)}")
             ] * len(requests)
-        finally:
-            call_context.CURRENT.reset(token)
         problem = self._check(responses, len(requests))
         if problem is not None:
             return [Internal(f"model '{self.spec.name}': {problem}")] * len(requests)

@@ -14,8 +14,10 @@ process rather than in a stub process with shared memory:
 - BF16 tensors reach the model as ``uint16`` arrays holding the bit patterns, the way
   conch carries BF16 everywhere; ``triton_to_numpy_type`` has no numpy type for BF16.
 - Business logic scripting (``InferenceRequest(model_name=...).exec()`` and
-  ``async_exec``) goes through the named model's queue; the worker installs the client
-  that does it (``conch.frontend.bls``). It answers every failure with an error response, as
+  ``async_exec``) goes through the named model's queue, by the BLS port the worker hands
+  the model (``ModelSpec.bls``, ``conch.frontend.bls``'s client), which the python backend
+  makes current (``BLS_PORT``) while ``initialize``, ``execute`` and ``finalize`` run. It
+  answers every failure with an error response, as
   Triton does; a call to a model already waiting on the caller (itself, or A -> B -> A)
   is refused at once instead of deadlocking. ``exec(decoupled=True)`` and decoupled
   responses are not available yet: the first answers an error response, the second
@@ -25,7 +27,8 @@ process rather than in a stub process with shared memory:
 - Response ``parameters`` are accepted and kept on the object; the HTTP reply does not
   carry them.
 
-The module imports nothing from conch, so it can be read and tested on its own.
+The module imports nothing from conch but the core's table of Triton's error codes, so it
+can be read and tested on its own.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from conch.core.errors import TRITON_CODES
 
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
@@ -88,21 +93,23 @@ TRITONSERVER_MEMORY_GPU = 2
 
 _NO_WORKER = (
     "business logic scripting (calling another model from a Python model) needs a conch "
-    "worker, and this process is not one"
+    "worker, and this call is not made in one (from a model's initialize, execute or "
+    "finalize; a thread the model starts must run it in contextvars.copy_context())"
 )
 
-# The worker's BLS client (``conch.frontend.bls.BlsClient``), installed by the worker process: it
-# has ``infer(request, decoupled) -> InferenceResponse`` and ``is_ready(name, version)``.
-_bls_client: Any = None
+# The BLS port of the model instance running now (``conch.core.model_spec.BlsPort``: the
+# worker's ``conch.frontend.bls.BlsClient``, with ``infer``, ``is_ready``, ``load`` and
+# ``unload``). The python backend sets it around initialize, execute and finalize, from the
+# spec it was given; async_exec's threads get it with the caller's context. No process-wide
+# client: a model reaches only the port it was handed.
+BLS_PORT: contextvars.ContextVar[Any] = contextvars.ContextVar("conch_bls_port", default=None)
+
+# The threads async_exec waits in. Unlike the port, this is a resource of the process, not
+# a client: every instance's async_exec calls share one bounded pool (BLS_THREADS blocked
+# waits at most), and each call carries its own caller's context (and port) into it.
 _bls_pool: ThreadPoolExecutor | None = None
 _bls_pool_lock = threading.Lock()
 BLS_THREADS = 64  # async_exec calls in flight at once, per worker process
-
-
-def _install_bls_client(client: Any) -> None:
-    """Set (or, with None, remove) the client that ``exec`` and ``is_model_ready`` use."""
-    global _bls_client
-    _bls_client = client
 
 
 def _bls_threads() -> ThreadPoolExecutor:
@@ -248,25 +255,17 @@ class TritonModelException(Exception):
 class TritonError(Exception):
     """An error for one response: ``InferenceResponse(error=TritonError("...", code))``."""
 
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
+    # Triton's codes, from the core's table (conch.core.errors.TRITON_CODES).
+    UNKNOWN = TRITON_CODES["UNKNOWN"]
+    INTERNAL = TRITON_CODES["INTERNAL"]
+    NOT_FOUND = TRITON_CODES["NOT_FOUND"]
+    INVALID_ARG = TRITON_CODES["INVALID_ARG"]
+    UNAVAILABLE = TRITON_CODES["UNAVAILABLE"]
+    UNSUPPORTED = TRITON_CODES["UNSUPPORTED"]
+    ALREADY_EXISTS = TRITON_CODES["ALREADY_EXISTS"]
+    CANCELLED = TRITON_CODES["CANCELLED"]
 
-    _NAMES = (
-        "UNKNOWN",
-        "INTERNAL",
-        "NOT_FOUND",
-        "INVALID_ARG",
-        "UNAVAILABLE",
-        "UNSUPPORTED",
-        "ALREADY_EXISTS",
-        "CANCELLED",
-    )
+    _NAMES = tuple(sorted(TRITON_CODES, key=TRITON_CODES.__getitem__))
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
         super().__init__(message)
@@ -558,7 +557,7 @@ class InferenceRequest:
         is raised. The call inherits the deadline of the request being executed, which
         ``timeout`` (microseconds) can only shorten.
         """
-        client = _bls_client
+        client = BLS_PORT.get()
         if client is None:
             return InferenceResponse(
                 error=TritonError(
@@ -582,7 +581,7 @@ class InferenceRequest:
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
         """``exec`` in a worker thread, so several calls from one ``execute`` overlap."""
         loop = asyncio.get_running_loop()
-        context = contextvars.copy_context()  # the caller's deadline and call chain
+        context = contextvars.copy_context()  # the caller's deadline, call chain and port
         return await loop.run_in_executor(_bls_threads(), context.run, self.exec, decoupled)
 
     def __repr__(self) -> str:
@@ -591,7 +590,7 @@ class InferenceRequest:
 
 
 def _model_control(what: str, model_name: str, call: Callable[[Any], None]) -> None:
-    client = _bls_client
+    client = BLS_PORT.get()
     if client is None:
         raise TritonModelException(f"{_NO_WORKER}: {what}('{model_name}') cannot run")
     try:
@@ -613,7 +612,7 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether a live worker has ``model_name`` (``model_version``, "" = latest) ready."""
-    client = _bls_client
+    client = BLS_PORT.get()
     if client is None:
         raise TritonModelException(f"{_NO_WORKER}: is_model_ready('{model_name}') cannot run")
     return bool(client.is_ready(model_name, model_version))

@@ -18,6 +18,7 @@ from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from conch import __version__
+from conch.backends import completion
 from conch.core.errors import ConchError, InvalidArgument
 from conch.frontend import model_control
 from conch.frontend.http import job_routes
@@ -243,7 +244,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask("conch")
     client = redis.Redis.from_url(settings.redis_url)
     app.extensions["conch.settings"] = settings
-    catalog = Catalog(settings, client)
+    catalog = Catalog(settings, client, complete=completion.complete)
     plane = DataPlane(settings, catalog, Dispatcher(client))
     app.extensions["conch.catalog"] = catalog
     app.extensions["conch.dataplane"] = plane

@@ -1,0 +1,71 @@
+"""What the repository knows about each backend: its name, its platforms, its model file.
+
+This is repository knowledge (which backend a config or a model file selects, what file
+a version folder must hold), so it lives in the core: the repository, ``repo_sync`` and
+the backends themselves read it here, and none of them has to import a model runtime to
+do so. Which class runs a backend is the backends' own business
+(``conch.backends.backend_class``). Adding a backend is one line here, one in
+``conch/backends/__init__.py`` and its module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from conch.core.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class BackendFacts:
+    platforms: tuple[str, ...]  # Triton platform names that select this backend; first = default
+    default_filename: str  # Triton's default model file name
+
+
+BACKENDS: dict[str, BackendFacts] = {
+    "onnxruntime": BackendFacts(("onnxruntime_onnx",), "model.onnx"),
+    "pytorch": BackendFacts(("pytorch_libtorch", "libtorch"), "model.pt"),
+    "tensorrt": BackendFacts(("tensorrt_plan",), "model.plan"),
+    "python": BackendFacts((), "model.py"),
+}
+
+
+def backend_name_for(platform: str, backend: str) -> str:
+    """Triton picks the backend by ``backend`` first, else by ``platform``."""
+    if backend:
+        if backend not in BACKENDS:
+            raise ModelLoadError(f"unknown backend '{backend}'; conch has {sorted(BACKENDS)}")
+        return backend
+    for name, facts in BACKENDS.items():
+        if platform in facts.platforms:
+            return name
+    raise ModelLoadError(
+        f"unknown platform '{platform}'; conch serves "
+        f"{sorted(p for f in BACKENDS.values() for p in f.platforms)}"
+    )
+
+
+def backend_for_filename(filename: str) -> str | None:
+    """The backend whose default model file this is, for configs that name none."""
+    for name, facts in BACKENDS.items():
+        if facts.default_filename == filename:
+            return name
+    return None
+
+
+def backend_for_suffix(filename: str) -> str | None:
+    """The one backend whose default model file has this file's suffix, else None."""
+    suffix = Path(filename).suffix
+    if not suffix:
+        return None
+    matches = [n for n, f in BACKENDS.items() if Path(f.default_filename).suffix == suffix]
+    return matches[0] if len(matches) == 1 else None
+
+
+__all__ = [
+    "BACKENDS",
+    "BackendFacts",
+    "backend_for_filename",
+    "backend_for_suffix",
+    "backend_name_for",
+]
