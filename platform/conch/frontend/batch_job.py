@@ -27,7 +27,7 @@ import redis
 from conch.core import inference, validation
 from conch.core.errors import ConchError, InvalidArgument, Unavailable
 from conch.core.repository import ModelEntry
-from conch.frontend import v2_codec
+from conch.frontend import calls, v2_codec
 from conch.wire import broker, job_store
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 
@@ -207,7 +207,7 @@ def run(
     entry = entry_of(record.model)
     if entry.error or entry.config is None:
         raise Unavailable(f"model '{record.model}' is not available: {entry.error}")
-    version = entry.resolve_version(record.version) if record.version else -1
+    to = calls.target(entry, record.version)
     source = parse_uri(record.detail["input"], "input")
     target = parse_uri(record.detail["output"], "output")
     s3 = s3 or s3_client()
@@ -253,7 +253,7 @@ def run(
             except ConchError as exc:
                 window.answer(line_no, _error_line(req.id if req else "", exc.message), True)
                 continue
-            msg = _message(entry, req, version, reply_key)
+            msg = _message(to, req, reply_key)
             window.sent[msg.id] = (line_no, req, len(line))
             window.bytes += len(line)
             publisher.publish(
@@ -291,23 +291,9 @@ def _wait(
         progress()
 
 
-def _message(
-    entry: ModelEntry, req: inference.InferRequest, version: int, reply_key: str
-) -> InferMessage:
-    now = time.time()
-    return InferMessage(
-        id=broker.new_id(),
-        model=entry.name,
-        version=version,
-        inputs=req.wire_inputs(),
-        outputs=req.output_names(entry.config),
-        reply_to=reply_key,
-        enqueued=now,
-        deadline=0.0,  # offline work waits as long as online traffic keeps the model busy
-        priority=broker.PRIORITY_BULK,
-        params=req.custom_parameters(),
-        client_id=req.id,
-    )
+def _message(to: calls.Target, req: inference.InferRequest, reply_key: str) -> InferMessage:
+    """A line's message: the bulk lane, below online requests and async jobs."""
+    return calls.build(to, req, lane=calls.Lane.BULK, reply_to=reply_key).msg
 
 
 def _check_writable(s3: Any, target: ObjectRef) -> None:

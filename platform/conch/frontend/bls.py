@@ -56,11 +56,10 @@ from conch.core.call_context import CURRENT, CallContext
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable, Unsupported
 from conch.core.model_config import wire_type
 from conch.core.repository import MODEL_NAME, ModelEntry, ModelRepository
-from conch.frontend import ensemble_runner, model_control
-from conch.frontend.admission import admit
+from conch.frontend import calls, ensemble_runner, model_control
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
-from conch.wire import broker, control_bus, worker_reports
+from conch.wire import control_bus, worker_reports
 from conch.wire.messages import MAX_CHAIN, InferMessage
 
 log = logging.getLogger(__name__)
@@ -370,7 +369,7 @@ class BlsClient:
                 raise problem
         entry = self.entry(target)
         self._check_loaded(target)
-        version = self._version(entry, request.model_version())
+        to = calls.target(entry, self._version(entry, request.model_version()))
         config = entry.config
         request_id = request.request_id()
         if not isinstance(request_id, str):
@@ -378,19 +377,17 @@ class BlsClient:
                 f"BLS request to model '{target}': request_id must be a string, "
                 f"got {type(request_id).__name__}"
             )
-        inputs = self._inputs(request.inputs(), config, target)
         wanted = self._outputs(request.requested_output_names(), target)
-        validation.validate_request(
-            inference.InferRequest(
-                id=request_id,
-                inputs=[inference.InputTensor(*t) for t in inputs],
-                outputs=[inference.RequestedOutput(n, True) for n in wanted] or None,
-                binary_data_output=True,
-                parameters={},
-            ),
-            config,
-            model_name=target,
+        call = inference.InferRequest(
+            id=request_id,
+            inputs=[
+                inference.InputTensor(*t) for t in self._inputs(request.inputs(), config, target)
+            ],
+            outputs=[inference.RequestedOutput(n, True) for n in wanted] or None,
+            binary_data_output=True,
+            parameters={},
         )
+        validation.validate_request(call, config, model_name=target)
         reason = self._unavailable_reason(target)
         if reason:
             raise Unavailable(f"model '{target}' is unavailable: {reason}")
@@ -401,53 +398,28 @@ class BlsClient:
                 f"BLS request to model '{target}': timeout must be an integer number of "
                 f"microseconds, got {timeout_us!r}"
             )
-        timeout_us = max(0, int(timeout_us))
-        now = time.time()
-        if ctx is not None and ctx.deadline > 0:
-            deadline = ctx.deadline
-        else:
-            deadline = now + self.settings.request_timeout_s
-        if timeout_us:
-            deadline = min(deadline, now + timeout_us / 1e6)
-        if deadline <= now:
-            raise Unavailable(
-                f"Request timeout expired for model '{target}': the request that made this "
-                "BLS call is past its deadline"
-            )
-        admission = admit(config, None, timeout_us or None)
-        step = admission.step
-        if ctx is not None and ctx.priority >= broker.ONLINE_STEPS:
-            step = ctx.priority  # an async job's or a bulk chunk's calls stay below online work
-        latest = str(request.model_version()).strip() in ("", "-1")
-        msg = InferMessage(
-            id=broker.new_id(),
-            model=target,
-            # -1: the latest the worker serves, as the gateway sends a request that names no
-            # version (so the call shares batches with those requests).
-            version=-1 if latest else version,
-            inputs=inputs,
-            outputs=wanted or [o.name for o in config.output],
-            reply_to=None,
-            enqueued=now,
-            deadline=deadline,
-            priority=step,
-            params=params,
-            queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
-            delay_on_timeout=admission.delay_on_timeout,
-            client_id=request_id,
-            timeout_us=timeout_us,
-            chain=ctx.waiting() if ctx is not None else [],
+        if timeout_us > 0:
+            params["timeout"] = int(timeout_us)
+        call.parameters = params
+        caller = (
+            calls.Caller(ctx.deadline, ctx.priority, tuple(ctx.waiting()))
+            if ctx is not None
+            else calls.CLIENT
         )
-        return msg, admission.max_queue_size
+        built = calls.build(
+            to, call, caller=caller, default_timeout_s=self.settings.request_timeout_s
+        )
+        return built.msg, built.max_queue_size
 
     @staticmethod
-    def _version(entry: ModelEntry, version: Any) -> int:
+    def _version(entry: ModelEntry, version: Any) -> str:
+        """The version a call asks for, as text ("" and "-1" are the latest)."""
         if isinstance(version, bool) or not isinstance(version, int | np.integer | str):
             raise InvalidArgument(
                 f"BLS request to model '{entry.name}': model_version must be an integer, "
                 f"got {version!r}"
             )
-        return entry.resolve_version(str(version).strip())  # "-1" and "" are the latest
+        return str(version)
 
     @staticmethod
     def _inputs(given: Sequence[Any], config: Any, target: str) -> list[tuple]:

@@ -8,7 +8,6 @@ its model), and the outer request's deadline bounds them all.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +15,7 @@ from conch.core import validation
 from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor, steps
 from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
-from conch.frontend.admission import admit
-from conch.wire.broker import new_id
-from conch.wire.messages import InferMessage
+from conch.frontend import calls
 
 # Runs one step: (step, its input tensors, names of outputs wanted) -> a waiter that
 # returns the step model's outputs by name (or raises its error).
@@ -77,37 +74,35 @@ def execute(
 ) -> dict[str, Tensor]:
     """Run the graph with every step a request on its model's queue.
 
-    ``outer`` (an InferMessage) lends every step its deadline, priority, parameters and
-    call chain; ``resolve`` gives a step model's entry (raising for an unknown one) and
+    ``outer`` (an InferMessage, never published) lends every step its deadline,
+    priority, parameters and call chain (``calls.Caller``); ``resolve`` gives a step model's entry (raising for an unknown one) and
     ``check`` may refuse a step before it is sent (the gateway's availability check,
     BLS's cycle check). The gateway and BLS both run ensembles through here.
     """
     if depth > MAX_DEPTH:
         raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
 
+    caller = calls.Caller(outer.deadline, outer.priority, tuple(outer.chain))
+    params = {**outer.params, "timeout": outer.timeout_us} if outer.timeout_us else outer.params
+
     def start(
         step: Step, tensors: dict[str, Tensor], outs: list[str]
     ) -> Callable[[], dict[str, Tensor]]:
         if check is not None:
             check(step.model)
-        target = resolve(step.model)
-        version = target.resolve_version("" if step.version == -1 else str(step.version))
-        wire = [(n, dt, shape, raw) for n, (dt, shape, raw) in tensors.items()]
+        to = calls.target(resolve(step.model), step.version)
         # The step's inputs are checked against its own config, as a client's would be.
-        validation.validate_request(
-            InferRequest(
-                id="",
-                inputs=[InputTensor(*t) for t in wire],
-                outputs=[RequestedOutput(o, True) for o in outs],
-                binary_data_output=True,
-                parameters={},
-            ),
-            target.config,
-            model_name=step.model,
+        request = InferRequest(
+            id=outer.client_id,
+            inputs=[InputTensor(n, dt, shape, raw) for n, (dt, shape, raw) in tensors.items()],
+            outputs=[RequestedOutput(o, True) for o in outs],
+            binary_data_output=True,
+            parameters=params,
         )
-        if target.backend == ENSEMBLE:
+        validation.validate_request(request, to.entry.config, model_name=step.model)
+        if to.entry.backend == ENSEMBLE:
             result = execute(
-                target,
+                to.entry,
                 tensors,
                 outs,
                 outer,
@@ -117,23 +112,8 @@ def execute(
                 depth=depth + 1,
             )
             return lambda: result
-        admission = admit(target.config, None, outer.timeout_us or None)
-        msg = InferMessage(
-            id=new_id(),
-            model=step.model,
-            version=-1 if step.version == -1 else version,  # -1: the worker's latest
-            inputs=wire,
-            outputs=outs,
-            reply_to=None,
-            enqueued=time.time(),
-            deadline=outer.deadline,
-            priority=outer.priority,
-            params=outer.params,
-            client_id=outer.client_id,
-            timeout_us=outer.timeout_us,
-            chain=list(outer.chain),
-        )
-        waiter = dispatcher.submit(msg, max_queue_size=admission.max_queue_size)
+        call = calls.build(to, request, caller=caller)
+        waiter = dispatcher.submit(call.msg, max_queue_size=call.max_queue_size)
 
         def wait() -> dict[str, Tensor]:
             reply = waiter()

@@ -18,13 +18,12 @@ import orjson
 from conch.core import ensemble_graph, inference, validation
 from conch.core.errors import ConchError, InvalidArgument, Unavailable, Unsupported
 from conch.core.repository import ModelEntry
-from conch.frontend import ensemble_runner, v2_codec
-from conch.frontend.admission import Admission, admit
+from conch.frontend import calls, ensemble_runner, v2_codec
 from conch.frontend.model_view import Catalog
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
-from conch.wire import broker, job_store, statistics
-from conch.wire.messages import InferMessage, Reply, WireTensor
+from conch.wire import job_store, statistics
+from conch.wire.messages import Reply, WireTensor
 
 # Triton's infer route: a model name without "/", an optional numeric version.
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer/?")
@@ -32,13 +31,11 @@ INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer/?")
 
 @dataclass
 class Prepared:
-    """A decoded, checked request and the message that will carry it."""
+    """A decoded, checked request and the call that will carry it."""
 
     entry: ModelEntry
     request: inference.InferRequest
-    msg: InferMessage
-    admission: Admission
-    version: int  # the version resolved now; the worker may answer with a newer latest
+    call: calls.Call
 
 
 class DataPlane:
@@ -58,7 +55,7 @@ class DataPlane:
         accept_encoding: str | None,
     ) -> tuple[bytes, dict[str, str]]:
         p = self.prepare(model, version, body, header_length, content_encoding)
-        entry, msg, v = p.entry, p.msg, p.version
+        entry, msg, v = p.entry, p.call.msg, p.call.version
         now = msg.enqueued
         if entry.backend == ensemble_graph.ENSEMBLE:
             inputs = {t.name: (t.datatype, tuple(t.shape), t.raw) for t in p.request.inputs}
@@ -87,9 +84,7 @@ class DataPlane:
             statistics.record_now(self.dispatcher.client, model, run)
             results = [(name, *produced[name]) for name in msg.outputs]
         else:
-            if not version:  # the worker answers with the latest it serves (see Batcher)
-                msg.version = -1
-            reply = self.dispatcher.call(msg, max_queue_size=p.admission.max_queue_size)
+            reply = self.dispatcher.call(msg, max_queue_size=p.call.max_queue_size)
             if reply.error is not None:
                 raise reply.error
             results = list(reply.outputs or ())
@@ -106,19 +101,13 @@ class DataPlane:
         content_encoding: str | None,
     ) -> job_store.JobRecord:
         """Queue an infer request as an async job, below every online request."""
-        p = self.prepare(model, version, body, header_length, content_encoding)
+        p = self.prepare(model, version, body, header_length, content_encoding, calls.Lane.ASYNC)
         if p.entry.backend == ensemble_graph.ENSEMBLE:
             raise Unsupported(
                 f"model '{model}' is an ensemble, which runs in the gateway; async jobs run "
                 "on a model's queue: submit the ensemble's steps, or call infer"
             )
-        msg, req = p.msg, p.request
-        msg.priority = broker.PRIORITY_ASYNC
-        msg.version = msg.version if version else -1
-        # A job waits behind online traffic for as long as it must: no deadline unless
-        # the client set a 'timeout', and the online queue policy does not apply.
-        msg.deadline = msg.enqueued + msg.timeout_us / 1e6 if msg.timeout_us else 0.0
-        msg.queue_deadline, msg.delay_on_timeout = 0.0, False
+        msg, req = p.call.msg, p.request
         msg.job_ttl = self.settings.job_ttl_s
         record = job_store.JobRecord(
             id=msg.id,
@@ -181,42 +170,21 @@ class DataPlane:
         body: bytes,
         header_length: str | None,
         content_encoding: str | None,
+        lane: calls.Lane = calls.Lane.ONLINE,
     ) -> Prepared:
         """Decode and check a request against its model: every 4xx is raised here."""
         settings = self.settings
         entry = self.catalog.serving(model)
-        v = entry.resolve_version(version)
+        to = calls.target(entry, version)
         if len(body) > settings.max_input_bytes:
             raise too_large(len(body), settings.max_input_bytes)
         req = v2_codec.decode_request(
             body, header_length, content_encoding, max_body_bytes=settings.max_input_bytes
         )
-        config = entry.config
-        validation.validate_request(req, config, model_name=model)
-        reason = self.catalog.unavailable_reason(model)
-        if reason:
-            raise Unavailable(f"model '{model}' is unavailable: {reason}")
-        now = time.time()
-        timeout_us = req.parameters.get("timeout")
-        admission = admit(config, req.parameters.get("priority"), timeout_us)
-        timeout_s = timeout_us / 1e6 if timeout_us else settings.request_timeout_s
-        msg = InferMessage(
-            id=broker.new_id(),
-            model=model,
-            version=v,
-            inputs=req.wire_inputs(),
-            outputs=req.output_names(config),
-            reply_to=None,
-            enqueued=now,
-            deadline=now + timeout_s,
-            priority=admission.step,
-            params=req.custom_parameters(),
-            queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
-            delay_on_timeout=admission.delay_on_timeout,
-            client_id=req.id,
-            timeout_us=timeout_us or 0,
-        )
-        return Prepared(entry, req, msg, admission, v)
+        validation.validate_request(req, entry.config, model_name=model)
+        self._step_available(model)
+        call = calls.build(to, req, lane=lane, default_timeout_s=settings.request_timeout_s)
+        return Prepared(entry, req, call)
 
     def respond(
         self,
