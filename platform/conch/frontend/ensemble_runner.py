@@ -9,17 +9,59 @@ its model), and the outer request's deadline bounds them all.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from conch.core import validation
 from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor, steps
 from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
+from conch.frontend.producer import Dispatcher, Pending
 
-# Runs one step: (step, its input tensors, names of outputs wanted) -> a waiter that
-# returns the step model's outputs by name (or raises its error).
-StepRunner = Callable[[Step, dict[str, Tensor], list[str]], Callable[[], dict[str, Tensor]]]
+
+class StepCall(Protocol):
+    """A step in flight."""
+
+    def wait(self) -> dict[str, Tensor]:
+        """The step model's outputs by name; raises its error."""
+        ...
+
+    def cancel(self) -> None:
+        """Nobody will wait for this step (a sibling failed)."""
+        ...
+
+
+# Starts one step: (step, its input tensors, names of outputs wanted) -> the step in flight.
+StepRunner = Callable[[Step, dict[str, Tensor], list[str]], StepCall]
+
+
+class _Queued:
+    """A step sent to its model's queue."""
+
+    def __init__(self, pending: Pending) -> None:
+        self.pending = pending
+
+    def wait(self) -> dict[str, Tensor]:
+        reply = self.pending.wait()
+        if reply.error is not None:
+            raise reply.error
+        return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
+
+    def cancel(self) -> None:
+        self.pending.cancel()
+
+
+class _Done:
+    """A step already run (a nested ensemble)."""
+
+    def __init__(self, outputs: dict[str, Tensor]) -> None:
+        self.outputs = outputs
+
+    def wait(self) -> dict[str, Tensor]:
+        return self.outputs
+
+    def cancel(self) -> None:
+        pass
 
 
 def run(
@@ -32,23 +74,21 @@ def run(
         ready = [s for s in remaining if all(t in tensors for t in s.inputs.values())]
         if not ready:  # check() rules this out; never loop forever on a bad graph
             raise Internal(f"ensemble '{entry.name}': no step can run with the tensors produced")
-        waiters = []
+        started: list[tuple[Step, StepCall]] = []
         for step in ready:  # publish every ready step before waiting on any
             step_inputs = {name: tensors[t] for name, t in step.inputs.items()}
-            waiters.append(
+            started.append(
                 (
                     step,
                     _guard(entry, step, lambda s=step, i=step_inputs: start(s, i, list(s.outputs))),
                 )
             )
-        for k, (step, waiter) in enumerate(waiters):
+        for k, (step, call) in enumerate(started):
             try:
-                out = _guard(entry, step, waiter)
+                out = _guard(entry, step, call.wait)
             except BaseException:
-                for _, later in waiters[k + 1 :]:  # nobody will wait for these replies now
-                    cancel = getattr(later, "cancel", None)
-                    if cancel is not None:
-                        cancel()
+                for _, later in started[k + 1 :]:  # nobody will wait for these replies now
+                    later.cancel()
                 raise
             for name, tensor in step.outputs.items():
                 if name not in out:
@@ -68,7 +108,7 @@ def execute(
     outer: Any,
     *,
     resolve: Callable[[str], Any],
-    dispatcher: Any,
+    dispatcher: Dispatcher,
     check: Callable[[str], None] | None = None,
     depth: int = 0,
 ) -> dict[str, Tensor]:
@@ -85,9 +125,7 @@ def execute(
     caller = calls.Caller(outer.deadline, outer.priority, tuple(outer.chain))
     params = {**outer.params, "timeout": outer.timeout_us} if outer.timeout_us else outer.params
 
-    def start(
-        step: Step, tensors: dict[str, Tensor], outs: list[str]
-    ) -> Callable[[], dict[str, Tensor]]:
+    def start(step: Step, tensors: dict[str, Tensor], outs: list[str]) -> StepCall:
         if check is not None:
             check(step.model)
         to = calls.target(resolve(step.model), step.version)
@@ -111,18 +149,9 @@ def execute(
                 check=check,
                 depth=depth + 1,
             )
-            return lambda: result
+            return _Done(result)
         call = calls.build(to, request, caller=caller)
-        waiter = dispatcher.submit(call.msg, max_queue_size=call.max_queue_size)
-
-        def wait() -> dict[str, Tensor]:
-            reply = waiter()
-            if reply.error is not None:
-                raise reply.error
-            return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
-
-        wait.cancel = getattr(waiter, "cancel", None)  # type: ignore[attr-defined]
-        return wait
+        return _Queued(dispatcher.submit(call.msg, max_queue_size=call.max_queue_size))
 
     return run(entry, inputs, wanted, start)
 
