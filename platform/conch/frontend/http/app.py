@@ -23,7 +23,7 @@ from conch.frontend import model_control
 from conch.frontend.http import job_routes
 from conch.frontend.http.dataplane import DataPlane, InferFastPath, too_large
 from conch.frontend.http.metrics import MetricsPort
-from conch.frontend.model_view import Catalog
+from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
 from conch.wire import statistics
@@ -53,7 +53,7 @@ def _empty(status: int = 200) -> Response:
     return Response(b"", status=status)
 
 
-def _catalog() -> Catalog:
+def _catalog() -> ModelView:
     return current_app.extensions["conch.catalog"]
 
 
@@ -243,7 +243,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask("conch")
     client = redis.Redis.from_url(settings.redis_url)
     app.extensions["conch.settings"] = settings
-    catalog = Catalog(settings, client)
+    catalog = ModelView(settings, client)
     plane = DataPlane(settings, catalog, Dispatcher(client))
     app.extensions["conch.catalog"] = catalog
     app.extensions["conch.dataplane"] = plane

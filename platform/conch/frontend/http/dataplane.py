@@ -19,7 +19,7 @@ from conch.core import ensemble_graph, inference, validation
 from conch.core.errors import ConchError, InvalidArgument, Unavailable, Unsupported
 from conch.core.repository import ModelEntry
 from conch.frontend import calls, ensemble_runner, v2_codec
-from conch.frontend.model_view import Catalog
+from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
 from conch.wire import job_store, statistics
@@ -39,7 +39,7 @@ class Prepared:
 
 
 class DataPlane:
-    def __init__(self, settings: Settings, catalog: Catalog, dispatcher: Dispatcher) -> None:
+    def __init__(self, settings: Settings, catalog: ModelView, dispatcher: Dispatcher) -> None:
         self.settings = settings
         self.catalog = catalog
         self.dispatcher = dispatcher
@@ -73,7 +73,7 @@ class DataPlane:
                     msg,
                     resolve=self.catalog.serving,
                     dispatcher=self.dispatcher,
-                    check=self._step_available,
+                    check=self.catalog.check_available,
                 )
             except ConchError:
                 run.fail, run.fail_ns = 1, int((time.time() - now) * 1e9)
@@ -182,7 +182,7 @@ class DataPlane:
             body, header_length, content_encoding, max_body_bytes=settings.max_input_bytes
         )
         validation.validate_request(req, entry.config, model_name=model)
-        self._step_available(model)
+        self.catalog.check_available(model)
         call = calls.build(to, req, lane=lane, default_timeout_s=settings.request_timeout_s)
         return Prepared(entry, req, call)
 
@@ -211,11 +211,6 @@ class DataPlane:
             batched=entry.config.max_batch_size > 0,
             accept_encoding=accept_encoding,
         )
-
-    def _step_available(self, model: str) -> None:
-        reason = self.catalog.unavailable_reason(model)
-        if reason:
-            raise Unavailable(f"model '{model}' is unavailable: {reason}")
 
 
 def too_large(length: int, limit: int) -> InvalidArgument:

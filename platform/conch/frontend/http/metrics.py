@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conch.frontend.model_view import Catalog
+from conch.frontend.model_view import ModelView
 from conch.wire import broker, statistics, worker_reports
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -65,7 +65,7 @@ def _labels(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
 
 
-def render(catalog: Catalog) -> bytes:
+def render(catalog: ModelView) -> bytes:
     """Prometheus text format, written out by hand: Triton's counter names carry no
     ``_total`` (prometheus_client would add one), and values are plain integers."""
     client = catalog.client
@@ -125,7 +125,7 @@ def render(catalog: Catalog) -> bytes:
 class MetricsPort:
     """WSGI middleware: the metrics port answers GET /metrics and nothing else."""
 
-    def __init__(self, app: Any, catalog: Catalog, port: int) -> None:
+    def __init__(self, app: Any, catalog: ModelView, port: int) -> None:
         self.app = app
         self.catalog = catalog
         self.port = str(port)
