@@ -13,18 +13,15 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
 from conch.core.errors import Internal, InvalidArgument
+from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput
 from conch.core.tensors import from_numpy, to_numpy
-from conch.frontend.v2_codec import (
+from conch.frontend.http.http_codec import (
     HEADER_LENGTH,
-    InferRequest,
-    InputTensor,
-    OutputTensor,
-    RequestedOutput,
-    classify,
     decode_request,
     encode_response,
     error_body,
 )
+from conch.frontend.v2_json import classify
 
 MAX = 64 * 1024 * 1024
 
