@@ -275,7 +275,7 @@ class BlsClient:
                 f"got {type(request_id).__name__}"
             )
         wanted = self._outputs(request.requested_output_names(), target)
-        call = inference.InferRequest(
+        neutral = inference.InferRequest(
             id=request_id,
             inputs=[
                 inference.InputTensor(*t) for t in self._inputs(request.inputs(), config, target)
@@ -284,7 +284,7 @@ class BlsClient:
             binary_data_output=True,
             parameters={},
         )
-        validation.validate_request(call, config, model_name=target)
+        validation.validate_request(neutral, config, model_name=target)
         self.view.check_available(target)
         params = self._parameters(request.parameters(), target)
         timeout_us = request.timeout()
@@ -295,14 +295,14 @@ class BlsClient:
             )
         if timeout_us > 0:
             params["timeout"] = int(timeout_us)
-        call.parameters = params
+        neutral.parameters = params
         caller = (
             calls.Caller(ctx.deadline, ctx.priority, tuple(ctx.waiting()))
             if ctx is not None
             else calls.CLIENT
         )
         built = calls.build(
-            to, call, caller=caller, default_timeout_s=self.settings.request_timeout_s
+            to, neutral, caller=caller, default_timeout_s=self.settings.request_timeout_s
         )
         return built.msg, built.max_queue_size
 
