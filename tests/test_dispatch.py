@@ -68,6 +68,21 @@ def test_duplicate_replies_are_ignored(redis_url: str) -> None:
     worker.join(5)
 
 
+def test_a_cancelled_request_is_forgotten(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.delete(broker.queue_name("m"))
+    d = Dispatcher(client)
+    pending = d.submit(message())  # an ensemble step whose sibling failed
+    assert pending.msg.reply_to == d.reply_key
+    pending.cancel()
+    assert d._pending == {}
+    play_worker(client, replies=1).join(5)  # its late reply finds nobody waiting
+    worker = play_worker(client, replies=1)
+    assert d.call(message()).outputs is not None
+    worker.join(5)
+    assert d._pending == {}
+
+
 def test_deadline_without_a_worker(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     client.delete(broker.queue_name("m"))

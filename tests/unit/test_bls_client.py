@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 import textwrap
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+import redis
 
 from conch.backends import BackendRequest, backend_class
 from conch.backends.completion import complete
@@ -25,7 +27,8 @@ from conch.core import call_context, tensors
 from conch.core.errors import InvalidArgument, NotFound, Unavailable
 from conch.core.repository import ModelRepository
 from conch.frontend import bls
-from conch.settings import Settings
+from conch.frontend.model_view import ModelView
+from conch.settings import ModelControlMode, Settings
 from conch.wire import broker
 from conch.wire.messages import BadMessage, InferMessage, Reply
 
@@ -190,7 +193,7 @@ def client(tmp_path: Path) -> bls.BlsClient:
     settings.request_timeout_s = 30.0
     repo = ModelRepository(root, complete=complete)
     c = bls.BlsClient(settings, repo, dispatcher=FakeDispatcher())  # type: ignore[arg-type]
-    c.states = lambda max_age=1.0: {}  # type: ignore[method-assign]
+    c.view.states = lambda max_age=1.0: {}  # type: ignore[method-assign]
     return c
 
 
@@ -315,12 +318,12 @@ def test_bad_calls_are_refused_before_publishing(
 
 
 def test_explicit_model_control_refuses_models_not_loaded(client: bls.BlsClient) -> None:
-    client.settings.model_control_mode = "explicit"
+    client.settings.model_control_mode = ModelControlMode.EXPLICIT
     client.settings.load_models = ["m"]
     client.prepare(request("m"), False, None)  # loaded at start (--load-model)
     with pytest.raises(InvalidArgument, match="'bounded' has no available versions"):
         client.prepare(request("bounded"), False, None)
-    client._loaded = {"bounded"}  # loaded through the API since
+    client.view._loaded = {"bounded"}  # loaded through the API since
     client.prepare(request("bounded"), False, None)
 
 
@@ -333,9 +336,32 @@ def test_a_model_given_by_a_load_request_is_found(tmp_path: Path) -> None:
     )
     settings = Settings(model_repository=tmp_path / "models", redis_url="redis://unused")
     c = bls.BlsClient(settings, repo, dispatcher=FakeDispatcher())  # type: ignore[arg-type]
-    c.states = lambda max_age=1.0: {}  # type: ignore[method-assign]
+    c.view.states = lambda max_age=1.0: {}  # type: ignore[method-assign]
     msg, _ = c.prepare(request("extra"), False, None)
     assert msg.model == "extra"
+
+
+def test_the_view_reads_a_changed_target_again_and_keeps_its_last_good_read(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "models"
+    _write(root, "m")
+    settings = Settings(model_repository=root, redis_url="redis://unused")
+    view = ModelView(
+        settings,
+        redis.Redis.from_url(settings.redis_url),
+        config_max_age_s=0.0,
+        complete=complete,
+    )
+    assert view.serving("m").config.max_batch_size == 4
+    config = root / "m" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 4", "max_batch_size: 2"))
+    assert view.serving("m").config.max_batch_size == 2
+    config.write_text("not a config {")
+    assert view.serving("m").config.max_batch_size == 2  # the workers keep serving it too
+    shutil.rmtree(root / "m")
+    with pytest.raises(InvalidArgument, match="'m' is not found"):
+        view.entry("m")
 
 
 def test_errors_come_back_as_responses_naming_the_model(client: bls.BlsClient) -> None:
@@ -387,7 +413,7 @@ def test_outputs_come_back_as_numpy(client: bls.BlsClient) -> None:
 
 def test_is_model_ready_reads_the_registry(client: bls.BlsClient) -> None:
     states = {"m": {"versions": {"1": "READY", "2": "LOADING"}, "reason": None}}
-    client.states = lambda max_age=1.0: states  # type: ignore[method-assign]
+    client.view.states = lambda max_age=1.0: states  # type: ignore[method-assign]
     assert client.is_ready("m", "1") is True
     assert client.is_ready("m", "") is False  # the latest, 2, is still loading
     assert client.is_ready("m", "7") is False
@@ -463,6 +489,7 @@ def test_a_client_that_raises_still_answers_a_response() -> None:
 
 CONTEXT_MODEL = """
 import asyncio
+import shutil
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

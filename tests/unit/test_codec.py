@@ -13,18 +13,16 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
 from conch.core.errors import Internal, InvalidArgument
+from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput
 from conch.core.tensors import from_numpy, to_numpy
-from conch.frontend.v2_codec import (
+from conch.frontend import v2_json
+from conch.frontend.http.http_codec import (
     HEADER_LENGTH,
-    InferRequest,
-    InputTensor,
-    OutputTensor,
-    RequestedOutput,
-    classify,
     decode_request,
     encode_response,
     error_body,
 )
+from conch.frontend.v2_json import classify
 
 MAX = 64 * 1024 * 1024
 
@@ -723,3 +721,25 @@ def test_classify_other_types_and_empty_batch() -> None:
     ]
     empty = OutputTensor("P", "FP32", (0, 5), b"")
     assert classify(empty, 3, None, True).shape == (0, 3)
+
+
+def test_a_json_line_has_no_binary_tensor_extension() -> None:
+    # Batch-job lines are documents alone: binary data has nowhere to come from.
+    line = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "B",
+                    "datatype": "FP32",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": 4},
+                }
+            ]
+        }
+    ).encode()
+    with pytest.raises(InvalidArgument, match="binary tensor extension"):
+        v2_json.decode_request(line)
+    assert (
+        decode_request(line + b"\0\0\x80?", str(len(line)), None, max_body_bytes=MAX).inputs[0].raw
+        == b"\0\0\x80?"
+    )

@@ -1,4 +1,7 @@
-"""Triton's queue policy, decided at the gateway before a request is queued.
+"""Triton's queue policy, decided by the frontend before a request is queued.
+
+``calls.build`` applies it to every online call: a client's request at the gateway, a
+BLS call and an ensemble step (in the gateway, or in a worker for BLS).
 
 From the model's ``dynamic_batching`` and the request's ``priority`` and ``timeout``
 parameters: which priority sub-list the request joins, how long that queue may grow,

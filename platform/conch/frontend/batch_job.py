@@ -28,7 +28,7 @@ import redis
 from conch.core import inference, validation
 from conch.core.errors import ConchError, InvalidArgument, Unavailable
 from conch.core.repository import ModelEntry, ModelRepository
-from conch.frontend import v2_codec
+from conch.frontend import calls, v2_json
 from conch.settings import Settings
 from conch.wire import broker, job_store
 from conch.wire.job_store import JobCancelled
@@ -94,18 +94,11 @@ def s3_client(region: str | None) -> Any:
 
 
 def submit(
-    client: redis.Redis, entry: ModelEntry, version: str, body: bytes, ttl_s: int
+    client: redis.Redis, entry: ModelEntry, version: str, source: Any, target: Any, ttl_s: int
 ) -> job_store.JobRecord:
-    """Record a batch job and queue its task (gateway side); every 4xx is raised here."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(doc, dict) or set(doc) - {"input", "output"}:
-        raise InvalidArgument(
-            'a batch job is {"input": "s3://bucket/in.jsonl", "output": "s3://bucket/out.jsonl"}'
-        )
-    source, target = parse_uri(doc.get("input"), "input"), parse_uri(doc.get("output"), "output")
+    """Record a batch job reading ``source`` and writing ``target`` (s3:// URIs, checked
+    here) and queue its task (gateway side); every 4xx is raised here."""
+    source, target = parse_uri(source, "input"), parse_uri(target, "output")
     if source == target:
         raise InvalidArgument("'output' must not be the 'input' object")
     record = job_store.JobRecord(
@@ -153,6 +146,15 @@ class _Window:
             self.next += 1
 
 
+def _decode_line(line: bytes, limit: int) -> inference.InferRequest:
+    """One line's request document (JSON only: a line has no binary tensor extension)."""
+    if len(line) > limit:  # split_lines bounds a line only to the chunk it ends in
+        raise InvalidArgument(
+            f"request body of {len(line)} bytes exceeds the maximum of {limit} bytes"
+        )
+    return v2_json.decode_request(line)
+
+
 def _error_line(request_id: str, message: str) -> bytes:
     doc = {"id": request_id, "error": message} if request_id else {"error": message}
     return orjson.dumps(doc)
@@ -162,27 +164,17 @@ def _answer_line(entry: ModelEntry, req: inference.InferRequest, reply: Reply) -
     if reply.error is not None:
         return _error_line(req.id, reply.error.message)
     # JSONL holds JSON: every output as JSON data, whatever binary_data said.
-    as_json = inference.InferRequest(
-        id=req.id,
-        inputs=[],
-        outputs=None
-        if req.outputs is None
-        else [inference.RequestedOutput(o.name, False, o.class_count) for o in req.outputs],
-        binary_data_output=False,
-        parameters={},
-    )
-    body, _ = v2_codec.encode_response(
+    return v2_json.encode_response(
         model_name=entry.name,
         model_version=str(reply.version),
         request_id=req.id,
         outputs=[
             inference.OutputTensor(n, dt, tuple(s), raw) for n, dt, s, raw in reply.outputs or ()
         ],
-        request=as_json,
+        request=req,
         labels=entry.labels() if any(o.class_count for o in (req.outputs or ())) else None,
         batched=entry.config.max_batch_size > 0,
     )
-    return body
 
 
 def new_reply_key(job_id: str) -> str:
@@ -259,7 +251,7 @@ def run(
     entry = entry_of(record.model)
     if entry.error or entry.config is None:
         raise Unavailable(f"model '{record.model}' is not available: {entry.error}")
-    version = entry.resolve_version(record.version) if record.version else -1
+    to = calls.target(entry, record.version)
     source = parse_uri(record.detail["input"], "input")
     target = parse_uri(record.detail["output"], "output")
     _check_writable(s3, target)  # before the work, not after it
@@ -299,12 +291,12 @@ def run(
                         f"line {line_no + 1} is longer than {max_line_bytes} bytes "
                         "(--http-max-input-size); skipped"
                     )
-                req = v2_codec.decode_request(line, None, None, max_body_bytes=max_line_bytes)
+                req = _decode_line(line, max_line_bytes)
                 validation.validate_request(req, entry.config, model_name=entry.name)
             except ConchError as exc:
                 window.answer(line_no, _error_line(req.id if req else "", exc.message), True)
                 continue
-            msg = _message(entry, req, version, reply_key)
+            msg = _message(to, req, reply_key)
             window.sent[msg.id] = (line_no, req, len(line))
             window.bytes += len(line)
             publisher.publish(
@@ -342,23 +334,9 @@ def _wait(
         progress()
 
 
-def _message(
-    entry: ModelEntry, req: inference.InferRequest, version: int, reply_key: str
-) -> InferMessage:
-    now = time.time()
-    return InferMessage(
-        id=broker.new_id(),
-        model=entry.name,
-        version=version,
-        inputs=req.wire_inputs(),
-        outputs=req.output_names(entry.config),
-        reply_to=reply_key,
-        enqueued=now,
-        deadline=0.0,  # offline work waits as long as online traffic keeps the model busy
-        priority=broker.PRIORITY_BULK,
-        params=req.custom_parameters(),
-        client_id=req.id,
-    )
+def _message(to: calls.Target, req: inference.InferRequest, reply_key: str) -> InferMessage:
+    """A line's message: the bulk lane, below online requests and async jobs."""
+    return calls.build(to, req, lane=calls.Lane.BULK, reply_to=reply_key).msg
 
 
 def _check_writable(s3: Any, target: ObjectRef) -> None:

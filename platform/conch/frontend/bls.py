@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -63,18 +62,16 @@ from conch.core.errors import (
     triton_code,
 )
 from conch.core.model_config import wire_type
-from conch.core.repository import MODEL_NAME, ModelEntry, ModelRepository
-from conch.frontend import ensemble_runner, model_control
-from conch.frontend.admission import admit
+from conch.core.repository import ModelEntry, ModelRepository
+from conch.frontend import calls, ensemble_runner, model_control
+from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
-from conch.wire import broker, control_bus, worker_reports
 from conch.wire.messages import MAX_CHAIN, InferMessage
 
 log = logging.getLogger(__name__)
 
 MAX_DEPTH = 16  # models on one path, from the outer request's model to the deepest call
-STATES_MAX_AGE_S = 1.0  # how stale the workers' registry may be for readiness checks
 CONFIG_MAX_AGE_S = 2.0  # how stale a target's config may be (models reload at run time)
 
 
@@ -115,11 +112,11 @@ def error_response(error: ConchError, model: str) -> pb.InferenceResponse:
 class BlsClient:
     """Sends a Python model's ``InferenceRequest``s through the model queues.
 
-    Targets are read from ``repository`` (the worker's own, so config overrides apply;
-    one on ``settings.model_repository`` when None) on first use and again once their
-    read is ``CONFIG_MAX_AGE_S`` old, so models added or changed while the worker runs
-    are seen. A model that served and now reads as broken keeps its last good read, as
-    its workers keep serving its old versions.
+    Its ``view`` of the models is the gateway's ``ModelView``, read on demand: a target
+    is read from ``repository`` (the worker's own, so config overrides apply; one opened
+    from ``settings`` when None) on first use and again once the read is
+    ``CONFIG_MAX_AGE_S`` old, so models added or changed while the worker runs are seen
+    (see ``model_view`` for why BLS does not follow the control channel instead).
     """
 
     def __init__(
@@ -131,104 +128,20 @@ class BlsClient:
         dispatcher: Dispatcher | None = None,
     ) -> None:
         self.settings = settings
-        self._entries: dict[str, tuple[float, ModelEntry]] = {}  # name -> (read at, entry)
-        self._client = client
+        self.client = client or redis.Redis.from_url(settings.redis_url)
+        self.view = ModelView(settings, self.client, repository, config_max_age_s=CONFIG_MAX_AGE_S)
         self._dispatcher = dispatcher
         self._lock = threading.Lock()
-        self.repository = repository or control_bus.open_repository(settings, self.client)
-        self._states: dict[str, dict[str, Any]] = {}
-        self._loaded: set[str] = set()  # explicit model control: loaded through the API
-        self._states_at = float("-inf")
         self._warned_no_context = False
-
-    # -- shared, made on first use ------------------------------------------------------
-
-    @property
-    def client(self) -> redis.Redis:
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = redis.Redis.from_url(self.settings.redis_url)
-        return self._client
 
     @property
     def dispatcher(self) -> Dispatcher:
+        """Made on first use: most worker processes never make a BLS call."""
         if self._dispatcher is None:
-            client = self.client
             with self._lock:
                 if self._dispatcher is None:
-                    self._dispatcher = Dispatcher(client)
+                    self._dispatcher = Dispatcher(self.client)
         return self._dispatcher
-
-    def _read(self, name: str, depth: int = 0) -> ModelEntry | None:
-        """The model's entry, read again once the last read is too old; None if absent."""
-        now = time.monotonic()
-        cached = self._entries.get(name)
-        if cached is not None and now - cached[0] < CONFIG_MAX_AGE_S:
-            return cached[1]
-        if not MODEL_NAME.fullmatch(name) or not self._exists(name):
-            with self._lock:
-                self._entries.pop(name, None)
-            return None
-        entry = self.repository.read_model(name)
-        if entry.backend == ensemble_graph.ENSEMBLE and not entry.error:
-            if depth > ensemble_graph.MAX_DEPTH:
-                entry.error = (
-                    f"ensemble '{name}': ensembles nested deeper than {ensemble_graph.MAX_DEPTH}"
-                )
-            else:  # checked against its step models, as a scan would
-                steps = {s.model for s in ensemble_graph.steps(entry.config)} - {name}
-                found = {s: self._read(s, depth + 1) for s in steps}
-                entry.error = ensemble_graph.check(entry, {k: v for k, v in found.items() if v})
-        if entry.error and cached is not None and not cached[1].error:
-            entry = cached[1]  # keep the last good read, as the workers keep serving it
-        with self._lock:
-            self._entries[name] = (now, entry)
-        return entry
-
-    def _exists(self, name: str) -> bool:
-        """A folder in the repository, or one a load request gave (explicit mode)."""
-        override = getattr(self.repository, "folder_override", None)
-        if override is not None and override(name):
-            return True
-        return (self.repository.root / name).is_dir()
-
-    def entry(self, name: str) -> ModelEntry:
-        """The target's repository entry; an unknown or broken model is a 400."""
-        entry = self._read(name)
-        if entry is None:
-            raise InvalidArgument(f"Request for unknown model: '{name}' is not found")
-        if entry.error or entry.config is None:
-            raise InvalidArgument(
-                f"Request for unknown model: '{name}' is not available: {entry.error}"
-            )
-        return entry
-
-    def states(self, max_age: float = STATES_MAX_AGE_S) -> dict[str, dict[str, Any]]:
-        """Model states as the live workers report them, at most ``max_age`` seconds old."""
-        now = time.monotonic()
-        if now - self._states_at > max_age:
-            states = worker_reports.model_states(worker_reports.snapshot(self.client))
-            explicit = self.settings.model_control_mode == "explicit"
-            loaded = control_bus.loaded_models(self.client) if explicit else set()
-            with self._lock:
-                self._states, self._loaded = states, loaded
-                self._states_at = time.monotonic()
-        return self._states
-
-    def _check_loaded(self, name: str) -> None:
-        """Explicit model control: a model not loaded (at start or through the API) is
-        unknown, as the gateway answers a client."""
-        if self.settings.model_control_mode != "explicit":
-            return
-        wanted = set(self.settings.load_models)
-        if "*" in wanted or name in wanted:
-            return
-        self.states()
-        if name not in self._loaded:
-            raise InvalidArgument(
-                f"Request for unknown model: '{name}' has no available versions (unloaded)"
-            )
 
     # -- pb_utils calls -----------------------------------------------------------------
 
@@ -238,7 +151,7 @@ class BlsClient:
         ctx = CURRENT.get()
         try:
             msg, max_queue_size = self.prepare(request, decoupled, ctx)
-            entry = self.entry(target)
+            entry = self.view.entry(target)
             if entry.backend == ensemble_graph.ENSEMBLE:
                 inputs = {name: (dt, shape, raw) for name, dt, shape, raw in msg.inputs}
                 produced = self._run_ensemble(entry, inputs, msg.outputs, msg, ctx, depth=0)
@@ -278,18 +191,14 @@ class BlsClient:
                 problem = check_call(ctx, model)
                 if problem is not None:
                     raise problem
-            self._check_loaded(model)
-            target = self.entry(model)
-            reason = self._unavailable_reason(model)
-            if reason and target.backend != ensemble_graph.ENSEMBLE:
-                raise Unavailable(f"model '{model}' is unavailable: {reason}")
+            self.view.check_available(model)
 
         return ensemble_runner.execute(
             entry,
             inputs,
             wanted,
             outer,
-            resolve=self.entry,
+            resolve=self.view.serving,
             dispatcher=self.dispatcher,
             check=check,
             depth=depth,
@@ -299,23 +208,11 @@ class BlsClient:
         """``pb_utils.is_model_ready``: a live worker reports that version READY."""
         text = "" if version is None else str(version).strip()
         try:
-            entry = self.entry(str(name))
+            entry = self.view.serving(str(name))
             v = entry.resolve_version(text)
         except ConchError:
             return False
-        if entry.backend == ensemble_graph.ENSEMBLE:  # no worker serves it: its steps must be ready
-            return all(
-                self.is_ready(step.model, "" if step.version == -1 else step.version)
-                for step in ensemble_graph.steps(entry.config)
-            )
-
-        def ready(states: dict[str, dict[str, Any]]) -> bool:
-            return (
-                states.get(entry.name, {}).get("versions", {}).get(str(v)) == worker_reports.READY
-            )
-
-        # "Not ready" from the cache is asked again: a worker may have just come up.
-        return ready(self.states()) or ready(self.states(max_age=0.05))
+        return self.view.version_ready(entry.name, v)
 
     def load(self, name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
         """``pb_utils.load_model``: what the HTTP load route does."""
@@ -325,10 +222,9 @@ class BlsClient:
             str(name),
             config=config or None,
             files=dict(files or {}),
-            states=lambda: self.states(max_age=0.05),
+            states=lambda: self.view.states(max_age=0.05),
+            refresh=self.view.refresh,  # read it again: the load may have changed it
         )
-        with self._lock:
-            self._entries.pop(str(name), None)  # read it again: the load may have changed it
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """``pb_utils.unload_model``."""
@@ -337,7 +233,8 @@ class BlsClient:
             self.settings,
             str(name),
             unload_dependents=bool(unload_dependents),
-            states=lambda: self.states(max_age=0.05),
+            states=lambda: self.view.states(max_age=0.05),
+            refresh=self.view.refresh,
         )
 
     # -- building the message -----------------------------------------------------------
@@ -363,9 +260,8 @@ class BlsClient:
             problem = check_call(ctx, target)
             if problem is not None:
                 raise problem
-        entry = self.entry(target)
-        self._check_loaded(target)
-        version = self._version(entry, request.model_version())
+        entry = self.view.serving(target)
+        to = calls.target(entry, self._version(entry, request.model_version()))
         config = entry.config
         request_id = request.request_id()
         if not isinstance(request_id, str):
@@ -373,22 +269,18 @@ class BlsClient:
                 f"BLS request to model '{target}': request_id must be a string, "
                 f"got {type(request_id).__name__}"
             )
-        inputs = self._inputs(request.inputs(), config, target)
         wanted = self._outputs(request.requested_output_names(), target)
-        validation.validate_request(
-            inference.InferRequest(
-                id=request_id,
-                inputs=[inference.InputTensor(*t) for t in inputs],
-                outputs=[inference.RequestedOutput(n, True) for n in wanted] or None,
-                binary_data_output=True,
-                parameters={},
-            ),
-            config,
-            model_name=target,
+        neutral = inference.InferRequest(
+            id=request_id,
+            inputs=[
+                inference.InputTensor(*t) for t in self._inputs(request.inputs(), config, target)
+            ],
+            outputs=[inference.RequestedOutput(n, True) for n in wanted] or None,
+            binary_data_output=True,
+            parameters={},
         )
-        reason = self._unavailable_reason(target)
-        if reason:
-            raise Unavailable(f"model '{target}' is unavailable: {reason}")
+        validation.validate_request(neutral, config, model_name=target)
+        self.view.check_available(target)
         params = self._parameters(request.parameters(), target)
         timeout_us = request.timeout()
         if isinstance(timeout_us, bool) or not isinstance(timeout_us, int | np.integer):
@@ -396,53 +288,28 @@ class BlsClient:
                 f"BLS request to model '{target}': timeout must be an integer number of "
                 f"microseconds, got {timeout_us!r}"
             )
-        timeout_us = max(0, int(timeout_us))
-        now = time.time()
-        if ctx is not None and ctx.deadline > 0:
-            deadline = ctx.deadline
-        else:
-            deadline = now + self.settings.request_timeout_s
-        if timeout_us:
-            deadline = min(deadline, now + timeout_us / 1e6)
-        if deadline <= now:
-            raise Unavailable(
-                f"Request timeout expired for model '{target}': the request that made this "
-                "BLS call is past its deadline"
-            )
-        admission = admit(config, None, timeout_us or None)
-        step = admission.step
-        if ctx is not None and ctx.priority >= broker.ONLINE_STEPS:
-            step = ctx.priority  # an async job's or a bulk chunk's calls stay below online work
-        latest = str(request.model_version()).strip() in ("", "-1")
-        msg = InferMessage(
-            id=broker.new_id(),
-            model=target,
-            # -1: the latest the worker serves, as the gateway sends a request that names no
-            # version (so the call shares batches with those requests).
-            version=-1 if latest else version,
-            inputs=inputs,
-            outputs=wanted or [o.name for o in config.output],
-            reply_to=None,
-            enqueued=now,
-            deadline=deadline,
-            priority=step,
-            params=params,
-            queue_deadline=now + admission.queue_timeout_s if admission.queue_timeout_s else 0.0,
-            delay_on_timeout=admission.delay_on_timeout,
-            client_id=request_id,
-            timeout_us=timeout_us,
-            chain=ctx.waiting() if ctx is not None else [],
+        if timeout_us > 0:
+            params["timeout"] = int(timeout_us)
+        neutral.parameters = params
+        caller = (
+            calls.Caller(ctx.deadline, ctx.priority, tuple(ctx.waiting()))
+            if ctx is not None
+            else calls.CLIENT
         )
-        return msg, admission.max_queue_size
+        built = calls.build(
+            to, neutral, caller=caller, default_timeout_s=self.settings.request_timeout_s
+        )
+        return built.msg, built.max_queue_size
 
     @staticmethod
-    def _version(entry: ModelEntry, version: Any) -> int:
+    def _version(entry: ModelEntry, version: Any) -> str:
+        """The version a call asks for, as text ("" and "-1" are the latest)."""
         if isinstance(version, bool) or not isinstance(version, int | np.integer | str):
             raise InvalidArgument(
                 f"BLS request to model '{entry.name}': model_version must be an integer, "
                 f"got {version!r}"
             )
-        return entry.resolve_version(str(version).strip())  # "-1" and "" are the latest
+        return str(version)
 
     @staticmethod
     def _inputs(given: Sequence[Any], config: Any, target: str) -> list[tuple]:
@@ -509,19 +376,6 @@ class BlsClient:
                     f"integer, boolean or number, got {type(value).__name__}"
                 )
         return {k: v for k, v in params.items() if k not in inference.RESERVED_PARAMETERS}
-
-    def _unavailable_reason(self, name: str) -> str | None:
-        """Why no worker can serve ``name``: live workers tried and every one failed.
-
-        A model no live worker reports is not unavailable: the call waits in its queue
-        for a worker to come, up to its deadline (as a client's request does).
-        """
-        st = self.states().get(name)
-        if not st or not st.get("reason"):
-            return None
-        if any(state == worker_reports.READY for state in st["versions"].values()):
-            return None
-        return st["reason"]
 
     def _warn_no_context(self, target: str) -> None:
         if self._warned_no_context:

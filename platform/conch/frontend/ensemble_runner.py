@@ -8,21 +8,60 @@ its model), and the outer request's deadline bounds them all.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from conch.core import validation
 from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor, steps
 from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
-from conch.frontend.admission import admit
-from conch.wire.broker import new_id
-from conch.wire.messages import InferMessage
+from conch.frontend import calls
+from conch.frontend.producer import Dispatcher, Pending
 
-# Runs one step: (step, its input tensors, names of outputs wanted) -> a waiter that
-# returns the step model's outputs by name (or raises its error).
-StepRunner = Callable[[Step, dict[str, Tensor], list[str]], Callable[[], dict[str, Tensor]]]
+
+class StepCall(Protocol):
+    """A step in flight."""
+
+    def wait(self) -> dict[str, Tensor]:
+        """The step model's outputs by name; raises its error."""
+        ...
+
+    def cancel(self) -> None:
+        """Nobody will wait for this step (a sibling failed)."""
+        ...
+
+
+# Starts one step: (step, its input tensors, names of outputs wanted) -> the step in flight.
+StepRunner = Callable[[Step, dict[str, Tensor], list[str]], StepCall]
+
+
+class _Queued:
+    """A step sent to its model's queue."""
+
+    def __init__(self, pending: Pending) -> None:
+        self.pending = pending
+
+    def wait(self) -> dict[str, Tensor]:
+        reply = self.pending.wait()
+        if reply.error is not None:
+            raise reply.error
+        return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
+
+    def cancel(self) -> None:
+        self.pending.cancel()
+
+
+class _Done:
+    """A step already run (a nested ensemble)."""
+
+    def __init__(self, outputs: dict[str, Tensor]) -> None:
+        self.outputs = outputs
+
+    def wait(self) -> dict[str, Tensor]:
+        return self.outputs
+
+    def cancel(self) -> None:
+        pass
 
 
 def run(
@@ -35,23 +74,21 @@ def run(
         ready = [s for s in remaining if all(t in tensors for t in s.inputs.values())]
         if not ready:  # check() rules this out; never loop forever on a bad graph
             raise Internal(f"ensemble '{entry.name}': no step can run with the tensors produced")
-        waiters = []
+        started: list[tuple[Step, StepCall]] = []
         for step in ready:  # publish every ready step before waiting on any
             step_inputs = {name: tensors[t] for name, t in step.inputs.items()}
-            waiters.append(
+            started.append(
                 (
                     step,
                     _guard(entry, step, lambda s=step, i=step_inputs: start(s, i, list(s.outputs))),
                 )
             )
-        for k, (step, waiter) in enumerate(waiters):
+        for k, (step, call) in enumerate(started):
             try:
-                out = _guard(entry, step, waiter)
+                out = _guard(entry, step, call.wait)
             except BaseException:
-                for _, later in waiters[k + 1 :]:  # nobody will wait for these replies now
-                    cancel = getattr(later, "cancel", None)
-                    if cancel is not None:
-                        cancel()
+                for _, later in started[k + 1 :]:  # nobody will wait for these replies now
+                    later.cancel()
                 raise
             for name, tensor in step.outputs.items():
                 if name not in out:
@@ -71,43 +108,39 @@ def execute(
     outer: Any,
     *,
     resolve: Callable[[str], Any],
-    dispatcher: Any,
+    dispatcher: Dispatcher,
     check: Callable[[str], None] | None = None,
     depth: int = 0,
 ) -> dict[str, Tensor]:
     """Run the graph with every step a request on its model's queue.
 
-    ``outer`` (an InferMessage) lends every step its deadline, priority, parameters and
-    call chain; ``resolve`` gives a step model's entry (raising for an unknown one) and
+    ``outer`` (an InferMessage, never published) lends every step its deadline,
+    priority, parameters and call chain (``calls.Caller``); ``resolve`` gives a step model's entry (raising for an unknown one) and
     ``check`` may refuse a step before it is sent (the gateway's availability check,
     BLS's cycle check). The gateway and BLS both run ensembles through here.
     """
     if depth > MAX_DEPTH:
         raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
 
-    def start(
-        step: Step, tensors: dict[str, Tensor], outs: list[str]
-    ) -> Callable[[], dict[str, Tensor]]:
+    caller = calls.Caller(outer.deadline, outer.priority, tuple(outer.chain))
+    params = {**outer.params, "timeout": outer.timeout_us} if outer.timeout_us else outer.params
+
+    def start(step: Step, tensors: dict[str, Tensor], outs: list[str]) -> StepCall:
         if check is not None:
             check(step.model)
-        target = resolve(step.model)
-        version = target.resolve_version("" if step.version == -1 else str(step.version))
-        wire = [(n, dt, shape, raw) for n, (dt, shape, raw) in tensors.items()]
+        to = calls.target(resolve(step.model), step.version)
         # The step's inputs are checked against its own config, as a client's would be.
-        validation.validate_request(
-            InferRequest(
-                id="",
-                inputs=[InputTensor(*t) for t in wire],
-                outputs=[RequestedOutput(o, True) for o in outs],
-                binary_data_output=True,
-                parameters={},
-            ),
-            target.config,
-            model_name=step.model,
+        request = InferRequest(
+            id=outer.client_id,
+            inputs=[InputTensor(n, dt, shape, raw) for n, (dt, shape, raw) in tensors.items()],
+            outputs=[RequestedOutput(o, True) for o in outs],
+            binary_data_output=True,
+            parameters=params,
         )
-        if target.backend == ENSEMBLE:
+        validation.validate_request(request, to.entry.config, model_name=step.model)
+        if to.entry.backend == ENSEMBLE:
             result = execute(
-                target,
+                to.entry,
                 tensors,
                 outs,
                 outer,
@@ -116,33 +149,9 @@ def execute(
                 check=check,
                 depth=depth + 1,
             )
-            return lambda: result
-        admission = admit(target.config, None, outer.timeout_us or None)
-        msg = InferMessage(
-            id=new_id(),
-            model=step.model,
-            version=-1 if step.version == -1 else version,  # -1: the worker's latest
-            inputs=wire,
-            outputs=outs,
-            reply_to=None,
-            enqueued=time.time(),
-            deadline=outer.deadline,
-            priority=outer.priority,
-            params=outer.params,
-            client_id=outer.client_id,
-            timeout_us=outer.timeout_us,
-            chain=list(outer.chain),
-        )
-        waiter = dispatcher.submit(msg, max_queue_size=admission.max_queue_size)
-
-        def wait() -> dict[str, Tensor]:
-            reply = waiter()
-            if reply.error is not None:
-                raise reply.error
-            return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
-
-        wait.cancel = getattr(waiter, "cancel", None)  # type: ignore[attr-defined]
-        return wait
+            return _Done(result)
+        call = calls.build(to, request, caller=caller)
+        return _Queued(dispatcher.submit(call.msg, max_queue_size=call.max_queue_size))
 
     return run(entry, inputs, wanted, start)
 

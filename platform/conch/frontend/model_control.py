@@ -29,7 +29,7 @@ States = Callable[[], dict[str, dict[str, Any]]]
 
 
 def require_explicit(settings: Settings) -> None:
-    if settings.model_control_mode != "explicit":
+    if not settings.model_control_mode.explicit:
         raise InvalidArgument(
             "explicit model load / unload is not allowed: start conch with --model-control-mode explicit"
         )

@@ -1,9 +1,10 @@
-"""The gateway's side of the broker: publish a request, wait for its reply.
+"""The frontend's side of the broker: publish a request, wait for its reply.
 
-Each gateway process owns one reply list on Redis; one listener thread pops replies in
-bulk and wakes the request threads waiting on them, so a request costs one pipelined
-round trip to publish and nothing to receive (no per-request connection, no Celery
-result backend).
+Every process that sends requests owns one ``Dispatcher``: each gateway process, and
+each worker process once a Python model makes a BLS call. Its reply list is on Redis;
+one listener thread pops replies in bulk and wakes the request threads waiting on
+them, so a request costs one pipelined round trip to publish and nothing to receive
+(no per-request connection, no Celery result backend).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 
 import redis
 
@@ -34,6 +34,39 @@ class _Slot:
         self.reply: Reply | None = None
 
 
+class Pending:
+    """A published request: ``wait()`` for its reply, or ``cancel()`` to stop waiting.
+
+    Exactly one of them is called; either forgets the request, so a reply that comes
+    later (its caller gave up, or a sibling step failed) is dropped by the listener.
+    """
+
+    __slots__ = ("_dispatcher", "_slot", "msg")
+
+    def __init__(self, dispatcher: Dispatcher, msg: InferMessage, slot: _Slot) -> None:
+        self._dispatcher = dispatcher
+        self._slot = slot
+        self.msg = msg
+
+    def wait(self) -> Reply:
+        """The reply; ``Unavailable`` once the message's deadline passes without one."""
+        msg = self.msg
+        try:
+            if not self._slot.event.wait(max(0.0, msg.deadline - time.time())):
+                raise Unavailable(
+                    f"Request timeout expired for model '{msg.model}': no reply within "
+                    f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"
+                )
+            assert self._slot.reply is not None
+            return self._slot.reply
+        finally:
+            self._dispatcher._pending.pop(msg.id, None)
+
+    def cancel(self) -> None:
+        """The caller will not wait after all."""
+        self._dispatcher._pending.pop(self.msg.id, None)
+
+
 class Dispatcher:
     """Publishes requests and routes replies to the threads waiting for them."""
 
@@ -47,10 +80,10 @@ class Dispatcher:
 
     def call(self, msg: InferMessage, *, max_queue_size: int = 0) -> Reply:
         """Enqueue ``msg`` and block until its reply or its deadline."""
-        return self.submit(msg, max_queue_size=max_queue_size)()
+        return self.submit(msg, max_queue_size=max_queue_size).wait()
 
-    def submit(self, msg: InferMessage, *, max_queue_size: int = 0) -> Callable[[], Reply]:
-        """Enqueue ``msg`` now; the returned function waits for its reply.
+    def submit(self, msg: InferMessage, *, max_queue_size: int = 0) -> Pending:
+        """Enqueue ``msg`` now; the returned ``Pending`` waits for its reply.
 
         Several requests can be in flight from one caller (an ensemble's parallel steps).
         """
@@ -76,24 +109,7 @@ class Dispatcher:
                 f"Exceeds maximum queue size: model '{msg.model}' already has "
                 f"{max_queue_size} requests waiting at this priority"
             )
-
-        def wait() -> Reply:
-            try:
-                if not slot.event.wait(max(0.0, msg.deadline - time.time())):
-                    raise Unavailable(
-                        f"Request timeout expired for model '{msg.model}': no reply within "
-                        f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"
-                    )
-                assert slot.reply is not None
-                return slot.reply
-            finally:
-                self._pending.pop(msg.id, None)
-
-        def cancel() -> None:  # the caller will not wait after all (a sibling step failed)
-            self._pending.pop(msg.id, None)
-
-        wait.cancel = cancel  # type: ignore[attr-defined]
-        return wait
+        return Pending(self, msg, slot)
 
     # The listener is per process: gunicorn forks after the app is built, so it is
     # started lazily, and again in a child that inherited a parent's dispatcher.

@@ -26,7 +26,9 @@ from gunicorn import util
 from gunicorn.http import wsgi
 from gunicorn.workers.ggevent import GeventWorker
 
-from conch.frontend.http.dataplane import INFER_PATH, DataPlane, serve_infer, status_line
+from conch.frontend.dataplane import DataPlane
+from conch.frontend.http import routes
+from conch.frontend.http.fast_path import INFER_PATH, serve_infer, status_line
 
 
 class _OneWriteResponse(wsgi.Response):
@@ -89,10 +91,9 @@ class GatewayWorker(GeventWorker):
     def load_wsgi(self) -> None:
         super().load_wsgi()
         extensions = getattr(self.wsgi, "extensions", {})
-        self._plane = extensions.get("conch.dataplane")
-        settings = extensions.get("conch.settings")
-        if settings is not None and settings.allow_metrics:
-            self._metrics_port = settings.metrics_port
+        self._plane = extensions.get(routes.PLANE)
+        if self._plane is not None and self._plane.settings.allow_metrics:
+            self._metrics_port = self._plane.settings.metrics_port
 
     def handle(self, listener: Any, client: socket.socket, addr: Any) -> None:
         self._idle[client] = True
@@ -127,7 +128,8 @@ class GatewayWorker(GeventWorker):
         length = headers.get("CONTENT-LENGTH")
         status, out, payload = serve_infer(
             plane,
-            match,
+            match.group(1),
+            match.group(2) or "",
             length=int(length) if length and length.isdigit() else 0,
             read=req.body.read,
             header=lambda name: headers.get(name.upper()),

@@ -3,15 +3,15 @@
 The counters are the statistics extension's (``conch.wire.statistics``): per model version,
 summed over every worker that ever ran it and kept in Redis, so any gateway answers
 the same totals and a worker that goes away takes nothing with it (no false counter
-resets). The queue gauge is read from Redis itself: it is the number KEDA scales on.
+resets). The queue gauge is the model queue's length in Redis: the number KEDA scales
+on. All of it comes from ``DataPlane.metrics``; this module only writes the text.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from conch.frontend.model_view import Catalog
-from conch.wire import broker, statistics, worker_reports
+from conch.frontend.dataplane import DataPlane
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -65,22 +65,11 @@ def _labels(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
 
 
-def render(catalog: Catalog) -> bytes:
+def render(plane: DataPlane) -> bytes:
     """Prometheus text format, written out by hand: Triton's counter names carry no
     ``_total`` (prometheus_client would add one), and values are plain integers."""
-    client = catalog.client
-    states = catalog.states()
-    counters: dict[str, dict[int, dict[str, int]]] = {}
-    for name, entry in sorted(catalog.entries.items()):
-        if entry.config is None or entry.error or not catalog.is_loaded(name):
-            continue
-        recorded = statistics.read(client, name)
-        counters[name] = {v: recorded.get(v, {}) for v in sorted({*entry.versions, *recorded})}
-
-    def latest_ready(model: str) -> str:
-        versions = states.get(model, {}).get("versions", {})
-        ready = [int(v) for v, st in versions.items() if st == worker_reports.READY]
-        return str(max(ready)) if ready else str(max(counters[model], default=1))
+    models = plane.metrics()
+    counters = {m.name: m.counters for m in models}
 
     lines: list[str] = []
 
@@ -109,9 +98,10 @@ def render(catalog: Catalog) -> bytes:
         "nv_inference_request_failure", "Number of failed inference requests", "counter", failures
     )
     pending = [
-        ({"model": m, "version": latest_ready(m)}, broker.queue_depth(client, m))
-        for m, entry in sorted(catalog.entries.items())
-        if m in counters and entry.backend != "ensemble"
+        # The newest version serving, else the newest counted (1 before any).
+        ({"model": m.name, "version": str(max(m.ready or m.counters or [1]))}, m.queued)
+        for m in models
+        if m.queued is not None
     ]
     family(
         "nv_inference_pending_request_count",
@@ -125,9 +115,9 @@ def render(catalog: Catalog) -> bytes:
 class MetricsPort:
     """WSGI middleware: the metrics port answers GET /metrics and nothing else."""
 
-    def __init__(self, app: Any, catalog: Catalog, port: int) -> None:
+    def __init__(self, app: Any, plane: DataPlane, port: int) -> None:
         self.app = app
-        self.catalog = catalog
+        self.plane = plane
         self.port = str(port)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -142,6 +132,6 @@ class MetricsPort:
                 "application/json",
             )
         else:
-            status, body, ctype = "200 OK", render(self.catalog), CONTENT_TYPE
+            status, body, ctype = "200 OK", render(self.plane), CONTENT_TYPE
         start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
         return [body]

@@ -1,15 +1,20 @@
-"""HTTP infer request/response framing: Triton's JSON plus the binary tensor extension.
+"""Triton's v2 inference documents in JSON: request document in, response document out.
 
-The gateway hands ``decode_request`` the body and two headers, and gets back tensors in
-raw (Triton binary) form; ``encode_response`` turns raw output tensors back into a body
-that tritonclient, the C++ client and perf_analyzer read. Every client mistake becomes an
+What every carrier of Triton's JSON shares: the HTTP frontend's bodies
+(``http.http_codec``), and a batch job's lines, which are one request document per
+line in and one response document per line out. A batch job runs in a worker process,
+which must never import ``conch.frontend.http`` (Flask, gunicorn, gevent), so what the
+lines need lives here and only HTTP's own framing lives under ``http/``: the
+binary-tensor extension (tensor bytes after the JSON, sized by
+``Inference-Header-Content-Length``), compression and ``Accept-Encoding``. Tensors
+come out in raw (Triton binary) form. Every client mistake becomes an
 ``InvalidArgument`` (400) whose message names the offending input or output.
 """
 
 from __future__ import annotations
 
 import json
-import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,56 +22,15 @@ import numpy as np
 from conch.core import tensors
 from conch.core.datatypes import WIRE_TO_NUMPY, WIRE_TYPES
 from conch.core.errors import Internal, InvalidArgument
-from conch.core.inference import (
-    InferRequest,
-    InputTensor,
-    OutputTensor,
-    RequestedOutput,
-)
+from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput
 
 MAX_JSON_DEPTH = 100  # Triton's limit on JSON nesting (src/common.h)
-
-HEADER_LENGTH = "Inference-Header-Content-Length"
 
 # The one ``triton_`` key Triton lets through (it is set internally by its frontends).
 _ALLOWED_TRITON_KEYS = frozenset({"triton_enable_empty_final_response"})
 
 
 # --------------------------------------------------------------------------- request
-
-
-def _decompress(body: bytes, encoding: str | None, max_body_bytes: int) -> bytes:
-    """Inflate a gzip/deflate body, never producing more than ``max_body_bytes``.
-
-    Decompression is bounded with ``max_length`` so a small "zip bomb" costs at most
-    ``max_body_bytes`` of memory before it is refused.
-    """
-    enc = (encoding or "").strip().lower()
-    if enc in ("", "identity"):
-        return body
-    if enc in ("gzip", "x-gzip"):
-        wbits = 16 + zlib.MAX_WBITS
-    elif enc == "deflate":
-        wbits = zlib.MAX_WBITS  # HTTP "deflate" is the zlib format
-    else:
-        raise InvalidArgument(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate")
-    d = zlib.decompressobj(wbits)
-    try:
-        out = d.decompress(body, max_body_bytes + 1)
-    except zlib.error as e:
-        raise InvalidArgument(f"failed to decompress {enc} request body: {e}") from None
-    if len(out) > max_body_bytes:
-        raise InvalidArgument(
-            f"decompressed request body exceeds the maximum of {max_body_bytes} bytes"
-        )
-    if not d.eof:
-        raise InvalidArgument(f"failed to decompress {enc} request body: data is truncated")
-    if d.unused_data:
-        raise InvalidArgument(
-            f"failed to decompress {enc} request body: {len(d.unused_data)} bytes follow "
-            f"the compressed stream"
-        )
-    return out
 
 
 def _check_depth(doc: Any) -> None:
@@ -202,43 +166,18 @@ def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
     return outputs
 
 
-def decode_request(
-    body: bytes,
-    header_length: str | None,
-    content_encoding: str | None,
-    *,
-    max_body_bytes: int,
-) -> InferRequest:
-    """Parse an infer request body into raw-tensor form, validating its structure.
+# Takes an input's binary data, given its name and ``binary_data_size``: the carrier's
+# binary extension (HTTP's: the bytes after the JSON). None where there is none.
+BinaryData = Callable[[str, int], bytes]
 
-    ``header_length`` is the ``Inference-Header-Content-Length`` header as received; it
-    counts bytes of the *decompressed* body, as the clients compute it.
+
+def decode_request(text: bytes, binary: BinaryData | None = None) -> InferRequest:
+    """Parse a request document into raw-tensor form, validating its structure.
+
+    An input whose ``parameters`` give a ``binary_data_size`` takes that many bytes
+    from ``binary``; without one (a JSON line) such an input is refused.
     """
-    if len(body) > max_body_bytes:
-        raise InvalidArgument(
-            f"request body of {len(body)} bytes exceeds the maximum of {max_body_bytes} bytes"
-        )
-    body = _decompress(body, content_encoding, max_body_bytes)
-    size = len(body)
-
-    if header_length is None or header_length == "":
-        json_len = size
-    else:
-        try:
-            json_len = int(header_length)
-        except ValueError:
-            raise InvalidArgument(
-                f"invalid {HEADER_LENGTH} header '{header_length}': expected an integer"
-            ) from None
-        if json_len < 0 or json_len > size:
-            raise InvalidArgument(
-                f"{HEADER_LENGTH} {json_len} is out of range for a body of {size} bytes"
-            )
-        if json_len == 0:
-            raise InvalidArgument(f"raw binary requests ({HEADER_LENGTH}: 0) are not supported")
-
-    view = memoryview(body)
-    doc = _parse_json(bytes(view[:json_len]))
+    doc = _parse_json(text)
 
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
@@ -249,7 +188,6 @@ def decode_request(
     if not isinstance(entries, list) or not entries:
         raise InvalidArgument("request 'inputs' must be a non-empty JSON array")
 
-    offset = json_len
     inputs: list[InputTensor] = []
     seen: set[str] = set()
     for i, entry in enumerate(entries):
@@ -273,23 +211,16 @@ def decode_request(
                 raise InvalidArgument(
                     f"'binary_data_size' of input '{name}' must be a non-negative integer"
                 )
-            end = offset + nbytes
-            if end > size:
+            if binary is None:
                 raise InvalidArgument(
-                    f"unexpected size for input '{name}': binary_data_size is {nbytes} but "
-                    f"only {size - offset} bytes of binary data remain"
+                    f"input '{name}': 'binary_data_size' needs binary data after the JSON "
+                    "(HTTP's binary tensor extension); give the tensor as 'data' here"
                 )
-            raw = bytes(view[offset:end])
-            offset = end
+            raw = binary(name, nbytes)
             tensors.raw_size_ok(datatype, shape, raw, name)
         else:
             raw = tensors.json_to_raw(datatype, shape, entry["data"], name)
         inputs.append(InputTensor(name, datatype, shape, raw))
-
-    if offset != size:
-        raise InvalidArgument(
-            f"unexpected additional input data: {size - offset} bytes after the last input"
-        )
 
     return InferRequest(
         id=request_id,
@@ -348,33 +279,64 @@ def classify(out: OutputTensor, k: int, labels: list[str] | None, batched: bool)
     return OutputTensor(out.name, "BYTES", shape, tensors.encode_bytes_elements(elements))
 
 
-def _pick_encoding(accept_encoding: str | None) -> str | None:
-    """gzip or deflate if the client accepts either (gzip preferred), else None."""
-    if not accept_encoding:
-        return None
-    accepted: set[str] = set()
-    for item in accept_encoding.split(","):
-        token, _, params = item.strip().partition(";")
-        q = 1.0
-        for p in params.split(";"):
-            key, _, val = p.strip().partition("=")
-            if key.strip() == "q":
-                try:
-                    q = float(val)
-                except ValueError:
-                    q = 0.0
-        if q > 0:
-            accepted.add(token.strip().lower())
-    for enc in ("gzip", "deflate"):
-        if enc in accepted:
-            return enc
-    return None
+def select_outputs(
+    outputs: list[OutputTensor],
+    request: InferRequest,
+    *,
+    model_name: str,
+    labels: dict[str, list[str]] | None = None,
+    batched: bool = False,
+) -> list[tuple[OutputTensor, bool]]:
+    """The outputs a response holds, each with whether ``request`` wants it binary.
+
+    Listed outputs come in the order requested, each binary only if its own
+    ``binary_data`` says so (Triton's rule); with no list, every output comes in model
+    order, binary iff ``binary_data_output``. An output asked for with
+    ``classification`` comes as its top classes (``classify``).
+    """
+    if request.outputs is None:
+        return [(o, request.binary_data_output) for o in outputs]
+    by_name = {o.name: o for o in outputs}
+    wanted = []
+    for want in request.outputs:
+        out = by_name.get(want.name)
+        if out is None:
+            raise Internal(f"model '{model_name}' did not produce output '{want.name}'")
+        wanted.append((out, want))
+    return [
+        (
+            classify(out, want.class_count, (labels or {}).get(out.name), batched)
+            if want.class_count > 0
+            else out,
+            want.binary,
+        )
+        for out, want in wanted
+    ]
 
 
-def _compress(data: bytes, encoding: str) -> bytes:
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    c = zlib.compressobj(6, zlib.DEFLATED, wbits)
-    return c.compress(data) + c.flush()
+def output_header(out: OutputTensor) -> dict[str, Any]:
+    """An output's entry in the response document, before its data."""
+    return {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
+
+
+def output_data(out: OutputTensor) -> dict[str, Any]:
+    """An output's entry with its data as JSON."""
+    entry = output_header(out)
+    entry["data"] = tensors.raw_to_json(out.datatype, out.shape, out.raw, out.name)
+    return entry
+
+
+def response_document(
+    model_name: str, model_version: str, request_id: str, outputs: list[dict[str, Any]]
+) -> bytes:
+    """The response document around its output entries."""
+    doc: dict[str, Any] = {}
+    if request_id:
+        doc["id"] = request_id
+    doc["model_name"] = model_name
+    doc["model_version"] = str(model_version)
+    doc["outputs"] = outputs
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def encode_response(
@@ -386,71 +348,12 @@ def encode_response(
     request: InferRequest,
     labels: dict[str, list[str]] | None = None,
     batched: bool = False,
-    accept_encoding: str | None = None,
-) -> tuple[bytes, dict[str, str]]:
-    """Build the response body and headers for ``outputs`` as ``request`` asked for them.
-
-    Listed outputs come in the order requested, each binary only if its own
-    ``binary_data`` says so (Triton's rule); with no list, every output comes in model
-    order, binary iff ``binary_data_output``. Binary tensors are appended to the JSON
-    as-is, so they are never re-encoded.
-    """
-    if request.outputs is None:
-        selected = [(o, request.binary_data_output, 0) for o in outputs]
-    else:
-        by_name = {o.name: o for o in outputs}
-        selected = []
-        for want in request.outputs:
-            out = by_name.get(want.name)
-            if out is None:
-                raise Internal(f"model '{model_name}' did not produce output '{want.name}'")
-            selected.append((out, want.binary, want.class_count))
-
-    entries: list[dict[str, Any]] = []
-    raws: list[bytes] = []
-    any_binary = False
-    for out, binary, class_count in selected:
-        if class_count > 0:
-            out = classify(out, class_count, (labels or {}).get(out.name), batched)
-        entry: dict[str, Any] = {
-            "name": out.name,
-            "datatype": out.datatype,
-            "shape": list(out.shape),
-        }
-        if binary:
-            any_binary = True
-            entry["parameters"] = {"binary_data_size": len(out.raw)}
-            if out.raw:
-                raws.append(out.raw)
-        else:
-            entry["data"] = tensors.raw_to_json(out.datatype, out.shape, out.raw, out.name)
-        entries.append(entry)
-
-    doc: dict[str, Any] = {}
-    if request_id:
-        doc["id"] = request_id
-    doc["model_name"] = model_name
-    doc["model_version"] = str(model_version)
-    doc["outputs"] = entries
-    header = json.dumps(doc, separators=(",", ":")).encode()
-
-    headers: dict[str, str] = {}
-    if any_binary:
-        body = header + b"".join(raws)
-        headers["Content-Type"] = "application/octet-stream"
-        # The length of the uncompressed JSON, as Triton sends it even when compressing.
-        headers[HEADER_LENGTH] = str(len(header))
-    else:
-        body = header
-        headers["Content-Type"] = "application/json"
-
-    encoding = _pick_encoding(accept_encoding)
-    if encoding is not None:
-        body = _compress(body, encoding)
-        headers["Content-Encoding"] = encoding
-    return body, headers
-
-
-def error_body(message: str) -> bytes:
-    """Triton's error body, which every client reads on any non-200 status."""
-    return json.dumps({"error": message}).encode()
+) -> bytes:
+    """The response document with every output as JSON data, whatever ``binary_data``
+    asked for (a JSON line holds JSON only)."""
+    selected = select_outputs(
+        outputs, request, model_name=model_name, labels=labels, batched=batched
+    )
+    return response_document(
+        model_name, model_version, request_id, [output_data(out) for out, _ in selected]
+    )

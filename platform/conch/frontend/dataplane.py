@@ -1,0 +1,377 @@
+"""The data plane: every operation of Triton's v2 protocol, on protocol-neutral types.
+
+A frontend is an adapter over it: it decodes its protocol into these calls and their
+arguments (``core.inference.InferRequest`` for an infer call), and encodes what comes
+back. The HTTP frontend (``frontend.http``) is one; a gRPC frontend would be another,
+with no second copy of the checks, the dispatch or the job handling. Nothing here
+knows bytes on a wire, headers or a web framework, and frontends never reach Redis
+themselves: the model view, the dispatcher and the job store are reached through here.
+
+Errors are ``ConchError``s, which carry Triton's status; each adapter maps them to its
+protocol once.
+
+An infer call is two calls, ``target`` then ``infer``, so that an adapter can ask about
+the model and version before it decodes the request: a call to an unknown model says
+so whatever its body holds, as Triton answers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from conch import __version__
+from conch.core import ensemble_graph, validation
+from conch.core.errors import ConchError, InvalidArgument, NotFound, Unavailable, Unsupported
+from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
+from conch.core.repository import ModelEntry
+from conch.frontend import batch_job, calls, ensemble_runner, model_control
+from conch.frontend.model_view import ModelView
+from conch.frontend.producer import Dispatcher
+from conch.settings import Settings
+from conch.wire import broker, job_store, statistics, worker_reports
+from conch.wire.messages import InferMessage, WireTensor
+
+EXTENSIONS = [
+    "classification",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "schedule_policy",
+    "statistics",
+    "async_jobs",  # conch's own: /v2/models/<m>/jobs and /v2/jobs/<id> (http.job_routes)
+]
+MAX_JOB_WAIT_S = 60.0  # the longest a job result call may be held waiting (long polling)
+_CONTROL_STATES_MAX_AGE_S = 0.05  # how stale worker states may be while a load waits
+
+
+@dataclass
+class InferOutcome:
+    """An answered infer call: what an adapter encodes into its response."""
+
+    model: str
+    version: int  # the version that ran
+    request: InferRequest  # what was asked: id, outputs wanted (binary, classification)
+    outputs: list[OutputTensor]  # raw tensors, with the datatypes the config declares
+    labels: dict[str, list[str]] | None  # class labels by output, when classes were asked
+    batched: bool  # the first dimension is the batch (classification ranks per row)
+
+
+@dataclass
+class JobState:
+    """An async or batch job's record and where it stands."""
+
+    record: job_store.JobRecord
+    outcome: job_store.Outcome
+
+    @property
+    def done(self) -> bool:
+        return self.outcome.status not in (job_store.PENDING, job_store.STARTED)
+
+
+@dataclass
+class ModelMetrics:
+    """One model's counters and queue, for the metrics endpoint."""
+
+    name: str
+    counters: dict[int, dict[str, int]]  # version -> statistics counters
+    ready: list[int]  # versions a live worker reports READY
+    queued: int | None  # requests waiting in its queue; None: an ensemble has no queue
+
+
+class DataPlane:
+    """Triton's v2 operations, for any frontend (see the module docstring)."""
+
+    def __init__(self, settings: Settings, view: ModelView, dispatcher: Dispatcher) -> None:
+        self.settings = settings
+        self.view = view
+        self.dispatcher = dispatcher
+        self._client = dispatcher.client
+
+    # -- health and metadata -----------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        """Ready to take requests: the broker answers."""
+        try:
+            self._client.ping()
+        except redis.RedisError:
+            return False
+        return True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "conch", "version": __version__, "extensions": EXTENSIONS}
+
+    def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
+        entry = self.view.serving(model)
+        return entry.metadata(entry.resolve_version(version) if version else None)
+
+    def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        entry = self.view.serving(model)
+        entry.resolve_version(version)
+        return entry.to_json()
+
+    def model_ready(self, model: str, version: str = "") -> bool:
+        entry = self.view.serving(model)
+        return self.view.version_ready(model, entry.resolve_version(version))
+
+    def statistics(self, model: str | None = None, version: str = "") -> list[dict[str, Any]]:
+        """Triton's statistics extension: every loaded model, one model, or one version."""
+        view = self.view
+        if model is None:
+            wanted = {
+                name: list(entry.versions)
+                for name, entry in sorted(view.entries.items())
+                if view.is_loaded(name) and entry.config is not None and not entry.error
+            }
+        else:
+            entry = view.serving(model)
+            wanted = {model: [entry.resolve_version(version)] if version else entry.versions}
+        out = []
+        for name, versions in wanted.items():
+            counters = statistics.read(self._client, name)
+            out.extend(statistics.model_stats(name, v, counters.get(v, {})) for v in versions)
+        return out
+
+    def metrics(self) -> list[ModelMetrics]:
+        """Every loaded model's counters (summed over all workers, ever) and queue."""
+        view = self.view
+        states = view.states()
+        out = []
+        for name, entry in sorted(view.entries.items()):
+            if entry.config is None or entry.error or not view.is_loaded(name):
+                continue
+            recorded = statistics.read(self._client, name)
+            versions = states.get(name, {}).get("versions", {})
+            out.append(
+                ModelMetrics(
+                    name,
+                    {v: recorded.get(v, {}) for v in sorted({*entry.versions, *recorded})},
+                    [int(v) for v, st in versions.items() if st == worker_reports.READY],
+                    None
+                    if entry.backend == ensemble_graph.ENSEMBLE
+                    else broker.queue_depth(self._client, name),
+                )
+            )
+        return out
+
+    # -- the model repository ----------------------------------------------------------
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.view.index(ready_only)
+
+    def load(self, model: str, *, config: str | None = None, files: dict[str, bytes]) -> None:
+        """Explicit model control: load ``model`` everywhere (``model_control.load``)."""
+        model_control.load(
+            self._client,
+            self.settings,
+            model,
+            config=config,
+            files=files,
+            states=lambda: self.view.states(max_age=_CONTROL_STATES_MAX_AGE_S),
+            refresh=self.view.refresh,
+        )
+
+    def unload(self, model: str, *, unload_dependents: bool = False) -> None:
+        model_control.unload(
+            self._client,
+            self.settings,
+            model,
+            unload_dependents=unload_dependents,
+            states=lambda: self.view.states(max_age=_CONTROL_STATES_MAX_AGE_S),
+            refresh=self.view.refresh,
+        )
+
+    # -- inference ---------------------------------------------------------------------
+
+    def target(self, model: str, version: str = "") -> calls.Target:
+        """The model and version a call names ("" = the latest): every error about them."""
+        return calls.target(self.view.serving(model), version)
+
+    def infer(self, to: calls.Target, request: InferRequest) -> InferOutcome:
+        """Check ``request`` against its model, queue it (or run the ensemble's graph)
+        and wait for the outputs."""
+        call = self._prepare(to, request, calls.Lane.ONLINE)
+        entry, msg = to.entry, call.msg
+        if entry.backend == ensemble_graph.ENSEMBLE:
+            version = call.version
+            results = self._run_ensemble(entry, request, msg, version)
+        else:
+            reply = self.dispatcher.call(msg, max_queue_size=call.max_queue_size)
+            if reply.error is not None:
+                raise reply.error
+            results = list(reply.outputs or ())
+            version = reply.version if reply.version > 0 else call.version
+        return self._outcome(entry, request, version, results)
+
+    def _prepare(self, to: calls.Target, request: InferRequest, lane: calls.Lane) -> calls.Call:
+        """Every 4xx about the request is raised here, before anything is queued."""
+        validation.validate_request(request, to.entry.config, model_name=to.entry.name)
+        self.view.check_available(to.entry.name)
+        return calls.build(
+            to, request, lane=lane, default_timeout_s=self.settings.request_timeout_s
+        )
+
+    def _run_ensemble(
+        self, entry: ModelEntry, request: InferRequest, msg: InferMessage, version: int
+    ) -> list[WireTensor]:
+        """Run the graph here, each step on its model's queue; record it as Triton counts
+        an ensemble (the gateway is the only one that sees it run)."""
+        now = msg.enqueued
+        inputs = {t.name: (t.datatype, tuple(t.shape), t.raw) for t in request.inputs}
+        rows = (
+            request.inputs[0].shape[0] if entry.config.max_batch_size > 0 and request.inputs else 1
+        )
+        run = statistics.Execution(version, batch_size=rows)
+        try:
+            produced = ensemble_runner.execute(
+                entry,
+                inputs,
+                msg.outputs,
+                msg,
+                resolve=self.view.serving,
+                dispatcher=self.dispatcher,
+                check=self.view.check_available,
+            )
+        except ConchError:
+            run.fail, run.fail_ns = 1, int((time.time() - now) * 1e9)
+            statistics.record_now(self._client, entry.name, run)
+            raise
+        run.success, run.rows = 1, rows
+        run.success_ns = run.infer_ns = int((time.time() - now) * 1e9)
+        statistics.record_now(self._client, entry.name, run)
+        return [(name, *produced[name]) for name in msg.outputs]
+
+    def _outcome(
+        self, entry: ModelEntry, request: InferRequest, version: int, results: list[WireTensor]
+    ) -> InferOutcome:
+        wire_types = self.view.output_types(entry)
+        outputs = [
+            OutputTensor(name, wire_types.get(name, dt), tuple(shape), raw)
+            for name, dt, shape, raw in results
+        ]
+        labels = entry.labels() if any(o.class_count for o in (request.outputs or ())) else None
+        return InferOutcome(
+            entry.name, version, request, outputs, labels, entry.config.max_batch_size > 0
+        )
+
+    # -- async and batch jobs ----------------------------------------------------------
+
+    def submit_job(self, to: calls.Target, request: InferRequest) -> JobState:
+        """Queue an infer request as an async job, below every online request."""
+        call = self._prepare(to, request, calls.Lane.ASYNC)
+        model = to.entry.name
+        if to.entry.backend == ensemble_graph.ENSEMBLE:
+            raise Unsupported(
+                f"model '{model}' is an ensemble, which runs in the gateway; async jobs run "
+                "on a model's queue: submit the ensemble's steps, or call infer"
+            )
+        msg = call.msg
+        msg.job_ttl = self.settings.job_ttl_s
+        record = job_store.JobRecord(
+            id=msg.id,
+            model=model,
+            version="" if to.latest else str(to.version),
+            submitted=msg.enqueued,
+            detail={
+                "id": request.id,
+                "outputs": None
+                if request.outputs is None
+                else [[o.name, o.binary, o.class_count] for o in request.outputs],
+                "binary_data_output": request.binary_data_output,
+            },
+        )
+        pipe = self._client.pipeline(transaction=False)
+        record.save(pipe, msg.job_ttl)
+        pipe.execute()
+        limit = self.settings.max_queued_jobs
+        if not self.dispatcher.publisher.publish(
+            model,
+            msg.to_dict(),
+            task_id=msg.id,
+            priority=msg.priority,
+            reply_to=None,
+            max_queue_size=limit,
+        ):
+            self._client.delete(job_store.record_key(msg.id))
+            raise Unavailable(
+                f"Exceeds maximum queue size: model '{model}' already has {limit} async jobs "
+                "waiting (CONCH_MAX_QUEUED_JOBS); retry later"
+            )
+        return JobState(record, job_store.Outcome(job_store.PENDING))
+
+    def submit_batch(self, model: str, version: str, source: Any, target: Any) -> JobState:
+        """An offline batch job: JSONL of infer requests at ``source`` (an s3:// URI),
+        JSONL of responses to ``target``."""
+        entry = self.view.serving(model)
+        if version:
+            entry.resolve_version(version)
+        if entry.backend == ensemble_graph.ENSEMBLE:
+            raise Unsupported(
+                f"model '{model}' is an ensemble, which runs in the gateway; batch jobs run on a "
+                "model's queue: submit a job per step model"
+            )
+        record = batch_job.submit(
+            self._client, entry, version, source, target, self.settings.job_ttl_s
+        )
+        return JobState(record, job_store.Outcome(job_store.PENDING))
+
+    def job_status(self, job_id: str) -> JobState:
+        record = self._record(job_id)
+        return JobState(record, job_store.read(self._client, record.id))
+
+    def cancel_job(self, job_id: str) -> JobState:
+        """Cancel a job that has not finished: a queued request never runs; a batch job
+        stops sending lines (those already queued still run) and uploads nothing."""
+        record = self._record(job_id)
+        if not job_store.cancel(self._client, record.id, self.settings.job_ttl_s):
+            outcome = job_store.read(self._client, record.id)
+            raise InvalidArgument(f"job {record.id} has already finished ({outcome.status})")
+        return JobState(record, job_store.read(self._client, record.id))
+
+    def job_result(self, job_id: str, wait_s: float = 0.0) -> tuple[JobState, InferOutcome | None]:
+        """Where the job stands, held up to ``wait_s`` for it to finish; a finished infer
+        job's outcome as its infer call would have been answered (None for a batch job,
+        whose result is its output object). A failed job raises its error."""
+        record = self._record(job_id)
+        if not 0 <= wait_s <= MAX_JOB_WAIT_S:
+            raise InvalidArgument(f"'wait' must be a number of seconds from 0 to {MAX_JOB_WAIT_S}")
+        outcome = (
+            job_store.wait(self._client, record.id, wait_s)
+            if wait_s
+            else job_store.read(self._client, record.id)
+        )
+        state = JobState(record, outcome)
+        if not state.done:
+            return state, None
+        reply = outcome.reply
+        if reply is not None and reply.error is not None:
+            raise reply.error
+        if record.kind == job_store.BATCH or reply is None:
+            return state, None
+        asked = record.detail
+        request = InferRequest(
+            id=asked["id"],
+            inputs=[],
+            outputs=None
+            if asked["outputs"] is None
+            else [RequestedOutput(n, bool(b), int(k)) for n, b, k in asked["outputs"]],
+            binary_data_output=bool(asked["binary_data_output"]),
+            parameters={},
+        )
+        entry = self.view.serving(record.model)
+        return state, self._outcome(entry, request, reply.version, list(reply.outputs or ()))
+
+    def _record(self, job_id: str) -> job_store.JobRecord:
+        record = job_store.JobRecord.load(self._client, job_store.check_id(job_id))
+        if record is None:
+            raise NotFound(f"unknown job '{job_id}': it never existed, or its result has expired")
+        return record
+
+
+__all__ = ["EXTENSIONS", "DataPlane", "InferOutcome", "JobState", "ModelMetrics"]

@@ -1,0 +1,128 @@
+"""The HTTP adapter of infer calls: one for every server that carries them.
+
+``serve_infer`` answers one call as (status, headers, body) and never raises; it is
+the only code that turns an HTTP infer request into data-plane calls. Two servers use
+it: the gevent worker calls it straight from gunicorn's parser with no WSGI at all
+(``gevent_worker``), and any other worker class reaches it through the WSGI middleware
+``InferFastPath``, ahead of Flask. Flask's per-request machinery (contexts, routing,
+wrappers) costs the gateway more CPU than the rest of an infer call; the other routes
+keep it. The body's bytes are handed to the codec and the response's bytes to the
+server as they are: no copy or re-encoding on the way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+
+from conch.core.errors import ConchError, InvalidArgument
+from conch.core.inference import InferRequest
+from conch.frontend import calls
+from conch.frontend.dataplane import DataPlane
+from conch.frontend.http import http_codec
+
+# Triton's infer route: a model name without "/", an optional numeric version.
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer/?")
+
+Header = Callable[[str], str | None]  # a request header by name, None when absent
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
+
+
+def too_large(length: int, limit: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"request body of {length} bytes exceeds the {limit}-byte limit (--http-max-input-size)"
+    )
+
+
+def decode_call(
+    plane: DataPlane, model: str, version: str, body: bytes, header: Header
+) -> tuple[calls.Target, InferRequest]:
+    """The model and version an infer (or job) body is for, then the body decoded: the
+    errors about the model come first, whatever the body holds."""
+    to = plane.target(model, version)
+    limit = plane.settings.max_input_bytes
+    if len(body) > limit:
+        raise too_large(len(body), limit)
+    request = http_codec.decode_request(
+        body,
+        header(http_codec.HEADER_LENGTH),
+        header("Content-Encoding"),
+        max_body_bytes=limit,
+    )
+    return to, request
+
+
+def serve_infer(
+    plane: DataPlane,
+    model: str,
+    version: str,
+    *,
+    length: int,
+    read: Callable[[int], bytes],
+    header: Header,
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    """One infer call, whatever server carries it: (status, headers, body), never raises.
+
+    ``version`` is the URL's version segment ("" for none), ``length`` the
+    Content-Length (0 when absent), ``read`` reads the body and ``header`` looks a
+    request header up by name.
+    """
+    try:
+        limit = plane.settings.max_input_bytes
+        if length > limit:
+            raise too_large(length, limit)
+        body = read(length) if length else read(limit + 1)
+        to, request = decode_call(plane, model, version, body, header)
+        payload, headers = http_codec.encode_outcome(
+            plane.infer(to, request), header("Accept-Encoding")
+        )
+        status = 200
+    except ConchError as exc:
+        status, payload = exc.status, orjson.dumps({"error": exc.message})
+        headers = {"Content-Type": "application/json"}
+    except Exception as exc:  # never a bare 500 page: Triton's error body, always
+        status, payload = 500, orjson.dumps({"error": f"internal error: {exc}"})
+        headers = {"Content-Type": "application/json"}
+    return status, [*headers.items(), ("Content-Length", str(len(payload)))], payload
+
+
+def status_line(status: int) -> str:
+    return f"{status} {_REASONS.get(status, 'Error')}"
+
+
+class InferFastPath:
+    """WSGI middleware: infer calls go straight to ``serve_infer``, the rest to Flask."""
+
+    def __init__(self, app: Callable, plane: DataPlane) -> None:
+        self.app = app
+        self.plane = plane
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        match = INFER_PATH.fullmatch(environ.get("PATH_INFO", ""))
+        if match is None or environ.get("REQUEST_METHOD") != "POST":
+            return self.app(environ, start_response)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        status, headers, payload = serve_infer(
+            self.plane,
+            match.group(1),
+            match.group(2) or "",
+            length=length,
+            read=environ["wsgi.input"].read,
+            header=lambda name: environ.get("HTTP_" + name.upper().replace("-", "_")),
+        )
+        start_response(status_line(status), headers)
+        return [payload]

@@ -1,0 +1,193 @@
+"""Triton's HTTP/REST routes, other than infer: HTTP in, a ``DataPlane`` call, HTTP out.
+
+Health, server and model metadata, model config and readiness, statistics, and the
+repository API (index, load, unload). A route parses its URL, query and body, calls
+the data plane, and encodes the answer; it never reaches Redis or the model view
+itself. Infer calls are answered by ``fast_path.serve_infer`` before Flask sees them.
+
+Every failure becomes Triton's ``{"error": "..."}`` body with Triton's status code,
+mapped once here for the whole app (``ConchError`` carries the status).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from typing import Any
+
+from flask import Blueprint, Response, current_app, request
+from werkzeug.exceptions import HTTPException
+
+from conch.core.errors import ConchError, InvalidArgument
+from conch.frontend.dataplane import DataPlane
+from conch.frontend.http.fast_path import serve_infer, too_large
+
+log = logging.getLogger(__name__)
+
+PLANE = "conch.dataplane"  # where create_app keeps the data plane (the gevent worker reads it)
+
+v2 = Blueprint("v2", __name__)
+
+
+def plane() -> DataPlane:
+    return current_app.extensions[PLANE]
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(
+        json.dumps(obj, separators=(",", ":")), status=status, mimetype="application/json"
+    )
+
+
+def _empty(status: int = 200) -> Response:
+    return Response(b"", status=status)
+
+
+def _version(version: int | None) -> str:
+    return "" if version is None else str(version)
+
+
+# -- health and metadata --------------------------------------------------------------
+@v2.get("/v2/health/live")
+def live() -> Response:
+    return _empty(200 if plane().live() else 400)
+
+
+@v2.get("/v2/health/ready")
+def ready() -> Response:
+    return _empty(200 if plane().ready() else 400)
+
+
+@v2.get("/v2")
+def server_metadata() -> Response:
+    return _json(plane().server_metadata())
+
+
+@v2.get("/v2/models/<model>")
+@v2.get("/v2/models/<model>/versions/<int:version>")
+def model_metadata(model: str, version: int | None = None) -> Response:
+    return _json(plane().model_metadata(model, _version(version)))
+
+
+@v2.get("/v2/models/<model>/ready")
+@v2.get("/v2/models/<model>/versions/<int:version>/ready")
+def model_ready(model: str, version: int | None = None) -> Response:
+    if not plane().model_ready(model, _version(version)):
+        return _json({"error": "Model version not ready"}, 400)
+    return _empty()
+
+
+@v2.get("/v2/models/stats")
+@v2.get("/v2/models/<model>/stats")
+@v2.get("/v2/models/<model>/versions/<int:version>/stats")
+def model_statistics(model: str | None = None, version: int | None = None) -> Response:
+    """Triton's statistics extension: all models, one model, or one version."""
+    return _json({"model_stats": plane().statistics(model, _version(version))})
+
+
+@v2.get("/v2/models/<model>/config")
+@v2.get("/v2/models/<model>/versions/<int:version>/config")
+def model_config(model: str, version: int | None = None) -> Response:
+    return _json(plane().model_config(model, _version(version)))
+
+
+# -- inference -------------------------------------------------------------------------
+@v2.post("/v2/models/<model>/infer")
+@v2.post("/v2/models/<model>/versions/<int:version>/infer")
+def infer(model: str, version: int | None = None) -> Response:
+    """``InferFastPath`` answers every POST here before Flask routes it; the route makes
+    the path known to Flask (other methods get a 405) and, were the middleware left
+    out, answers through the same adapter."""
+    status, headers, payload = serve_infer(
+        plane(),
+        model,
+        _version(version),
+        length=request.content_length or 0,
+        read=request.stream.read,
+        header=request.headers.get,
+    )
+    return Response(payload, status=status, headers=headers)
+
+
+# -- the model repository --------------------------------------------------------------
+def _parse(body: bytes) -> Any:
+    """A JSON body (not blank)."""
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+
+
+@v2.post("/v2/repository/index")
+def repository_index() -> Response:
+    body = request.get_data(cache=False)
+    ready_only = False
+    if body.strip():
+        parsed = _parse(body)
+        if not isinstance(parsed, dict):
+            raise InvalidArgument("the repository index request must be a JSON object")
+        ready_only = bool(parsed.get("ready", False))
+    return _json(plane().index(ready_only))
+
+
+def _control_params(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    parsed = _parse(body)
+    params = parsed.get("parameters", {}) if isinstance(parsed, dict) else None
+    if not isinstance(params, dict):
+        raise InvalidArgument(
+            "the request must be a JSON object with an optional 'parameters' object"
+        )
+    return params
+
+
+@v2.post("/v2/repository/models/<model>/load")
+def load_model(model: str) -> Response:
+    """Explicit model control. ``file:<version>/<path>`` parameters carry file contents
+    in base64, as Triton's HTTP API does."""
+    data_plane = plane()
+    limit = data_plane.settings.max_input_bytes
+    if (request.content_length or 0) > limit:
+        raise too_large(request.content_length or 0, limit)
+    params = _control_params(request.get_data(cache=False))
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if not key.startswith("file:"):
+            continue
+        if not isinstance(value, str):
+            raise InvalidArgument(
+                f"failed to load '{model}': parameter '{key}' must be base64 text"
+            )
+        try:
+            files[key] = base64.b64decode(value, validate=True)
+        except (ValueError, binascii.Error) as exc:
+            raise InvalidArgument(f"failed to load '{model}': {key}: {exc}") from None
+    data_plane.load(model, config=params.get("config"), files=files)
+    return _empty()
+
+
+@v2.post("/v2/repository/models/<model>/unload")
+def unload_model(model: str) -> Response:
+    params = _control_params(request.get_data(cache=False))
+    plane().unload(model, unload_dependents=bool(params.get("unload_dependents", False)))
+    return _empty()
+
+
+# -- errors: Triton's body and status, for every route of the app ------------------------
+@v2.app_errorhandler(ConchError)
+def _conch_error(exc: ConchError) -> Response:
+    return _json({"error": exc.message}, exc.status)
+
+
+@v2.app_errorhandler(HTTPException)
+def _http_error(exc: HTTPException) -> Response:
+    return _json({"error": exc.name}, exc.code or 500)
+
+
+@v2.app_errorhandler(Exception)
+def _unexpected(exc: Exception) -> Response:
+    log.exception("unexpected error")
+    return _json({"error": f"internal error: {exc}"}, 500)
