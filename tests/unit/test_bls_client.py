@@ -25,6 +25,7 @@ from conch.backends.completion import complete
 from conch.backends.python import pb_utils as pb
 from conch.core import call_context, tensors
 from conch.core.errors import InvalidArgument, NotFound, Unavailable
+from conch.core.model_spec import BlsRequest
 from conch.core.repository import ModelRepository
 from conch.frontend import bls
 from conch.frontend.model_view import ModelView
@@ -197,6 +198,17 @@ def client(tmp_path: Path) -> bls.BlsClient:
     return c
 
 
+def exec_on(
+    client: bls.BlsClient, req: pb.InferenceRequest, decoupled: bool = False
+) -> pb.InferenceResponse:
+    """``req.exec()`` with ``client`` as the BLS port, as the Python backend makes it."""
+    token = pb.BLS_PORT.set(client)
+    try:
+        return req.exec(decoupled)
+    finally:
+        pb.BLS_PORT.reset(token)
+
+
 def request(model: str = "m", **kw: Any) -> pb.InferenceRequest:
     kw.setdefault("inputs", [pb.Tensor("X", np.ones((1, 2), np.float32))])
     kw.setdefault("requested_output_names", ["OUT"])
@@ -208,15 +220,17 @@ def test_prepare_builds_the_message_the_gateway_would(client: bls.BlsClient) -> 
     caller = ctx("caller", ("outer",), deadline=before + 5, priority=0)
     text = np.array([["héllo".encode()]], dtype=object)
     msg, bound = client.prepare(
-        request(
-            inputs=[
-                pb.Tensor("X", np.ones((1, 2), np.float32)),
-                pb.Tensor("T", text),
-                pb.Tensor("H", np.array([[0x3F80]], np.uint16)),
-            ],
-            requested_output_names=[],
-            request_id="rid",
-            parameters={"k": "v", "timeout": 5},
+        pb.bls_request(
+            request(
+                inputs=[
+                    pb.Tensor("X", np.ones((1, 2), np.float32)),
+                    pb.Tensor("T", text),
+                    pb.Tensor("H", np.array([[0x3F80]], np.uint16)),
+                ],
+                requested_output_names=[],
+                request_id="rid",
+                parameters={"k": "v", "timeout": 5},
+            )
         ),
         False,
         caller,
@@ -236,34 +250,38 @@ def test_prepare_builds_the_message_the_gateway_would(client: bls.BlsClient) -> 
 
 
 def test_a_named_version_is_kept(client: bls.BlsClient) -> None:
-    msg, _ = client.prepare(request(model_version=1), False, ctx("c", ()))
+    msg, _ = client.prepare(pb.bls_request(request(model_version=1)), False, ctx("c", ()))
     assert msg.version == 1
 
 
 def test_the_timeout_only_shortens_the_inherited_deadline(client: bls.BlsClient) -> None:
     now = time.time()
     caller = ctx("caller", (), deadline=now + 5)
-    msg, _ = client.prepare(request(timeout=200_000), False, caller)
+    msg, _ = client.prepare(pb.bls_request(request(timeout=200_000)), False, caller)
     assert msg.deadline == pytest.approx(now + 0.2, abs=0.1)
     assert msg.timeout_us == 200_000
-    msg, _ = client.prepare(request(timeout=60_000_000), False, caller)
+    msg, _ = client.prepare(pb.bls_request(request(timeout=60_000_000)), False, caller)
     assert msg.deadline == now + 5
     # No context (a thread the model started): the default request timeout.
-    msg, _ = client.prepare(request(), False, None)
+    msg, _ = client.prepare(pb.bls_request(request()), False, None)
     assert msg.deadline == pytest.approx(time.time() + 30, abs=1)
     assert msg.chain == []
 
 
 def test_a_passed_deadline_answers_at_once(client: bls.BlsClient) -> None:
     with pytest.raises(Unavailable, match="Request timeout expired for model 'm'"):
-        client.prepare(request(), False, ctx("caller", (), deadline=time.time() - 0.01))
+        client.prepare(
+            pb.bls_request(request()), False, ctx("caller", (), deadline=time.time() - 0.01)
+        )
 
 
 def test_queue_policy_and_priority_of_the_target(client: bls.BlsClient) -> None:
-    msg, bound = client.prepare(request("bounded"), False, ctx("c", ()))
+    msg, bound = client.prepare(pb.bls_request(request("bounded")), False, ctx("c", ()))
     assert bound == 7 and msg.priority == broker.online_step(2)
     # A bulk job's calls stay at its priority.
-    msg, _ = client.prepare(request("bounded"), False, ctx("c", (), priority=broker.PRIORITY_BULK))
+    msg, _ = client.prepare(
+        pb.bls_request(request("bounded")), False, ctx("c", (), priority=broker.PRIORITY_BULK)
+    )
     assert msg.priority == broker.PRIORITY_BULK
 
 
@@ -313,18 +331,18 @@ def test_bad_calls_are_refused_before_publishing(
     client: bls.BlsClient, req: pb.InferenceRequest, decoupled: bool, error: type, text: str
 ) -> None:
     with pytest.raises(error) as info:
-        client.prepare(req, decoupled, ctx("caller", ()))
+        client.prepare(pb.bls_request(req), decoupled, ctx("caller", ()))
     assert text in info.value.message
 
 
 def test_explicit_model_control_refuses_models_not_loaded(client: bls.BlsClient) -> None:
     client.settings.model_control_mode = ModelControlMode.EXPLICIT
     client.settings.load_models = ["m"]
-    client.prepare(request("m"), False, None)  # loaded at start (--load-model)
+    client.prepare(pb.bls_request(request("m")), False, None)  # loaded at start (--load-model)
     with pytest.raises(InvalidArgument, match="'bounded' has no available versions"):
-        client.prepare(request("bounded"), False, None)
+        client.prepare(pb.bls_request(request("bounded")), False, None)
     client.view._loaded = {"bounded"}  # loaded through the API since
-    client.prepare(request("bounded"), False, None)
+    client.prepare(pb.bls_request(request("bounded")), False, None)
 
 
 def test_a_model_given_by_a_load_request_is_found(tmp_path: Path) -> None:
@@ -337,7 +355,7 @@ def test_a_model_given_by_a_load_request_is_found(tmp_path: Path) -> None:
     settings = Settings(model_repository=tmp_path / "models", redis_url="redis://unused")
     c = bls.BlsClient(settings, repo, dispatcher=FakeDispatcher())  # type: ignore[arg-type]
     c.view.states = lambda max_age=1.0: {}  # type: ignore[method-assign]
-    msg, _ = c.prepare(request("extra"), False, None)
+    msg, _ = c.prepare(pb.bls_request(request("extra")), False, None)
     assert msg.model == "extra"
 
 
@@ -367,24 +385,24 @@ def test_the_view_reads_a_changed_target_again_and_keeps_its_last_good_read(
 def test_errors_come_back_as_responses_naming_the_model(client: bls.BlsClient) -> None:
     token = call_context.CURRENT.set(ctx("m", ()))
     try:
-        resp = client.infer(request())
+        resp = exec_on(client, request())
     finally:
         call_context.CURRENT.reset(token)
     assert resp.has_error() and resp.error().code() == pb.TritonError.INVALID_ARG
     assert "(m -> m)" in resp.error().message()
     assert client.dispatcher.sent == []  # type: ignore[attr-defined]
 
-    resp = client.infer(request(), decoupled=True)
+    resp = exec_on(client, request(), decoupled=True)
     assert resp.error().code() == pb.TritonError.UNSUPPORTED
 
     client.dispatcher.reply = Unavailable("Request timeout expired for model 'm': no reply")  # type: ignore[attr-defined]
-    resp = client.infer(request())
+    resp = exec_on(client, request())
     assert resp.error().code() == pb.TritonError.UNAVAILABLE
     assert resp.error().message().startswith("Request timeout expired for model 'm'")
 
     # The callee's own error, which does not say which model it came from.
     client.dispatcher.reply = lambda msg: Reply(msg.id, error=NotFound("no such row"))  # type: ignore[attr-defined]
-    resp = client.infer(request())
+    resp = exec_on(client, request())
     assert resp.error().code() == pb.TritonError.NOT_FOUND
     assert resp.error().message() == "BLS request to model 'm' failed: no such row"
 
@@ -402,7 +420,7 @@ def test_outputs_come_back_as_numpy(client: bls.BlsClient) -> None:
         )
 
     client.dispatcher.reply = reply  # type: ignore[attr-defined]
-    resp = client.infer(request(requested_output_names=["OUT", "TXT"]))
+    resp = exec_on(client, request(requested_output_names=["OUT", "TXT"]))
     assert not resp.has_error(), resp.error()
     out = pb.get_output_tensor_by_name(resp, "OUT").as_numpy()
     np.testing.assert_array_equal(out, [[1.5, 2.5]])
@@ -430,11 +448,11 @@ class SlowClient:
         self.seen: list[Any] = []
         self.threads: set[str] = set()
 
-    def infer(self, request: pb.InferenceRequest, decoupled: bool) -> pb.InferenceResponse:
+    def infer(self, request: BlsRequest, decoupled: bool) -> list[tuple[str, np.ndarray]]:
         self.seen.append(call_context.CURRENT.get())
         self.threads.add(threading.current_thread().name)
         time.sleep(0.3)
-        return pb.InferenceResponse([pb.Tensor("OUT", np.ones(1))])
+        return [("OUT", np.ones(1))]
 
     def is_ready(self, name: str, version: str) -> bool:
         return name == "up"

@@ -220,7 +220,6 @@ def test_triton_error_codes_and_statuses() -> None:
 
 def test_one_code_table_both_ways() -> None:
     from conch.core.errors import TRITON_CODES, from_code, triton_code
-    from conch.frontend.bls import error_response
 
     # Triton's numbering (TRITONSERVER_Error_Code), which Python models compare against.
     assert [pb.TritonError.UNKNOWN, pb.TritonError.CANCELLED] == [0, 7]
@@ -230,7 +229,7 @@ def test_one_code_table_both_ways() -> None:
         assert pb.TritonError("m", number).code_name() == name
         # conch error -> a BLS response's TritonError -> the conch error again
         error = from_code(name, "model 'x' said so")
-        back = error_from_triton(error_response(error, "x").error())
+        back = error_from_triton(pb.error_response(error, "x").error())
         assert (type(back), back.code, back.status) == (type(error), name, error.status)
     assert triton_code("NO_SUCH_CODE") == pb.TritonError.INTERNAL
 

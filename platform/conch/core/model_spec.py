@@ -7,9 +7,11 @@ the backends to describe what they should load. ``conch.backends.base`` re-expor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -21,12 +23,34 @@ class InstanceSpec:
     device_id: int = 0
 
 
+@dataclass
+class BlsRequest:
+    """A Python model's ``pb_utils.InferenceRequest`` as the BLS port takes it.
+
+    The fields are what the model set, unchecked (the port checks them as the gateway
+    checks a client's request), with the input tensors as numpy arrays. ``pb_utils`` builds
+    it and turns the port's answer back into an ``InferenceResponse``, so the port (a
+    frontend) never sees the Python backend's own types.
+    """
+
+    model_name: Any
+    model_version: Any = -1  # "" or -1: the latest the serving worker has
+    request_id: Any = ""
+    inputs: list[tuple[str, np.ndarray]] = field(default_factory=list)  # in the order given
+    requested_output_names: list[Any] = field(default_factory=list)  # empty: all
+    parameters: Any = ""  # a JSON object's text
+    timeout: Any = 0  # microseconds; 0: the caller's deadline alone
+
+
 class BlsPort(Protocol):
     """What a Python model's ``pb_utils`` needs to call other models (BLS) and to load or
     unload them. The worker's composition root hands one in (``conch.frontend.bls``'s
     client); backends never import the request pipeline themselves."""
 
-    def infer(self, request: Any, decoupled: bool = False) -> Any: ...
+    def infer(self, request: BlsRequest, decoupled: bool = False) -> list[tuple[str, np.ndarray]]:
+        """The called model's outputs by name, in order; a ``ConchError`` when the call
+        cannot be made or fails (its message names the model where it can)."""
+        ...
 
     def is_ready(self, name: str, version: str | int = "") -> bool: ...
 
@@ -54,4 +78,4 @@ class ModelSpec:
         return self.version_dir / self.config.default_model_filename
 
 
-__all__ = ["BlsPort", "InstanceSpec", "ModelSpec"]
+__all__ = ["BlsPort", "BlsRequest", "InstanceSpec", "ModelSpec"]

@@ -5,7 +5,12 @@ model's ``execute`` publishes an ``InferMessage`` on the named model's queue, as
 gateway does for a client (so the call is batched with everyone else's traffic to that
 model), and waits for the reply on this worker process's reply list: one ``Dispatcher``
 per worker process, made on the first call and shared by every batcher thread.
-Failures come back as the response's ``error()``, never raised, as in Triton.
+
+``BlsClient`` is the Python backend's ``BlsPort``: it takes the neutral ``BlsRequest``
+that ``pb_utils`` builds from the model's ``InferenceRequest`` and answers with the
+outputs as numpy arrays, or raises the ``ConchError`` that answers the call; ``pb_utils``
+turns either into the model's ``InferenceResponse`` (failures as its ``error()``, never
+raised, as in Triton). So this module never sees the Python backend's own types.
 
 Before publishing, the call is checked the way the gateway checks a client's request:
 the target must be in the repository (``model_version`` -1 = the latest version the
@@ -50,7 +55,6 @@ from typing import Any
 import numpy as np
 import redis
 
-from conch.backends.python import pb_utils as pb
 from conch.core import ensemble_graph, inference, tensors, validation
 from conch.core.call_context import CURRENT, CallContext
 from conch.core.errors import (
@@ -59,9 +63,9 @@ from conch.core.errors import (
     InvalidArgument,
     Unavailable,
     Unsupported,
-    triton_code,
 )
 from conch.core.model_config import wire_type
+from conch.core.model_spec import BlsRequest
 from conch.core.repository import ModelEntry, ModelRepository
 from conch.frontend import calls, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
@@ -101,14 +105,6 @@ def check_call(ctx: CallContext, target: str) -> ConchError | None:
 # -- the client ---------------------------------------------------------------------------
 
 
-def error_response(error: ConchError, model: str) -> pb.InferenceResponse:
-    """A BLS response carrying ``error``, whose message names ``model``."""
-    message = error.message
-    if f"'{model}'" not in message:
-        message = f"BLS request to model '{model}' failed: {message}"
-    return pb.InferenceResponse(error=pb.TritonError(message, triton_code(error.code)))
-
-
 class BlsClient:
     """Sends a Python model's ``InferenceRequest``s through the model queues.
 
@@ -145,9 +141,10 @@ class BlsClient:
 
     # -- pb_utils calls -----------------------------------------------------------------
 
-    def infer(self, request: pb.InferenceRequest, decoupled: bool = False) -> pb.InferenceResponse:
-        """``InferenceRequest.exec``: every failure is an error response."""
-        target = str(request.model_name())
+    def infer(self, request: BlsRequest, decoupled: bool = False) -> list[tuple[str, np.ndarray]]:
+        """``InferenceRequest.exec``: the called model's outputs, or the ``ConchError`` that
+        answers the call (``pb_utils`` turns either into the model's response)."""
+        target = str(request.model_name)
         ctx = CURRENT.get()
         try:
             msg, max_queue_size = self.prepare(request, decoupled, ctx)
@@ -161,18 +158,15 @@ class BlsClient:
                 if reply.error is not None:
                     raise reply.error
                 results = list(reply.outputs or ())
-        except ConchError as exc:
-            return error_response(exc, target)
         except redis.RedisError as exc:
-            return error_response(Unavailable(f"cannot reach the broker: {exc}"), target)
+            raise Unavailable(f"cannot reach the broker: {exc}") from None
         try:
-            outputs = [
-                pb.Tensor(name, tensors.to_numpy(datatype, shape, raw, name))
+            return [
+                (name, tensors.to_numpy(datatype, shape, raw, name))
                 for name, datatype, shape, raw in results
             ]
         except ConchError as exc:
-            return error_response(Internal(f"unreadable reply: {exc.message}"), target)
-        return pb.InferenceResponse(output_tensors=outputs)
+            raise Internal(f"unreadable reply: {exc.message}") from None
 
     def _run_ensemble(
         self,
@@ -240,11 +234,11 @@ class BlsClient:
     # -- building the message -----------------------------------------------------------
 
     def prepare(
-        self, request: pb.InferenceRequest, decoupled: bool, ctx: CallContext | None
+        self, request: BlsRequest, decoupled: bool, ctx: CallContext | None
     ) -> tuple[InferMessage, int]:
         """The checked message for ``request`` and the target's queue bound; raises the
         ``ConchError`` that answers the call when it cannot be made."""
-        target = request.model_name()
+        target = request.model_name
         if not isinstance(target, str) or not target:
             raise InvalidArgument(
                 f"a BLS request needs a model_name (a non-empty string), got {target!r}"
@@ -261,19 +255,19 @@ class BlsClient:
             if problem is not None:
                 raise problem
         entry = self.view.serving(target)
-        to = calls.target(entry, self._version(entry, request.model_version()))
+        to = calls.target(entry, self._version(entry, request.model_version))
         config = entry.config
-        request_id = request.request_id()
+        request_id = request.request_id
         if not isinstance(request_id, str):
             raise InvalidArgument(
                 f"BLS request to model '{target}': request_id must be a string, "
                 f"got {type(request_id).__name__}"
             )
-        wanted = self._outputs(request.requested_output_names(), target)
+        wanted = self._outputs(request.requested_output_names, target)
         neutral = inference.InferRequest(
             id=request_id,
             inputs=[
-                inference.InputTensor(*t) for t in self._inputs(request.inputs(), config, target)
+                inference.InputTensor(*t) for t in self._inputs(request.inputs, config, target)
             ],
             outputs=[inference.RequestedOutput(n, True) for n in wanted] or None,
             binary_data_output=True,
@@ -281,8 +275,8 @@ class BlsClient:
         )
         validation.validate_request(neutral, config, model_name=target)
         self.view.check_available(target)
-        params = self._parameters(request.parameters(), target)
-        timeout_us = request.timeout()
+        params = self._parameters(request.parameters, target)
+        timeout_us = request.timeout
         if isinstance(timeout_us, bool) or not isinstance(timeout_us, int | np.integer):
             raise InvalidArgument(
                 f"BLS request to model '{target}': timeout must be an integer number of "
@@ -312,23 +306,16 @@ class BlsClient:
         return str(version)
 
     @staticmethod
-    def _inputs(given: Sequence[Any], config: Any, target: str) -> list[tuple]:
+    def _inputs(given: Sequence[tuple[str, Any]], config: Any, target: str) -> list[tuple]:
         expected = {i.name: wire_type(i.data_type) for i in config.input}
         out: list[tuple] = []
         seen: set[str] = set()
-        for tensor in given:
-            if not isinstance(tensor, pb.Tensor):
-                raise InvalidArgument(
-                    f"BLS request to model '{target}': inputs must be pb_utils.Tensor, got "
-                    f"{type(tensor).__name__}"
-                )
-            name = tensor.name()
+        for name, arr in given:
             if name in seen:
                 raise InvalidArgument(
                     f"BLS request to model '{target}': input '{name}' is given more than once"
                 )
             seen.add(name)
-            arr = tensor._array
             as_bf16 = expected.get(name) == "BF16" and (
                 arr.dtype == np.uint16 or arr.dtype.name == "bfloat16"
             )
@@ -395,5 +382,4 @@ __all__ = [
     "MAX_DEPTH",
     "BlsClient",
     "check_call",
-    "error_response",
 ]

@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from conch.core.errors import TRITON_CODES
+from conch.core.errors import TRITON_CODES, ConchError, InvalidArgument, triton_code
+from conch.core.model_spec import BlsRequest
 
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
@@ -567,8 +568,10 @@ class InferenceRequest:
                 )
             )
         try:
-            return client.infer(self, bool(decoupled))
-        except Exception as exc:  # the client answers failures itself; this is a last resort
+            outputs = client.infer(bls_request(self), bool(decoupled))
+        except ConchError as exc:
+            return error_response(exc, str(self._model_name))
+        except Exception as exc:  # the port answers failures as ConchErrors; a last resort
             _log.exception("BLS request to model '%s' failed", self._model_name)
             return InferenceResponse(
                 error=TritonError(
@@ -577,6 +580,7 @@ class InferenceRequest:
                     TritonError.INTERNAL,
                 )
             )
+        return InferenceResponse(output_tensors=[Tensor(name, arr) for name, arr in outputs])
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
         """``exec`` in a worker thread, so several calls from one ``execute`` overlap."""
@@ -608,6 +612,37 @@ def load_model(model_name: str, config: str = "", files: Any = None) -> None:
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model; returns once no worker serves it. Explicit model control mode only."""
     _model_control("unload_model", model_name, lambda c: c.unload(model_name, unload_dependents))
+
+
+def bls_request(request: InferenceRequest) -> BlsRequest:
+    """What the BLS port is handed for ``request``: its fields as the model set them, with
+    ``pb_utils.Tensor`` inputs as numpy arrays (anything else is refused here, the one place
+    that knows this module's ``Tensor``)."""
+    inputs = []
+    for tensor in request.inputs():
+        if not isinstance(tensor, Tensor):
+            raise InvalidArgument(
+                f"BLS request to model '{request.model_name()}': inputs must be "
+                f"pb_utils.Tensor, got {type(tensor).__name__}"
+            )
+        inputs.append((tensor.name(), tensor._array))
+    return BlsRequest(
+        model_name=request.model_name(),
+        model_version=request.model_version(),
+        request_id=request.request_id(),
+        inputs=inputs,
+        requested_output_names=list(request.requested_output_names()),
+        parameters=request.parameters(),
+        timeout=request.timeout(),
+    )
+
+
+def error_response(error: ConchError, model: str) -> InferenceResponse:
+    """A BLS response carrying ``error``, whose message names ``model``."""
+    message = error.message
+    if f"'{model}'" not in message:
+        message = f"BLS request to model '{model}' failed: {message}"
+    return InferenceResponse(error=TritonError(message, triton_code(error.code)))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
