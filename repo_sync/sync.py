@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import fsops
-from .events import Publisher, make_event
-from .keys import (
+from conch.core.repository_keys import (
     IGNORED,
     MODEL_FILE,
     MODEL_NAME,
@@ -34,6 +32,9 @@ from .keys import (
     RefusedKey,
     classify,
 )
+
+from . import fsops
+from .events import Publisher, make_event
 from .sources import LocalSource, ObjectInfo, Source, SourceError
 
 log = logging.getLogger("repo_sync")

@@ -1,11 +1,11 @@
-"""repo_sync.keys: where a source key lands in the cache, or why it is refused."""
+"""The repository's path rules as repo_sync applies them: where a source key lands, or why it is refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from repo_sync import keys
-from repo_sync.keys import RefusedKey, classify
+from conch.core import repository_keys as keys
+from conch.core.repository_keys import RefusedKey, classify
 
 
 @pytest.mark.parametrize(
