@@ -263,6 +263,19 @@ def test_json_depth_limit() -> None:
     nested_ok = np.arange(16).reshape(2, 2, 2, 2).tolist()
     req = decode(json_doc({"inputs": [simple_input(shape=[2, 2, 2, 2], data=nested_ok)]}))
     assert to_numpy("INT32", (2, 2, 2, 2), req.inputs[0].raw).ravel().tolist() == list(range(16))
+    # Many brackets but shallow: the walk runs (more than 100 opening brackets) and passes.
+    rows = [[i] for i in range(300)]
+    req = decode(json_doc({"inputs": [simple_input(shape=[300, 1], data=rows)]}))
+    assert to_numpy("INT32", (300, 1), req.inputs[0].raw).ravel().tolist() == list(range(300))
+    # Exactly at the limit, counted as Triton counts (the document is level 1), is allowed.
+    at_limit: Any = 1
+    for _ in range(97):  # inside the document, "inputs" and the input: levels 4 to 100
+        at_limit = [at_limit]
+    decode(json_doc({"inputs": [simple_input(shape=[1] * 97, data=at_limit)]}))
+    expect_400(
+        "nesting depth exceeds 100",
+        json_doc({"inputs": [simple_input(shape=[1] * 98, data=[at_limit])]}),
+    )
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5", "999999"])

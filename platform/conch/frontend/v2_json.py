@@ -60,7 +60,11 @@ def _parse_json(text: bytes) -> dict[str, Any]:
         raise InvalidArgument(f"failed to parse the request JSON: {e}") from None
     if not isinstance(doc, dict):
         raise InvalidArgument("the request JSON must be an object")
-    _check_depth(doc)
+    # A document cannot nest deeper than it has opening brackets (those inside strings only
+    # make the count larger), and counting bytes runs at C speed: the walk, about 17 µs of
+    # an infer call's ~45 µs of Python here, is needed only past that bound.
+    if text.count(b"[") + text.count(b"{") > MAX_JSON_DEPTH:
+        _check_depth(doc)
     return doc
 
 
