@@ -7,7 +7,7 @@ STAMP := $(VENV)/.conch-installed
 HTTP_PORT ?= 8000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format bench install redis-server perf-analyzer mlserver clean
+.PHONY: serve test lint format bench install redis-server perf-analyzer mlserver triton clean
 
 install: $(STAMP)
 
@@ -52,9 +52,35 @@ $(MLSERVER_STAMP): | $(STAMP)
 
 mlserver: $(MLSERVER_STAMP)
 
-# conch vs in-process onnxruntime vs MLServer, driven by perf_analyzer (bench/README.md).
-# BENCH_ARGS passes flags to bench/run.py, e.g. BENCH_ARGS="--quick --skip-mlserver".
-bench: $(STAMP) redis-server perf-analyzer $(if $(findstring --skip-mlserver,$(BENCH_ARGS)),,$(MLSERVER_STAMP))
+# NVIDIA Triton 2.51 itself, from the PyPI wheel nvidia-pytriton 0.7.0 (its tritonserver binary,
+# Python backend and per-version backend stubs; no ONNX backend), in its own venv made with the
+# base $(PYTHON). numpy < 2: with numpy 2 the bundled stub returns empty outputs. The stub for
+# the venv's Python goes next to libtriton_python.so (same depth, so its RPATH still finds
+# nvidia_pytriton.libs). bench/run.py sets LD_LIBRARY_PATH and PATH when it starts the server.
+TRITON_VENV := .cache/bench/triton-venv
+TRITON_STAMP := $(TRITON_VENV)/.installed-nvidia-pytriton-0.7.0
+
+$(TRITON_STAMP): | $(STAMP)
+	@echo "installing Triton (nvidia-pytriton 0.7.0) into $(TRITON_VENV)" >&2
+	@test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	  --no-warn-conflicts --no-deps nvidia-pytriton==0.7.0
+	@ort=$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)') && \
+	  $(TRITON_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	    --no-warn-conflicts numpy==1.26.4 "onnxruntime==$$ort"
+	@t=$$($(TRITON_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pytriton/tritonserver && \
+	  v=$$($(TRITON_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])') && \
+	  cp "$$t/python_backend_stubs/$$v/triton_python_backend_stub" "$$t/backends/python/" && \
+	  test -x "$$t/bin/tritonserver"
+	@touch $@
+
+triton: $(TRITON_STAMP)
+
+# conch vs in-process onnxruntime vs MLServer vs Triton, driven by perf_analyzer (bench/README.md).
+# BENCH_ARGS passes flags to bench/run.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton".
+bench: $(STAMP) redis-server perf-analyzer \
+  $(if $(findstring --skip-mlserver,$(BENCH_ARGS)),,$(MLSERVER_STAMP)) \
+  $(if $(findstring --skip-triton,$(BENCH_ARGS)),,$(TRITON_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 # ruff, then the rooms' import contracts (pyproject.toml [tool.importlinter]).

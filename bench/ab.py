@@ -65,6 +65,10 @@ def run_once(tree: Path, run_args: list[str], log: Path) -> dict:
     runs = tree / ".cache" / "bench" / "runs"
     before = set(runs.iterdir()) if runs.exists() else set()
     env = {**os.environ, "PYTHONPATH": f"{tree / 'platform'}{os.pathsep}{tree}"}
+    # Triton's numbers do not depend on the conch commit, and the commit's worktree has no
+    # .cache/bench/triton-venv: skip it where that run.py knows the flag.
+    if "--skip-triton" in (tree / "bench" / "run.py").read_text():
+        run_args = [*run_args, "--skip-triton"]
     with log.open("w") as out:
         proc = subprocess.run(
             [sys.executable, str(tree / "bench" / "run.py"), *run_args],

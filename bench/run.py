@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""conch's benchmark: perf_analyzer against conch, MLServer and an in-process baseline.
+"""conch's benchmark: perf_analyzer against conch, NVIDIA Triton, MLServer and in-process.
 
-    make bench                                   # everything, a few minutes
-    make bench BENCH_ARGS="--quick --skip-mlserver"
-    .venv/bin/python bench/run.py --models mlp --concurrency 16 --window-ms 2000
+    make bench                                   # everything, several minutes
+    make bench BENCH_ARGS="--quick --skip-mlserver --skip-triton"
+    .venv/bin/python bench/run.py --models mlp,mlp_py --concurrency 16 --window-ms 2000
 
-One run does, for each model (``mlp``: overhead-bound; ``mlp_large``: compute-bound):
+The models (bench/models.py): ``mlp`` (overhead-bound) and ``mlp_large`` (compute-bound) as
+ONNX models, the same two as Python-backend models running onnxruntime (``mlp_py``,
+``mlp_large_py``), and Triton's ``add_sub`` without batching. One run does, for each model:
 
 1. conch: a private redis-server, one ``conch worker`` and one ``conch gateway`` on
    127.0.0.1, driven by ``perf_analyzer -i http`` (binary tensors) at each concurrency in
@@ -14,7 +16,12 @@ One run does, for each model (``mlp``: overhead-bound; ``mlp_large``: compute-bo
 2. MLServer (its own venv), ``parallel_workers`` 0, with adaptive batching off and on,
    serving the same .onnx files with onnxruntime through ``bench/mlserver_runtime.py``,
    driven the same way but with JSON tensors (MLServer has no binary tensor extension).
-3. In process: an onnxruntime session on the same file with the session options conch
+3. NVIDIA Triton 2.51 (``make triton``: the ``nvidia-pytriton`` wheel in its own venv),
+   serving the same repository, driven like conch (binary tensors). The wheel has no ONNX
+   backend, so Triton loads only the Python models; an ONNX model's row compares conch with
+   Triton serving its Python twin. CPU per request of tritonserver, its Python backend stub
+   processes and perf_analyzer; mean batch from Triton's statistics.
+4. In process: an onnxruntime session on the same file with the session options conch
    uses (1 intra-op thread, 1 inter-op thread, all graph optimizations), timed at batch 1
    and at every mean batch size conch formed. Measured with no server running.
 
@@ -57,8 +64,9 @@ import models  # noqa: E402
 CACHE = ROOT / ".cache" / "bench"
 MLSERVER_VENV = CACHE / "mlserver-venv"
 MLSERVER_BIN = MLSERVER_VENV / "bin" / "mlserver"
+TRITON_VENV = CACHE / "triton-venv"
 
-ALL_MODELS = (models.SMALL_NAME, models.LARGE_NAME)
+ALL_MODELS = models.ALL_MODELS
 ALL_CONCURRENCY = (1, 16, 64)
 MLSERVER_VARIANTS = ("nobatch", "batch")
 
@@ -77,16 +85,17 @@ def say(msg: str) -> None:
 
 @dataclass
 class Point:
-    server: str  # "conch" or "mlserver-<variant>"
+    server: str  # "conch", "triton" or "mlserver-<variant>"
     model: str
     concurrency: int
     infer_per_s: float | None = None
     p50_ms: float | None = None
     p99_ms: float | None = None
-    mean_batch: float | None = None  # conch only: rows / executions during the run
+    mean_batch: float | None = None  # conch and Triton: rows / executions during the run
     executions: int | None = None
-    # conch only: CPU milliseconds per request, by process (gateway, worker, redis,
-    # perf_analyzer), over the whole perf_analyzer invocation.
+    # conch and Triton: CPU milliseconds per request, by process (conch: gateway, worker,
+    # redis; Triton: tritonserver, python_stubs; both: perf_analyzer), over the whole
+    # perf_analyzer invocation.
     cpu_ms_per_request: dict[str, float] | None = None
     wall_s: float | None = None
     error: str | None = None
@@ -443,10 +452,14 @@ def bench_mlserver(
             f"MLServer is not installed in {MLSERVER_VENV}: run `make bench` (it installs it), "
             "or pass --skip-mlserver"
         )
+    served = [m for m in args.models if m in models.ONNX_MODELS]  # its runtime runs .onnx
+    if not served:
+        say("MLServer: none of the chosen models is an ONNX model; skipped")
+        return
     for variant in MLSERVER_VARIANTS:
         tag = f"mlserver-{variant}"
         port = free_port()
-        mrepo = write_mlserver_repo(variant, repo, args.models, run_dir / tag, port)
+        mrepo = write_mlserver_repo(variant, repo, served, run_dir / tag, port)
         with procs.Group(run_dir / "logs") as group:
             group.start(
                 tag,
@@ -454,16 +467,16 @@ def bench_mlserver(
                 env={"PYTHONPATH": str(BENCH)},
                 cwd=mrepo,
             )
-            say(f"{tag}: waiting for {', '.join(args.models)} on 127.0.0.1:{port}")
+            say(f"{tag}: waiting for {', '.join(served)} on 127.0.0.1:{port}")
             procs.wait_until(
                 lambda port=port: all(
-                    _http_ok(f"http://127.0.0.1:{port}/v2/models/{m}/ready") for m in args.models
+                    _http_ok(f"http://127.0.0.1:{port}/v2/models/{m}/ready") for m in served
                 ),
                 180,
                 group,
                 f"{tag} readiness",
             )
-            for model in args.models:
+            for model in served:
                 for c in args.concurrency:
                     group.check_alive()
                     say(f"{tag}: {model} at concurrency {c}")
@@ -472,6 +485,150 @@ def bench_mlserver(
                     )
                     results.points.append(point)
                     _report_point(point)
+
+
+# --------------------------------------------------------------------------- Triton
+
+
+def triton_models(chosen: list[str]) -> list[str]:
+    """What Triton serves for the chosen models: each ONNX model's Python twin, in order."""
+    out: list[str] = []
+    for m in chosen:
+        t = models.TRITON_TWIN.get(m, m)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def triton_layout() -> dict[str, str]:
+    """The venv's site-packages and the LIBDIR (libpython) of the interpreter it was made from."""
+    py = TRITON_VENV / "bin" / "python"
+    if not py.exists():
+        raise RuntimeError(
+            f"Triton is not installed in {TRITON_VENV}: run `make triton` (`make bench` does), "
+            "or pass --skip-triton"
+        )
+    code = (
+        "import json, sysconfig; print(json.dumps({'purelib': sysconfig.get_paths()['purelib'],"
+        " 'libdir': sysconfig.get_config_var('LIBDIR')}))"
+    )
+    out = subprocess.run([str(py), "-c", code], check=True, stdout=subprocess.PIPE, text=True)
+    return json.loads(out.stdout)
+
+
+def _triton_stats(port: int, model: str) -> tuple[int, int, int]:
+    """(executions, rows, successful requests) so far, from Triton's statistics extension."""
+    url = f"http://127.0.0.1:{port}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        doc = json.load(resp)
+    st = doc["model_stats"][0]
+    return (
+        int(st.get("execution_count", 0)),
+        int(st.get("inference_count", 0)),
+        int(st["inference_stats"]["success"]["count"]),
+    )
+
+
+def _triton_cpu(server_pid: int) -> dict[str, float]:
+    import resource
+
+    # The server leads its own session; its Python backend stubs are in that session too.
+    server = procs.cpu_seconds(pids=[server_pid])[server_pid]
+    session = procs.cpu_seconds(sessions=[server_pid])[server_pid]
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # perf_analyzer, once reaped
+    return {
+        "tritonserver": server,
+        "python_stubs": session - server,
+        "perf_analyzer": usage.ru_utime + usage.ru_stime,
+    }
+
+
+def bench_triton(
+    args: argparse.Namespace, repo: Path, pa: PaOptions, run_dir: Path, results: Results
+) -> None:
+    from conch.devtools.redis_server import free_port
+
+    layout = triton_layout()
+    tdir = Path(layout["purelib"]) / "pytriton" / "tritonserver"
+    served = triton_models(args.models)
+    for m in served:
+        if m not in pa.input_files:
+            pa.input_files[m] = write_input_data(repo, m, run_dir / f"input-{m}.json")
+    port = free_port()
+    cmd = [
+        str(tdir / "bin" / "tritonserver"),
+        "--model-repository",
+        str(repo),
+        "--backend-directory",
+        str(tdir / "backends"),
+        "--cache-directory",
+        str(tdir / "caches"),
+        "--http-address",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--allow-grpc",
+        "false",  # perf_analyzer speaks HTTP here; one port and thread pool less
+        "--metrics-address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(free_port()),
+        "--allow-gpu-metrics",
+        "false",
+        "--exit-timeout-secs",
+        "5",
+        # The ONNX models are in the same repository; the wheel has no backend for them.
+        "--model-control-mode",
+        "explicit",
+    ]
+    for m in served:
+        cmd += ["--load-model", m]
+    env = {
+        # The Python backend stub embeds libpython of the venv's base interpreter.
+        "LD_LIBRARY_PATH": os.pathsep.join(
+            p
+            for p in (
+                layout["libdir"],
+                str(Path(layout["purelib"]) / "nvidia_pytriton.libs"),
+                os.environ.get("LD_LIBRARY_PATH", ""),
+            )
+            if p
+        ),
+        # ... and finds numpy and onnxruntime through the venv's python on PATH.
+        "PATH": f"{TRITON_VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    with procs.Group(run_dir / "logs") as group:
+        server = group.start("tritonserver", cmd, env=env)
+        say(f"triton: waiting for {', '.join(served)} on 127.0.0.1:{port}")
+        procs.wait_until(
+            lambda: _http_ok(f"http://127.0.0.1:{port}/v2/health/ready"),
+            180,
+            group,
+            "tritonserver readiness",
+        )
+        for model in served:
+            for c in args.concurrency:
+                group.check_alive()
+                say(f"triton: {model} at concurrency {c}")
+                before = _triton_stats(port, model)
+                cpu0 = _triton_cpu(server.pid)
+                t0 = time.monotonic()
+                point = run_perf_analyzer(
+                    pa, f"127.0.0.1:{port}", model, c, run_dir, "triton", json=False
+                )
+                point.wall_s = time.monotonic() - t0
+                cpu1 = _triton_cpu(server.pid)
+                after = _triton_stats(port, model)
+                executions, requests = after[0] - before[0], after[2] - before[2]
+                if executions > 0:
+                    point.executions = executions
+                    point.mean_batch = (after[1] - before[1]) / executions
+                if requests > 0:
+                    point.cpu_ms_per_request = {
+                        k: 1000 * (cpu1[k] - cpu0[k]) / requests for k in cpu0
+                    }
+                results.points.append(point)
+                _report_point(point)
 
 
 # --------------------------------------------------------------------------- in process
@@ -504,14 +661,33 @@ def rows_per_second(session: Any, batch: int, budget_s: float) -> float:
             return batch * runs / elapsed
 
 
+ONNX_SOURCE = {py: onnx for onnx, py in models.TRITON_TWIN.items()}
+
+
+def onnx_source(model: str) -> str | None:
+    """The ONNX model whose file ``model`` runs (itself, or its twin's); None for add_sub."""
+    if model in models.ONNX_MODELS:
+        return model
+    return ONNX_SOURCE.get(model)
+
+
+def inprocess_models(chosen: list[str]) -> list[str]:
+    out: list[str] = []
+    for m in chosen:
+        src = onnx_source(m)
+        if src and src not in out:
+            out.append(src)
+    return out
+
+
 def bench_inprocess(args: argparse.Namespace, repo: Path, results: Results) -> None:
     budget = 0.5 if args.quick else 1.5
-    for model in args.models:
+    for model in inprocess_models(args.models):
         session = ort_session(repo / model / "1" / "model.onnx")
         sizes = {1} | {
             max(1, round(p.mean_batch))
             for p in results.points
-            if p.model == model and p.mean_batch is not None
+            if p.server == "conch" and onnx_source(p.model) == model and p.mean_batch is not None
         }
         table = results.inprocess.setdefault(model, {})
         for b in sorted(sizes):
@@ -553,15 +729,17 @@ def _inproc_at(
     if batch is None:
         return None, None
     b = max(1, round(batch))
-    return b, results.inprocess.get(model, {}).get(b)
+    src = onnx_source(model)
+    return b, (results.inprocess.get(src, {}).get(b) if src else None)
 
 
 def format_table(results: Results, args: argparse.Namespace) -> str:
     head = (
         "| model | conc | conch infer/s | p50 ms | p99 ms | mean batch | in-process infer/s "
-        "@ batch | conch / in-process | MLServer best infer/s (variant) | conch ÷ MLServer |"
+        "@ batch | conch / in-process | MLServer best infer/s (variant) | conch ÷ MLServer "
+        "| Triton infer/s (Triton's model) | conch ÷ Triton |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 12]
     for model in args.models:
         for c in args.concurrency:
             p = results.get("conch", model, c) or Point("conch", model, c)
@@ -569,16 +747,46 @@ def format_table(results: Results, args: argparse.Namespace) -> str:
             best = results.mlserver_best(model, c)
             ratio_ip = p.infer_per_s / inproc if p.infer_per_s and inproc else None
             ratio_ml = p.infer_per_s / best.infer_per_s if p.infer_per_s and best else None
-            best_txt = (
-                f"{best.infer_per_s:,.0f} ({best.server.removeprefix('mlserver-')})"
-                if best and best.infer_per_s
-                else ("skipped" if args.skip_mlserver else "n/a")
+            if best and best.infer_per_s:
+                best_txt = f"{best.infer_per_s:,.0f} ({best.server.removeprefix('mlserver-')})"
+            elif model not in models.ONNX_MODELS:
+                best_txt = "not served (Python model)"
+            else:
+                best_txt = "skipped" if args.skip_mlserver else "n/a"
+            tmodel = models.TRITON_TWIN.get(model, model)
+            t = results.get("triton", tmodel, c)
+            ratio_t = (
+                p.infer_per_s / t.infer_per_s if p.infer_per_s and t and t.infer_per_s else None
             )
+            if args.skip_triton:
+                t_txt = "skipped"
+            else:
+                t_txt = _f(t.infer_per_s if t else None, ",.0f")
+                if tmodel != model:
+                    t_txt += f" ({tmodel}: wheel has no ONNX backend)"
             lines.append(
                 f"| {model} | {c} | {_f(p.infer_per_s, ',.0f')} | {_f(p.p50_ms, '.2f')} "
                 f"| {_f(p.p99_ms, '.2f')} | {_f(p.mean_batch, '.1f')} "
-                f"| {_f(inproc, ',.0f')} @ {b if b else 'n/a'} | {_ratio(ratio_ip)} "
-                f"| {best_txt} | {_ratio(ratio_ml)} |"
+                f"| {f'{inproc:,.0f} @ {b}' if inproc else 'n/a'} | {_ratio(ratio_ip)} "
+                f"| {best_txt} | {_ratio(ratio_ml)} | {t_txt} | {_ratio(ratio_t)} |"
+            )
+    return "\n".join(lines)
+
+
+def format_triton_table(results: Results, args: argparse.Namespace) -> str:
+    lines = [
+        "| Triton model | conc | infer/s | p50 ms | p99 ms | mean batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model in triton_models(args.models):
+        for c in args.concurrency:
+            p = results.get("triton", model, c)
+            if p is None:
+                continue
+            note = f" ({p.error})" if p.error and p.infer_per_s is None else ""
+            lines.append(
+                f"| {model} | {c} | {_f(p.infer_per_s, ',.0f')}{note} "
+                f"| {_f(p.p50_ms, '.2f')} | {_f(p.p99_ms, '.2f')} | {_f(p.mean_batch, '.1f')} |"
             )
     return "\n".join(lines)
 
@@ -602,25 +810,35 @@ def format_mlserver_table(results: Results, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+CPU_KEYS = ("gateway", "worker", "redis", "tritonserver", "python_stubs", "perf_analyzer")
+
+
 def format_cpu_table(results: Results, args: argparse.Namespace) -> str:
-    """Where conch's CPU went: per request, by process, over each perf_analyzer run."""
-    keys = ("gateway", "worker", "redis", "perf_analyzer")
+    """Where conch's and Triton's CPU went: per request, by process, per perf_analyzer run."""
     lines = [
-        "| model | conc | " + " | ".join(keys) + " | total | cores used |",
-        "|---|---|" + "---|" * (len(keys) + 2),
+        "| model | conc | server | " + " | ".join(CPU_KEYS) + " | total | cores used |",
+        "|---|---|---|" + "---|" * (len(CPU_KEYS) + 2),
     ]
     for model in args.models:
         for c in args.concurrency:
-            p = results.get("conch", model, c)
-            if p is None or not p.cpu_ms_per_request:
-                continue
-            total = sum(p.cpu_ms_per_request.values())
-            cores = total / 1000 * (p.infer_per_s or 0)
-            lines.append(
-                f"| {model} | {c} | "
-                + " | ".join(f"{p.cpu_ms_per_request[k]:.2f}" for k in keys)
-                + f" | {total:.2f} | {cores:.2f} |"
-            )
+            for server, served in (
+                ("conch", model),
+                ("triton", models.TRITON_TWIN.get(model, model)),
+            ):
+                p = results.get(server, served, c) if served else None
+                if p is None or not p.cpu_ms_per_request:
+                    continue
+                if server == "triton" and served != model and served in args.models:
+                    continue  # printed on the Python model's own rows
+                cpu = p.cpu_ms_per_request
+                total = sum(cpu.values())
+                cores = total / 1000 * (p.infer_per_s or 0)
+                label = server if served == model else f"{server} ({served})"
+                lines.append(
+                    f"| {model} | {c} | {label} | "
+                    + " | ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in CPU_KEYS)
+                    + f" | {total:.2f} | {cores:.2f} |"
+                )
     return "\n".join(lines)
 
 
@@ -683,10 +901,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="1 s windows, shorter in-process timing")
     p.add_argument("--skip-mlserver", action="store_true", help="do not run MLServer")
+    p.add_argument("--skip-triton", action="store_true", help="do not run NVIDIA Triton")
     p.add_argument(
         "--models",
         default=",".join(ALL_MODELS),
-        help=f"comma-separated, from {', '.join(ALL_MODELS)} (default: both)",
+        help=f"comma-separated, from {', '.join(ALL_MODELS)} (default: all)",
     )
     p.add_argument(
         "--concurrency",
@@ -786,6 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_conch(args, repo, pa, run_dir, results)
         if not args.skip_mlserver:
             bench_mlserver(args, repo, pa, run_dir, results)
+        if not args.skip_triton:
+            bench_triton(args, repo, pa, run_dir, results)
         bench_inprocess(args, repo, results)
     except KeyboardInterrupt:
         say("interrupted; every process this run started has been stopped")
@@ -802,9 +1023,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nWARNING: the CPUs were {busy:.0%} busy with other work when the run began.")
     print(
         f"\nconch benchmark ({os.cpu_count()} CPUs; perf_analyzer -i http, "
-        f"{args.window_ms} ms windows; conch binary tensors, MLServer JSON)\n"
+        f"{args.window_ms} ms windows; conch and Triton binary tensors, MLServer JSON)\n"
     )
-    for model in args.models:
+    for model in inprocess_models(args.models):
         row1 = results.inprocess.get(model, {}).get(1)
         if row1:
             per_row = 1000 / row1
@@ -818,13 +1039,20 @@ def main(argv: list[str] | None = None) -> int:
             )
     print()
     print(format_table(results, args))
+    if not args.skip_triton:
+        print(
+            "\nNVIDIA Triton 2.51 (PyPI nvidia-pytriton 0.7.0) has no ONNX backend: it serves "
+            "the Python models only; an ONNX model's row compares conch's ONNX model with "
+            "Triton's Python model running onnxruntime on the same file.\n"
+        )
+        print(format_triton_table(results, args))
     print(
-        "\nconch: CPU ms per request by process over each perf_analyzer run "
-        "(cores used = total x infer/s; this machine has "
+        "\nCPU ms per request by process over each perf_analyzer run (python_stubs: Triton's "
+        "Python backend stub processes; cores used = total x infer/s; this machine has "
         f"{os.cpu_count()}):\n"
     )
     print(format_cpu_table(results, args))
-    if not args.skip_mlserver:
+    if not args.skip_mlserver and any(p.server.startswith("mlserver-") for p in results.points):
         print()
         print(format_mlserver_table(results, args))
     notes = [p for p in results.points if p.error]
