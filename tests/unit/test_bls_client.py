@@ -561,7 +561,57 @@ def test_the_python_backend_hands_its_batch_context_to_bls_calls(
     assert from_init == call_context.CallContext("ctx")
     assert from_execute == call_context.CallContext("ctx", (("a",), ()), 40.0, 0)
     assert call_context.CURRENT.get() is None  # reset after execute
-    assert pb.BLS_PORT.get() is None  # the port too
+    assert pb._current_port() is None  # the port too, once the instance unloaded
+
+
+THREAD_MODEL = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        def call():  # a thread the model starts itself, with no context of its own
+            out.append(pb_utils.InferenceRequest(model_name="inner").exec())
+        worker = threading.Thread(target=call)
+        worker.start()
+        worker.join()
+        self.error = out[0].error().message() if out[0].has_error() else None
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones((1, 2), np.float32))])
+            for _ in requests
+        ]
+"""
+
+
+def test_a_thread_the_model_starts_reaches_the_workers_port_as_in_triton(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    (root / "thr" / "1").mkdir(parents=True)
+    (root / "thr" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+    )
+    (root / "thr" / "1" / "model.py").write_text(THREAD_MODEL)
+    entry = ModelRepository(root, complete=complete).read_model("thr")
+    assert entry.error is None, entry.error
+    port = SlowClient()
+    backend = backend_class("python")(
+        dataclasses.replace(entry.spec(1), bls=port), entry.instances()[0]
+    )
+    backend.load()
+    try:
+        [result] = backend.execute([BackendRequest({"X": np.ones((1, 2), np.float32)}, ["OUT"])])
+        assert isinstance(result, dict), result
+        assert backend.model.error is None
+        assert port.seen == [None]  # reached, with no batch context to inherit
+    finally:
+        backend.unload()
+    # Unloaded: a context-less call has no port to fall back on any more.
+    resp = pb.InferenceRequest(model_name="inner").exec()
+    assert resp.has_error() and "needs a conch worker" in resp.error().message()
 
 
 FINALIZE_MODEL = """

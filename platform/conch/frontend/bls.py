@@ -22,10 +22,11 @@ here, as the gateway would: every step a request on its model's queue.
 Deadline: a call inherits the deadline of the batch it is made from (the smallest of
 its requests' deadlines), which the Python backend keeps in ``CURRENT`` around
 ``execute``; the BLS request's own ``timeout`` (µs) can only shorten it. ``async_exec``
-carries the context into its thread; a thread the model starts itself does not, and
-so does not see this client either (the Python backend hands the client to the model in
-the same context: ``pb_utils`` then answers that the call needs a conch worker) unless it
-runs the call in ``contextvars.copy_context()``.
+carries the context into its thread; a thread the model starts itself does not: its
+calls still reach this client, as Triton serves them (``pb_utils`` falls back to the port
+the worker handed its Python backends), but inherit no deadline and no call chain (the
+default timeout, no cycle check; the client logs a warning) unless the thread runs the
+call in ``contextvars.copy_context()``.
 
 Deadlock: the instance making a BLS call is busy until the call returns. A call to a
 model that is itself waiting on that instance (the caller itself, or a model earlier in

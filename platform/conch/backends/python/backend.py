@@ -212,6 +212,7 @@ class PythonBackend(Backend):
         self.model: Any = None
         self._module: ModuleType | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._offered = False  # this instance offered its BLS port to the model's threads
 
     # -- auto-complete --------------------------------------------------------------------
 
@@ -275,6 +276,8 @@ class PythonBackend(Backend):
         _check_not_decoupled(config, self.spec.name)
         if not model_file.is_file():
             raise ModelLoadError(f"model '{self.spec.name}': model file {model_file} not found")
+        pb.offer_port_to_threads(self.spec.bls)  # for threads the model starts itself
+        self._offered = True
         self._module = import_model_file(model_file, self.spec.name, str(self.spec.version))
         try:
             cls = _model_class(self._module, self.spec.name, model_file)
@@ -313,6 +316,9 @@ class PythonBackend(Backend):
 
     def _release(self) -> None:
         self.model = None
+        if self._offered:
+            self._offered = False
+            pb.withdraw_port_from_threads(self.spec.bls)
         if self._loop is not None:
             loop, self._loop = self._loop, None
             try:

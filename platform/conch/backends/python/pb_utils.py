@@ -94,8 +94,8 @@ TRITONSERVER_MEMORY_GPU = 2
 
 _NO_WORKER = (
     "business logic scripting (calling another model from a Python model) needs a conch "
-    "worker, and this call is not made in one (from a model's initialize, execute or "
-    "finalize; a thread the model starts must run it in contextvars.copy_context())"
+    "worker, and this process has no Python model loaded by one (BLS runs from a model's "
+    "initialize, execute or finalize, or from threads the model starts, in a conch worker)"
 )
 
 # The BLS port of the model instance running now (``conch.core.model_spec.BlsPort``: the
@@ -103,7 +103,49 @@ _NO_WORKER = (
 # ``unload``). The python backend sets it around initialize, execute and finalize, from the
 # spec it was given; async_exec's threads get it with the caller's context. No process-wide
 # client: a model reaches only the port it was handed.
-BLS_PORT: contextvars.ContextVar[Any] = contextvars.ContextVar("conch_bls_port", default=None)
+_UNSET: Any = object()
+BLS_PORT: contextvars.ContextVar[Any] = contextvars.ContextVar("conch_bls_port", default=_UNSET)
+
+# A thread the model starts itself (a ThreadPoolExecutor issuing BLS calls, say) runs in a
+# fresh context, without BLS_PORT: Triton serves such calls, so conch does too, through the
+# port the worker handed this process's Python backends (one BlsClient per worker process;
+# they all carry the same one). Such a call inherits no deadline and no call chain (the
+# client logs a warning saying so). A backend with no port (outside a worker) sets
+# BLS_PORT to None explicitly, so its calls never fall back to another instance's port.
+_thread_port: Any = None
+_port_users: dict[int, int] = {}  # id(port) -> instances loaded with it
+_port_lock = threading.Lock()
+
+
+def offer_port_to_threads(port: Any) -> None:
+    """An instance with a BLS port loaded: its model's own threads may use the port."""
+    global _thread_port
+    if port is None:
+        return
+    with _port_lock:
+        _port_users[id(port)] = _port_users.get(id(port), 0) + 1
+        _thread_port = port
+
+
+def withdraw_port_from_threads(port: Any) -> None:
+    """That instance unloaded: once no loaded instance has the port, threads lose it."""
+    global _thread_port
+    if port is None:
+        return
+    with _port_lock:
+        left = _port_users.get(id(port), 0) - 1
+        if left > 0:
+            _port_users[id(port)] = left
+            return
+        _port_users.pop(id(port), None)
+        if _thread_port is port:
+            _thread_port = None
+
+
+def _current_port() -> Any:
+    port = BLS_PORT.get()
+    return _thread_port if port is _UNSET else port
+
 
 # The threads async_exec waits in. Unlike the port, this is a resource of the process, not
 # a client: every instance's async_exec calls share one bounded pool (BLS_THREADS blocked
@@ -558,7 +600,7 @@ class InferenceRequest:
         is raised. The call inherits the deadline of the request being executed, which
         ``timeout`` (microseconds) can only shorten.
         """
-        client = BLS_PORT.get()
+        client = _current_port()
         if client is None:
             return InferenceResponse(
                 error=TritonError(
@@ -594,7 +636,7 @@ class InferenceRequest:
 
 
 def _model_control(what: str, model_name: str, call: Callable[[Any], None]) -> None:
-    client = BLS_PORT.get()
+    client = _current_port()
     if client is None:
         raise TritonModelException(f"{_NO_WORKER}: {what}('{model_name}') cannot run")
     try:
@@ -647,7 +689,7 @@ def error_response(error: ConchError, model: str) -> InferenceResponse:
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether a live worker has ``model_name`` (``model_version``, "" = latest) ready."""
-    client = BLS_PORT.get()
+    client = _current_port()
     if client is None:
         raise TritonModelException(f"{_NO_WORKER}: is_model_ready('{model_name}') cannot run")
     return bool(client.is_ready(model_name, model_version))
