@@ -93,11 +93,9 @@ def worker(settings: Settings) -> int:
 
 
 def gateway(settings: Settings) -> int:
-    if settings.http_worker_uses_gevent:
-        # Patch before redis (and ssl through it) is imported, as gevent asks.
-        from gevent import monkey
+    from conch.frontend.http.gevent_patch import patch_if_gevent
 
-        monkey.patch_all()
+    patch_if_gevent(settings.http_worker_uses_gevent)  # before redis or gunicorn load
     from conch.devtools import redis_server
     from conch.frontend.http.server import run
 

@@ -1,5 +1,5 @@
-"""The HTTP frontend: Triton's HTTP/REST protocol as a Flask app, served by gunicorn."""
+"""The HTTP frontend: Triton's HTTP/REST protocol as a Flask app, served by gunicorn.
 
-from conch.frontend.http.app import create_app
-
-__all__ = ["create_app"]
+Importing the package imports nothing else, so ``gevent_patch`` can run before redis,
+ssl or gunicorn are loaded; the app factory is ``conch.frontend.http.app.create_app``.
+"""
