@@ -304,6 +304,16 @@ def test_non_numeric_and_zero_prefixed_version_dirs_are_ignored(tmp_path):
     assert only(tmp_path, "m").versions == [1, 2]
 
 
+def test_version_dirs_follow_the_repository_key_rule_repo_sync_writes_by(tmp_path):
+    # Versions are int64 in Triton; a folder name longer than 18 digits is not one, for the
+    # repository as for repo_sync (core.repository_keys.VERSION_NAME, the one rule).
+    write_model(tmp_path, "m", versions=(1,), config="version_policy { all { } }")
+    mlp(tmp_path / "m" / ("9" * 18) / "model.onnx")
+    mlp(tmp_path / "m" / ("9" * 19) / "model.onnx")
+    mlp(tmp_path / "m" / "\u0661" / "model.onnx")  # ARABIC-INDIC DIGIT ONE: not ASCII
+    assert only(tmp_path, "m").versions == [1, int("9" * 18)]
+
+
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [

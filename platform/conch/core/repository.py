@@ -26,7 +26,7 @@ from conch.core.datatypes import config_to_wire
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
 from conch.core.model_config import config_to_json, json_to_config, new_config, parse_config
 from conch.core.model_spec import InstanceSpec, ModelSpec
-from conch.core.repository_keys import MODEL_NAME
+from conch.core.repository_keys import MODEL_NAME, VERSION_NAME
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ DEFAULT_INSTANCE_COUNT = 1
 
 
 def _is_version_dir(path: Path) -> bool:
-    name = path.name
-    return path.is_dir() and name.isdigit() and name.isascii() and not name.startswith("0")
+    # The repository's one rule for version folders (repo_sync writes by it too).
+    return VERSION_NAME.fullmatch(path.name) is not None and path.is_dir()
 
 
 class Completer(Protocol):
