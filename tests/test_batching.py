@@ -14,7 +14,7 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch.wire import keys, worker_reports
+from conch.wire import broker, keys, worker_reports
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until
 
@@ -243,10 +243,14 @@ def _completion_order(url: str, db: str, model: str) -> list[float]:
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, 150.0)]  # about half a second on one instance
-        # The short ones go once the long one is taken (in flight), not after a guess
-        # at how long that takes on a loaded machine.
+        # The short ones go once the long one is taken (in flight on this model's queue),
+        # not after a guess at how long that takes on a loaded machine, nor on another
+        # request's say-so (the unacked hash is shared by every model: look for this one's).
         inflight = redis.Redis.from_url(db)
-        wait_until(lambda: inflight.zcard(keys.UNACKED_INDEX) > 0, 10, "the long request")
+        queue = broker.queue_name(model).encode()
+        wait_until(
+            lambda: any(queue in v for v in inflight.hvals(keys.UNACKED)), 10, "the long request"
+        )
         for _ in range(6):
             futures.append(pool.submit(one, 1.0))  # a few milliseconds each, on the other
             time.sleep(0.01)
