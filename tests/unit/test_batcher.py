@@ -30,6 +30,7 @@ class FakeDrain:
     def __init__(self) -> None:
         self.queued: list[tuple[str, bytes, int]] = []
         self.waiting = 0
+        self.taken: list[tuple[str, int]] = []  # (how, count) of every pop that took some
 
     def put(self, msg: InferMessage, attempts: int = 1) -> None:
         raw = broker.envelope(
@@ -37,13 +38,21 @@ class FakeDrain:
         )
         self.queued.append((msg.id, raw, attempts))
 
-    def pop(self, count: int) -> list[tuple[str, bytes, int]]:
+    def pop(self, count: int, how: str = "pop") -> list[tuple[str, bytes, int]]:
         taken, self.queued = self.queued[:count], self.queued[count:]
         self.waiting = len(self.queued)
+        if taken:
+            self.taken.append((how, len(taken)))
         return taken
 
     def wait(self, timeout: float) -> None:
         time.sleep(min(timeout, 0.01))
+
+    def queue_pop(self, pipe: Any, count: int) -> None:
+        pipe.calls.append(("pop", (count,)))
+
+    def popped(self, result: Any, count: int) -> list[tuple[str, bytes, int]]:
+        return self.pop(count, how="with the replies")
 
 
 class FakeSink:
@@ -72,9 +81,9 @@ class FakePipe:
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: self.calls.append((name, args))
 
-    def execute(self) -> list:
+    def execute(self, raise_on_error: bool = True) -> list:
         self.calls.append(("execute", ()))
-        return []
+        return [None]  # the pop's slot, when one was queued (FakeDrain pops itself)
 
 
 class FakeClient:
@@ -182,6 +191,21 @@ def test_queued_requests_run_as_one_batch_and_each_gets_its_reply_then_an_ack() 
         }
     ]
     assert inflight.snapshot() == []
+
+
+def test_the_next_pop_shares_the_round_trip_of_the_batch_before_it() -> None:
+    drain, sink, client, backend = FakeDrain(), FakeSink(), FakeClient(), Doubler()
+    msgs = [message(1) for _ in range(10)]
+    for m in msgs:
+        drain.put(m)
+    batcher = make(drain, sink, client, backends={1: backend})
+    run_until(batcher, lambda: len(sink.replies) == 10)
+    assert backend.batches == [8, 2]
+    # The second batch came from the pop queued behind the first one's replies and acks.
+    assert drain.taken == [("pop", 8), ("with the replies", 2)]
+    first_ack = client.calls.index(("hdel", (keys.UNACKED, *[m.id for m in msgs[:8]])))
+    pop = client.calls.index(("pop", (8,)))
+    assert first_ack < pop < client.calls.index(("execute", ()), first_ack)
 
 
 def test_requests_that_must_not_run_are_answered_or_dropped_without_running() -> None:

@@ -177,6 +177,9 @@ class Batcher(threading.Thread):
         )
         self.stopping = threading.Event()
         self._carry: list[Item] = []
+        # Messages popped in the same round trip as the last batch's replies (``_send``),
+        # not yet admitted; None when no pop rode along.
+        self._prefetched: list[tuple[str, bytes, int]] | None = None
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
@@ -189,6 +192,9 @@ class Batcher(threading.Thread):
             except Exception:
                 log.exception("%s: unexpected error in the batch loop", self.name)
                 time.sleep(0.1)
+        if self._prefetched:
+            self._carry += self._admit_all([(*m, -1) for m in self._prefetched])
+        self._prefetched = None
         self._hand_back(self._carry)
         self._carry = []
 
@@ -198,7 +204,13 @@ class Batcher(threading.Thread):
     def _once(self) -> None:
         items, self._carry = self._carry, []
         if not items:
-            items = self._take(self.policy.max_batch_size)
+            if self._prefetched is not None:
+                popped, self._prefetched = self._prefetched, None
+                items = self._admit_all([(*m, -1) for m in popped])
+                if not items and popped:
+                    return  # all dealt with on admission: pop again at once
+            else:
+                items = self._take(self.policy.max_batch_size)
             if not items:
                 self.drain.wait(self.idle_poll)
                 return
@@ -228,7 +240,10 @@ class Batcher(threading.Thread):
         return [(tag, raw, attempts, first + k) for k, (tag, raw, attempts) in enumerate(popped)]
 
     def _take(self, count: int) -> list[Item]:
-        popped = self._pop(count)
+        return self._admit_all(self._pop(count))
+
+    def _admit_all(self, popped: list[tuple[str, bytes, int, int]]) -> list[Item]:
+        """Popped messages as batch items; the ones dealt with on admission are acked."""
         if not popped:
             return []
         self.inflight.add([tag for tag, _, _, _ in popped])
@@ -359,7 +374,11 @@ class Batcher(threading.Thread):
             if phases is not None:
                 runs.append(self._execution(used, items, replies, phases))
         if self.sequencer is None:
-            self._send(batch, replies, runs)
+            # The next pop rides with these replies: one round trip per batch, not two.
+            # Not with requests carried over (they lead the next batch), nor while
+            # stopping; with preserve_ordering pops take tickets, so they go alone.
+            prefetch = not self._carry and not self.stopping.is_set()
+            self._send(batch, replies, runs, prefetch=self.policy.max_batch_size if prefetch else 0)
         else:
             ordered = sorted(batch, key=lambda i: i.ticket)
             for k, item in enumerate(ordered):
@@ -394,9 +413,18 @@ class Batcher(threading.Thread):
         return run
 
     def _send(
-        self, items: list[Item], replies: dict[str, Reply], runs: list[statistics.Execution]
+        self,
+        items: list[Item],
+        replies: dict[str, Reply],
+        runs: list[statistics.Execution],
+        *,
+        prefetch: int = 0,
     ) -> None:
-        """Reply, then ack: a crash in between re-runs the request, never loses it."""
+        """Reply, then ack: a crash in between re-runs the request, never loses it.
+
+        With ``prefetch``, up to that many messages are popped in the same round trip,
+        after the acks, for the next batch (``_once`` takes them).
+        """
         pipe = self.client.pipeline(transaction=False)
         now_ms = int(time.time() * 1000)
         for run in runs:
@@ -404,8 +432,17 @@ class Batcher(threading.Thread):
         self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])
         tags = [i.tag for i in items]
         ack(pipe, tags)
-        pipe.execute()
+        if prefetch:
+            self.drain.queue_pop(pipe, prefetch)
+        results = pipe.execute(raise_on_error=False)
         self.inflight.discard(tags)
+        errors = [r for r in results[: -1 if prefetch else None] if isinstance(r, Exception)]
+        if prefetch:
+            popped = self.drain.popped(results[-1], prefetch)
+            self.inflight.add([tag for tag, _, _ in popped])
+            self._prefetched = popped
+        if errors:
+            raise errors[0]
 
     def _run(
         self, backend: Backend, items: list[Item], replies: dict[str, Reply], started: float

@@ -109,7 +109,30 @@ class Drain:
         """
         if count <= 0:
             return []
-        flat = self._pop(keys=self.keys, args=[count, time.time(), self.queue, WAKE_CAP])
+        return self._unpack(self._pop(keys=self.keys, args=self._args(count)))
+
+    def queue_pop(self, pipe: redis.client.Pipeline, count: int) -> None:
+        """Queue a pop on ``pipe``, to share the round trip of the replies before it.
+
+        ``popped`` reads its result. The script goes by SHA alone: redis-py's own
+        pipelined scripts ask ``SCRIPT EXISTS`` first, a round trip of its own.
+        """
+        pipe.execute_command(
+            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count)
+        )
+
+    def popped(self, result: object, count: int) -> list[tuple[str, bytes, int]]:
+        """The messages a ``queue_pop`` took, given its slot of the pipeline's results."""
+        if isinstance(result, redis.exceptions.NoScriptError):  # Redis restarted or flushed
+            return self.pop(count)
+        if isinstance(result, BaseException):
+            raise result
+        return self._unpack(result)
+
+    def _args(self, count: int) -> list:
+        return [count, time.time(), self.queue, WAKE_CAP]
+
+    def _unpack(self, flat: list) -> list[tuple[str, bytes, int]]:
         self.waiting = int(flat[0])
         return [(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(1, len(flat), 3)]
 
