@@ -193,6 +193,9 @@ class Publisher:
             leader = not self._flushing
             self._flushing = True
         if leader:
+            # Let callers that are ready to publish too (other greenlets or threads
+            # mid-request) join this flush before it goes: one round trip for all.
+            time.sleep(0)
             self._flush()
         entry.done.wait()
         if entry.error is not None:
