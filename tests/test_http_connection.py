@@ -184,3 +184,58 @@ def test_the_metrics_port_does_not_serve_infer(services: dict[str, str]) -> None
         timeout=30,
     )
     assert r.status_code == 404
+
+
+def test_other_requests_share_a_connection_with_infer_calls(services: dict[str, str]) -> None:
+    """Plain infer calls are read by the gateway's own loop and the rest by gunicorn's
+    parser; one keep-alive connection passes between the two, pipelined bytes and all."""
+    x = np.random.default_rng(7).standard_normal((2, 64), dtype=np.float32)
+    ready = b"GET /v2/models/mlp/ready HTTP/1.1\r\nHost: test\r\n\r\n"
+    chunked = (
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + f"{len(_body(x)):x}\r\n".encode()
+        + _body(x)
+        + b"\r\n0\r\n\r\n"
+    )
+    stream = _request(_body(x)) + ready + chunked + _request(_body(x)) + ready
+    with _connect(services["gevent"]) as sock:
+        buf = bytearray()
+        sock.sendall(stream)  # all five at once
+        for kind in ("infer", "ready", "infer", "infer", "ready"):
+            status, headers, body = _read_response(sock, buf)
+            assert status == "HTTP/1.1 200 OK", (kind, body)
+            assert headers["connection"] == "keep-alive"
+            if kind == "infer":
+                np.testing.assert_allclose(_outputs(body), reference_mlp(x), rtol=1e-4, atol=1e-5)
+        # A request that arrives a byte at a time is read whole.
+        for byte in _request(_body(x)):
+            sock.send(bytes([byte]))
+        status, _, body = _read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK", body
+        np.testing.assert_allclose(_outputs(body), reference_mlp(x), rtol=1e-4, atol=1e-5)
+
+
+def test_odd_or_oversized_infer_calls_get_a_clear_400(services: dict[str, str]) -> None:
+    body = _body(np.ones((1, 64), np.float32))
+    # A malformed header line: gunicorn's strict parser answers it.
+    with _connect(services["gevent"]) as sock:
+        sock.sendall(_request(body, headers="Bad Header: x\r\n"))
+        status, _, _ = _read_response(sock, bytearray())
+        assert status.startswith("HTTP/1.1 400"), status
+    # Two different lengths: request smuggling's shape, refused, never guessed.
+    with _connect(services["gevent"]) as sock:
+        sock.sendall(_request(body, headers="Content-Length: 5\r\n"))
+        status, _, _ = _read_response(sock, bytearray())
+        assert status.startswith("HTTP/1.1 400"), status
+    # A body over --http-max-input-size: Triton's error, and the connection closes
+    # without the body being read.
+    with _connect(services["gevent"]) as sock:
+        buf = bytearray()
+        sock.sendall(
+            b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nContent-Length: 999999999999\r\n\r\n"
+        )
+        status, headers, got = _read_response(sock, buf)
+        assert status == "HTTP/1.1 400 Bad Request"
+        assert "--http-max-input-size" in json.loads(got)["error"]
+        assert headers["connection"] == "close"
+        assert sock.recv(1) == b""

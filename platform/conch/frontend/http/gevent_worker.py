@@ -7,28 +7,35 @@
 - A response goes out in one write: status line and headers with the body, instead of
   a separate send for the headers (measured: that send alone was a tenth of the
   gateway's CPU per infer call).
-- Infer calls skip WSGI altogether: gunicorn parses the request, the data plane answers
-  it and the worker writes the bytes, with no environ, response object or middleware
-  between (the rest of the API, and the metrics port, go through the WSGI app).
+- Infer calls skip WSGI altogether: the data plane answers them and the worker writes
+  the bytes, with no environ, response object or middleware between (the rest of the
+  API, and the metrics port, go through the WSGI app).
+- An infer call in its plain form (``infer_head``) skips gunicorn's parser too: the
+  connection loop here reads it, and hands every other request on the connection,
+  bytes and all, to gunicorn's parser and WSGI, then takes the connection back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
+import ssl
 import time
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import gevent
-from gunicorn import util
+from gunicorn import http, util
 from gunicorn.http import wsgi
 from gunicorn.workers.ggevent import GeventWorker
 
 from conch.frontend.dataplane import DataPlane
-from conch.frontend.http import routes
+from conch.frontend.http import infer_head, routes
 from conch.frontend.http.fast_path import INFER_PATH, serve_infer, status_line
+
+_READ = 64 * 1024
 
 
 class _OneWriteResponse(wsgi.Response):
@@ -98,9 +105,122 @@ class GatewayWorker(GeventWorker):
     def handle(self, listener: Any, client: socket.socket, addr: Any) -> None:
         self._idle[client] = True
         try:
-            super().handle(listener, client, addr)
+            if self._plain_http(listener, client, addr):
+                self._connection(listener, client, addr)
+            else:
+                super().handle(listener, client, addr)
         finally:
             self._idle.pop(client, None)
+
+    def _plain_http(self, listener: Any, client: socket.socket, addr: Any) -> bool:
+        """Whether this connection is one the loop below may read: plain HTTP/1.x with
+        keep-alive on the API port (not TLS, PROXY protocol or HTTP/2, not metrics)."""
+        cfg = self.cfg
+        return (
+            self._plane is not None
+            and bool(cfg.keepalive)
+            and not isinstance(client, ssl.SSLSocket)
+            and getattr(cfg, "proxy_protocol", "off") in ("off", False, None)
+            and getattr(cfg, "http2_cleartext", "off") in ("off", False, None)
+            and _port(listener.getsockname()) != self._metrics_port
+        )
+
+    def _connection(self, listener: Any, client: socket.socket, addr: Any) -> None:
+        """One keep-alive connection: plain infer calls here, the rest through gunicorn."""
+        name = listener.getsockname()
+        try:
+            buf = b""
+            while self.alive:
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    # Between requests the keep-alive timeout applies, as in gunicorn.
+                    client.settimeout(self.cfg.keepalive)
+                    while end < 0 and len(buf) <= infer_head.MAX_HEAD_BYTES:
+                        try:
+                            data = client.recv(_READ)
+                        except TimeoutError:
+                            return
+                        if not data:
+                            return
+                        buf += data
+                        end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
+                    client.settimeout(None)
+                head = infer_head.parse(buf, end) if end >= 0 else None
+                if head is None:
+                    rest = self._through_gunicorn(name, client, addr, buf)
+                    if rest is None:
+                        return
+                    buf = rest
+                    continue
+                self._idle[client] = False
+                buf = self._plain_infer(head, client, buf, end + 4)
+                self._idle[client] = True
+                if buf is None:
+                    return
+        except (http.errors.NoMoreData, StopIteration):
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                self.log.exception("Socket error processing request.")
+        except Exception as exc:
+            self.handle_error(None, client, addr, exc)
+        finally:
+            util.close(client)
+
+    def _plain_infer(
+        self, head: infer_head.InferHead, client: socket.socket, buf: bytes, start: int
+    ) -> bytes | None:
+        """Answer one plain infer call; the bytes after it, or None to close."""
+        assert self._plane is not None
+        length, limit = head.length, self._plane.settings.max_input_bytes
+        close = head.close
+        if length > limit:  # answered without reading the body: the connection must go
+            body, rest, close = b"", b"", True
+        else:
+            need = start + length
+            if len(buf) >= need:
+                body, rest = buf[start:need], buf[need:]
+            else:
+                parts, have = [buf[start:]], len(buf) - start
+                while have < length:
+                    data = client.recv(max(_READ, length - have))
+                    if not data:
+                        return None
+                    parts.append(data)
+                    have += len(data)
+                tail = b"".join(parts)
+                body, rest = tail[:length], tail[length:]
+        status, out, payload = serve_infer(
+            self._plane,
+            head.model,
+            head.version,
+            length=length,
+            read=lambda _n: body,
+            header=head.header,
+        )
+        return None if self._respond(client, head.http, close, status, out, payload) else rest
+
+    def _through_gunicorn(
+        self, name: Any, client: socket.socket, addr: Any, buf: bytes
+    ) -> bytes | None:
+        """One request read by gunicorn's parser (with ``buf``, the bytes read so far)
+        and answered as gunicorn answers it; the bytes read past it, or None to close."""
+        parser = http.get_parser(self.cfg, client, addr)
+        if buf:
+            parser.unreader.unread(buf)
+        req = None
+        with self.timeout_ctx():  # gevent.Timeout(keepalive, False): no request, no error
+            req = next(parser)
+        if not req:
+            return None
+        self._idle[client] = False
+        try:
+            self.handle_request(name, req, client, addr)  # StopIteration: close
+        finally:
+            self._idle[client] = True
+        if req.should_close() or not parser.finish_body():
+            return None
+        return parser.unreader.take_buffered()
 
     def handle_request(self, listener_name: Any, req: Any, sock: socket.socket, addr: Any) -> Any:
         self._idle[sock] = False
@@ -134,21 +254,33 @@ class GatewayWorker(GeventWorker):
             read=req.body.read,
             header=lambda name: headers.get(name.upper()),
         )
+        if self._respond(sock, req.version, req.should_close(), status, out, payload):
+            raise StopIteration()
+        return True
+
+    def _respond(
+        self,
+        sock: socket.socket,
+        version: tuple[int, int],
+        close: bool,
+        status: int,
+        out: list[tuple[str, str]],
+        payload: bytes,
+    ) -> bool:
+        """Write one infer response in one send; True when the connection then closes."""
         self.nr += 1
         if self.nr >= self.max_requests:
             self.alive = False
-        close = not self.alive or not self.cfg.keepalive or req.should_close()
+        close = close or not self.alive or not self.cfg.keepalive
         head = [
-            f"HTTP/{req.version[0]}.{req.version[1]} {status_line(status)}\r\n",
+            f"HTTP/{version[0]}.{version[1]} {status_line(status)}\r\n",
             f"Date: {self._date()}\r\n",
             f"Connection: {'close' if close else 'keep-alive'}\r\n",
         ]
         head.extend(f"{k}: {v}\r\n" for k, v in out)
         head.append("\r\n")
         sock.sendall("".join(head).encode("latin-1") + payload)
-        if close:
-            raise StopIteration()
-        return True
+        return close
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)

@@ -1,0 +1,75 @@
+"""The plain form of an infer call's head, and everything that is left to gunicorn."""
+
+from __future__ import annotations
+
+import pytest
+
+from conch.frontend.http import infer_head
+
+
+def _parse(head: bytes) -> infer_head.InferHead | None:
+    buf = head + b"\r\n\r\nBODY"
+    return infer_head.parse(buf, buf.find(b"\r\n\r\n"))
+
+
+PLAIN = (
+    b"POST /v2/models/mlp/versions/3/infer HTTP/1.1\r\nHost: x\r\n"
+    b"Inference-Header-Content-Length: 174\r\ncontent-length: 430"
+)
+
+
+def test_the_plain_form_is_read() -> None:
+    head = _parse(PLAIN)
+    assert head is not None
+    assert (head.model, head.version, head.http, head.length, head.close) == (
+        "mlp",
+        "3",
+        (1, 1),
+        430,
+        False,
+    )
+    assert head.header("Inference-Header-Content-Length") == "174"
+    assert head.header("Accept-Encoding") is None
+
+
+@pytest.mark.parametrize(
+    ("request_line", "connection", "close"),
+    [
+        (b"POST /v2/models/m/infer HTTP/1.1", b"", False),
+        (b"POST /v2/models/m/infer HTTP/1.1", b"Connection: Close\r\n", True),
+        (b"POST /v2/models/m/infer HTTP/1.0", b"", True),
+        (b"POST /v2/models/m/infer HTTP/1.0", b"Connection: keep-alive\r\n", False),
+    ],
+)
+def test_connection_semantics_follow_the_http_version(
+    request_line: bytes, connection: bytes, close: bool
+) -> None:
+    head = _parse(request_line + b"\r\n" + connection + b"Content-Length: 2")
+    assert head is not None and head.close is close
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2",
+        b"POST /v2/models/m/ready HTTP/1.1\r\nContent-Length: 2",
+        b"POST /v2/models/m/infer HTTP/2.0\r\nContent-Length: 2",
+        b"POST /v2/models/m/infer  HTTP/1.1\r\nContent-Length: 2",
+        b"POST /v2/models/m%2F/infer HTTP/1.1\r\nContent-Length: 2",
+        b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nContent-Length: 2",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x",  # no length
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: -2",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nUpgrade: h2c",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nX-A: 1\r\n folded",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nBad Name: 1",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nNoColon",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nX: a\nb",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nX: "
+        + b"a" * infer_head.MAX_HEAD_BYTES,
+    ],
+)
+def test_anything_else_is_left_to_gunicorn(head: bytes) -> None:
+    assert _parse(head) is None
