@@ -298,8 +298,9 @@ def bench_conch(
 
     from conch.devtools import redis_server
 
-    say("conch: starting a private redis-server")
-    private = redis_server.start_private()
+    # As `conch serve` does: a private Redis on this host, reached over a Unix socket.
+    say("conch: starting a private redis-server (Unix socket)")
+    private = redis_server.start_private(unix_socket=args.redis_unix_socket)
     try:
         with procs.Group(run_dir / "logs") as group:
             group.guard("redis-server", private.process.pid)
@@ -902,6 +903,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 s windows, shorter in-process timing")
     p.add_argument("--skip-mlserver", action="store_true", help="do not run MLServer")
     p.add_argument("--skip-triton", action="store_true", help="do not run NVIDIA Triton")
+    p.add_argument(
+        "--redis-tcp",
+        dest="redis_unix_socket",
+        action="store_false",
+        help="reach conch's private Redis over loopback TCP instead of a Unix socket",
+    )
     p.add_argument(
         "--models",
         default=",".join(ALL_MODELS),

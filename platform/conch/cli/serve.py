@@ -24,7 +24,10 @@ def run(settings: Settings) -> int:
     """Start the children, stop all of them when one exits or on SIGTERM/SIGINT."""
     from conch.devtools import redis_server
 
-    url, private = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    # A private Redis serves this host's worker and gateway alone: a Unix socket.
+    url, private = redis_server.resolve(
+        settings.redis_url, settings.local_redis_url, unix_socket=True
+    )
     log.info("broker: %s%s", url, " (private redis-server)" if private else "")
     settings = dataclasses.replace(settings, redis_url=url)
     children = [

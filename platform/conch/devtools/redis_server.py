@@ -78,12 +78,19 @@ def redis_server_binary() -> str:
     return found
 
 
-def start_private(port: int | None = None) -> PrivateRedis:
-    """A redis-server on loopback that keeps nothing on disk."""
+def start_private(port: int | None = None, *, unix_socket: bool = False) -> PrivateRedis:
+    """A redis-server on loopback that keeps nothing on disk.
+
+    With ``unix_socket`` its URL is a Unix socket in its private folder (it still
+    listens on the TCP port, for redis-cli and the like): processes on this host then
+    skip the TCP stack on every round trip.
+    """
     binary = redis_server_binary()
     port = port or free_port()
     folder = tempfile.TemporaryDirectory(prefix="conch-redis-")
     log = Path(folder.name) / "redis.log"
+    sock = Path(folder.name) / "redis.sock"
+    unix = ["--unixsocket", str(sock), "--unixsocketperm", "700"] if unix_socket else []
     proc = subprocess.Popen(
         [
             binary,
@@ -101,11 +108,12 @@ def start_private(port: int | None = None) -> PrivateRedis:
             str(log),
             "--daemonize",
             "no",
+            *unix,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    url = f"redis://127.0.0.1:{port}/0"
+    url = f"unix://{sock}?db=0" if unix_socket else f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -119,14 +127,16 @@ def start_private(port: int | None = None) -> PrivateRedis:
     raise RuntimeError("redis-server did not answer within 15 s")
 
 
-def resolve(url: str | None, local_url: str) -> tuple[str, PrivateRedis | None]:
+def resolve(
+    url: str | None, local_url: str, *, unix_socket: bool = False
+) -> tuple[str, PrivateRedis | None]:
     """The Redis to use: ``url`` if given, else ``local_url`` if a Redis answers there,
-    else a private one (the second item: stop it when done)."""
+    else a private one (the second item: stop it when done), on a Unix socket if asked."""
     if url:
         if not answers(url, 2.0):
             raise RedisNotFound(f"no Redis answers at {url} (REDIS_URL / --redis-url)")
         return url, None
     if answers(local_url):
         return local_url, None
-    private = start_private()
+    private = start_private(unix_socket=unix_socket)
     return private.url, private

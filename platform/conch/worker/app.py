@@ -26,12 +26,13 @@ from conch.backends.completion import complete
 from conch.frontend import batch_job, bls
 from conch.settings import Settings
 from conch.wire import broker, control_bus
+from conch.wire.redis_url import celery_url
 from conch.worker import steps
 from conch.worker.host import ModelHost
 
 
 def make_celery(settings: Settings) -> Celery:
-    app = Celery("conch", broker=settings.redis_url, set_as_current=False)
+    app = Celery("conch", broker=celery_url(settings.redis_url), set_as_current=False)
     vt = settings.visibility_timeout_s
     app.conf.update(
         accept_content=["msgpack", "json"],
@@ -81,7 +82,7 @@ def _make_host(settings: Settings) -> ModelHost:
 def _register_jobs(app: Celery, settings: Settings) -> None:
     """Offline batch jobs run as Celery tasks; their results live in Celery's backend."""
     app.conf.update(
-        result_backend=settings.redis_url,
+        result_backend=celery_url(settings.redis_url),
         result_serializer="msgpack",
         result_expires=settings.job_ttl_s,
         task_track_started=True,
