@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -223,26 +226,42 @@ def test_full_queue_is_refused_with_503(stack: str) -> None:
     assert served  # the ones that fit are served
 
 
+# Linux's SO_TIMESTAMPNS (Python's socket module does not name it): the kernel stamps
+# every received segment, so the order responses arrived in is read off the wire, not
+# off which client thread the GIL happened to wake first.
+SO_TIMESTAMPNS = 35
+
+
+def _infer_bytes(model: str, rounds: float) -> bytes:
+    tensor = {"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [rounds]}
+    body = json.dumps({"inputs": [tensor]}).encode()
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _arrival_ns(sock: socket.socket) -> int:
+    """When the first bytes of the response on ``sock`` reached this host (kernel time)."""
+    sock.settimeout(60)
+    data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(16))
+    assert data.startswith(b"HTTP/1.1 200"), data
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            sec, nsec = struct.unpack("qq", raw[:16])
+            return sec * 1_000_000_000 + nsec
+    raise AssertionError("no receive timestamp")
+
+
 def _completion_order(url: str, db: str, model: str) -> list[float]:
     """A long request, then short ones, over two instances: the order replies come back."""
-    done: list[float] = []
-    lock = threading.Lock()
-
-    def one(rounds: float) -> None:
-        x = np.full((1, 1), rounds, np.float32)
-        i = httpclient.InferInput("X", [1, 1], "FP32")
-        i.set_data_from_numpy(x)
-        got = (
-            httpclient.InferenceServerClient(url, network_timeout=60)
-            .infer(model, [i])
-            .as_numpy("Y")
-        )
-        np.testing.assert_array_equal(got, x)
-        with lock:
-            done.append(rounds)
-
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(one, 150.0)]  # about half a second on one instance
+    host, port = url.rsplit(":", 1)
+    rounds = [150.0] + [1.0] * 6  # about half a second on one instance; a few ms each
+    socks = [socket.create_connection((host, int(port)), timeout=30) for _ in rounds]
+    try:
+        for s in socks:
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        socks[0].sendall(_infer_bytes(model, rounds[0]))
         # The short ones go once the long one is taken (in flight on this model's queue),
         # not after a guess at how long that takes on a loaded machine, nor on another
         # request's say-so (the unacked hash is shared by every model: look for this one's).
@@ -251,12 +270,14 @@ def _completion_order(url: str, db: str, model: str) -> list[float]:
         wait_until(
             lambda: any(queue in v for v in inflight.hvals(keys.UNACKED)), 10, "the long request"
         )
-        for _ in range(6):
-            futures.append(pool.submit(one, 1.0))  # a few milliseconds each, on the other
+        for s, r in zip(socks[1:], rounds[1:], strict=True):
+            s.sendall(_infer_bytes(model, r))
             time.sleep(0.01)
-        for f in futures:
-            f.result()
-    return done
+        arrived = [_arrival_ns(s) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    return [r for _, r in sorted(zip(arrived, rounds, strict=True))]
 
 
 def test_preserve_ordering_holds_replies_back_until_earlier_ones_are_out(

@@ -138,7 +138,7 @@ def make(drain: FakeDrain, sink: FakeSink, client: FakeClient, **kwargs: Any) ->
         client=client,  # type: ignore[arg-type]
         model="m",
         backends=kwargs.pop("backends"),
-        policy=BatchPolicy(8, 0.0),
+        policy=kwargs.pop("policy", BatchPolicy(8, 0.0)),
         inflight=kwargs.pop("inflight", InFlight()),
         drain=drain,  # type: ignore[arg-type]
         sink=sink,  # type: ignore[arg-type]
@@ -206,6 +206,28 @@ def test_the_next_pop_shares_the_round_trip_of_the_batch_before_it() -> None:
     first_ack = client.calls.index(("hdel", (keys.UNACKED, *[m.id for m in msgs[:8]])))
     pop = client.calls.index(("pop", (8,)))
     assert first_ack < pop < client.calls.index(("execute", ()), first_ack)
+
+
+class Slow(Doubler):
+    def execute(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
+        time.sleep(0.002)  # four times the budget a pop may fill
+        return super().execute(requests)
+
+
+def test_without_dynamic_batching_each_request_runs_alone_and_fast_ones_share_pops() -> None:
+    for backend, shared in ((Doubler(), True), (Slow(), False)):
+        drain, sink, client = FakeDrain(), FakeSink(), FakeClient()
+        msgs = [message(1) for _ in range(12)]
+        for m in msgs:
+            drain.put(m)
+        batcher = make(drain, sink, client, backends={1: backend}, policy=BatchPolicy(1, 0.0))
+        run_until(batcher, lambda sink=sink: len(sink.replies) == 12)
+        assert backend.batches == [1] * 12  # one execution per request, always
+        assert all(sink.replies[m.id].error is None for m in msgs)
+        # The first pop takes one; once a request is known to run fast, a pop takes
+        # several (their replies then go in one round trip); a slow model's never do.
+        assert drain.taken[0] == ("pop", 1)
+        assert (max(n for _, n in drain.taken) > 1) is shared, drain.taken
 
 
 def test_requests_that_must_not_run_are_answered_or_dropped_without_running() -> None:

@@ -30,6 +30,12 @@ from conch.worker.replies import ReplySink
 
 log = logging.getLogger(__name__)
 
+# A model without dynamic batching still runs each request alone; a pop takes as many as
+# run within this budget (by recent time per request, at most ALONE_MAX_POP) so their
+# replies and the next pop share one round trip.
+ALONE_BUDGET_S = 0.0005
+ALONE_MAX_POP = 16
+
 
 @dataclass(frozen=True)
 class BatchPolicy:
@@ -180,6 +186,7 @@ class Batcher(threading.Thread):
         # Messages popped in the same round trip as the last batch's replies (``_send``),
         # not yet admitted; None when no pop rode along.
         self._prefetched: list[tuple[str, bytes, int]] | None = None
+        self._per_request_s = 0.0  # recent run time per request, without dynamic batching
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
@@ -210,10 +217,13 @@ class Batcher(threading.Thread):
                 if not items and popped:
                     return  # all dealt with on admission: pop again at once
             else:
-                items = self._take(self.policy.max_batch_size)
+                items = self._take(self._count())
             if not items:
                 self.drain.wait(self.idle_poll)
                 return
+        if self.policy.max_batch_size == 1:  # no dynamic batching: each request alone
+            self.execute(items, alone=True)
+            return
         rows = sum(i.rows for i in items)
         while rows < self.policy.max_batch_size and not self.policy.ready(rows):
             left = min(i.msg.enqueued for i in items) + self.policy.max_queue_delay - time.time()
@@ -231,6 +241,17 @@ class Batcher(threading.Thread):
         self.execute(batch)
 
     # -- taking messages --------------------------------------------------------------
+    def _count(self) -> int:
+        """How many messages one pop takes: a batch's worth; for a model without dynamic
+        batching, as many as run one after another within ``ALONE_BUDGET_S`` (by the
+        recent time per request), so fast models share round trips and a slow one never
+        holds requests another instance could be running."""
+        if self.policy.max_batch_size > 1:
+            return self.policy.max_batch_size
+        if not self._per_request_s:
+            return 1
+        return max(1, min(ALONE_MAX_POP, int(ALONE_BUDGET_S / self._per_request_s)))
+
     def _pop(self, count: int) -> list[tuple[str, bytes, int, int]]:
         if self.sequencer is None:
             return [(tag, raw, attempts, -1) for tag, raw, attempts in self.drain.pop(count)]
@@ -347,12 +368,45 @@ class Batcher(threading.Thread):
         log.info("%s: handed back %d request(s) it held", self.name, len(items))
 
     # -- running a batch --------------------------------------------------------------
-    def execute(self, batch: list[Item]) -> None:
+    def execute(self, batch: list[Item], *, alone: bool = False) -> None:
+        """Run ``batch`` as one execution, or with ``alone`` each request as one of its
+        own (as Triton's default scheduler does); either way the replies go together."""
         started = time.time()
         replies: dict[str, Reply] = {}
         backends = self.backends  # one consistent view, should a reload swap it
-        latest = max(backends) if backends else -1
         runs: list[statistics.Execution] = []
+        for group in ([item] for item in batch) if alone else (batch,):
+            self._execute_one(group, backends, replies, runs, started)
+        if alone:
+            took = (time.time() - started) / max(1, len(batch))
+            self._per_request_s = (
+                took if not self._per_request_s else (0.8 * self._per_request_s + 0.2 * took)
+            )
+        if self.sequencer is None:
+            # The next pop rides with these replies: one round trip per batch, not two.
+            # Not with requests carried over (they lead the next batch), nor while
+            # stopping; with preserve_ordering pops take tickets, so they go alone.
+            prefetch = not self._carry and not self.stopping.is_set()
+            self._send(batch, replies, runs, prefetch=self._count() if prefetch else 0)
+        else:
+            ordered = sorted(batch, key=lambda i: i.ticket)
+            for k, item in enumerate(ordered):
+                self.sequencer.wait_turn(item.ticket)
+                self._send([item], replies, runs if k == len(ordered) - 1 else [])
+                self.sequencer.finish(item.ticket)
+        if self.on_batch is not None:
+            self.on_batch(self.model, _telemetry(batch, replies, len(batch) if alone else 1))
+
+    def _execute_one(
+        self,
+        batch: list[Item],
+        backends: dict[int, Backend],
+        replies: dict[str, Reply],
+        runs: list[statistics.Execution],
+        started: float,
+    ) -> None:
+        """One execution of ``batch`` (one per version it names): replies and statistics."""
+        latest = max(backends) if backends else -1
         by_version: dict[int, list[Item]] = {}
         for item in batch:
             # -1: the client named no version; the latest this worker serves answers, so
@@ -373,20 +427,6 @@ class Batcher(threading.Thread):
                 replies[item.tag].version = used
             if phases is not None:
                 runs.append(self._execution(used, items, replies, phases))
-        if self.sequencer is None:
-            # The next pop rides with these replies: one round trip per batch, not two.
-            # Not with requests carried over (they lead the next batch), nor while
-            # stopping; with preserve_ordering pops take tickets, so they go alone.
-            prefetch = not self._carry and not self.stopping.is_set()
-            self._send(batch, replies, runs, prefetch=self.policy.max_batch_size if prefetch else 0)
-        else:
-            ordered = sorted(batch, key=lambda i: i.ticket)
-            for k, item in enumerate(ordered):
-                self.sequencer.wait_turn(item.ticket)
-                self._send([item], replies, runs if k == len(ordered) - 1 else [])
-                self.sequencer.finish(item.ticket)
-        if self.on_batch is not None:
-            self.on_batch(self.model, _telemetry(batch, replies))
 
     def _execution(
         self,
@@ -512,11 +552,11 @@ class Batcher(threading.Thread):
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
 
 
-def _telemetry(batch: list[Item], replies: dict[str, Reply]) -> dict[str, int]:
+def _telemetry(batch: list[Item], replies: dict[str, Reply], executions: int) -> dict[str, int]:
     """One batch's counts for this worker's telemetry (``host.WorkerTelemetry``)."""
     failed = sum(1 for i in batch if replies[i.tag].error is not None)
     return {
-        "executions": 1,
+        "executions": executions,
         "requests": len(batch),
         "rows": sum(i.rows for i in batch),
         "success": len(batch) - failed,
