@@ -97,6 +97,9 @@ class Point:
     # redis; Triton: tritonserver, python_stubs; both: perf_analyzer), over the whole
     # perf_analyzer invocation.
     cpu_ms_per_request: dict[str, float] | None = None
+    # conch and Triton: the model's own compute per request over the run (statistics
+    # extension: compute_infer ns / count), for the overhead table.
+    compute_ms: float | None = None
     wall_s: float | None = None
     error: str | None = None
 
@@ -337,6 +340,7 @@ def bench_conch(
                     group.check_alive()
                     say(f"conch: {model} at concurrency {c}")
                     before = _fresh_counts(r, model, time.time())
+                    compute0 = _compute_infer(url, model)
                     # Each child leads its own session: the gateway's session holds its
                     # gunicorn workers too.
                     cpu0 = _cpu_snapshot(gateway.pid, worker.pid, private.process.pid)
@@ -345,6 +349,7 @@ def bench_conch(
                     point.wall_s = time.monotonic() - t0
                     cpu1 = _cpu_snapshot(gateway.pid, worker.pid, private.process.pid)
                     after = _fresh_counts(r, model, time.time())
+                    point.compute_ms = _compute_ms(compute0, _compute_infer(url, model))
                     executions = after[0] - before[0]
                     requests = after[2] - before[2]
                     if executions > 0:
@@ -517,6 +522,20 @@ def triton_layout() -> dict[str, str]:
     return json.loads(out.stdout)
 
 
+def _compute_infer(url: str, model: str) -> tuple[int, int]:
+    """(count, ns) of the model's compute_infer so far, from the statistics extension
+    (conch and Triton answer it alike)."""
+    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=5) as resp:
+        doc = json.load(resp)
+    compute = doc["model_stats"][0]["inference_stats"]["compute_infer"]
+    return int(compute["count"]), int(compute["ns"])
+
+
+def _compute_ms(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    count = after[0] - before[0]
+    return (after[1] - before[1]) / count / 1e6 if count > 0 else None
+
+
 def _triton_stats(port: int, model: str) -> tuple[int, int, int]:
     """(executions, rows, successful requests) so far, from Triton's statistics extension."""
     url = f"http://127.0.0.1:{port}/v2/models/{model}/stats"
@@ -612,6 +631,7 @@ def bench_triton(
                 group.check_alive()
                 say(f"triton: {model} at concurrency {c}")
                 before = _triton_stats(port, model)
+                compute0 = _compute_infer(f"127.0.0.1:{port}", model)
                 cpu0 = _triton_cpu(server.pid)
                 t0 = time.monotonic()
                 point = run_perf_analyzer(
@@ -620,6 +640,7 @@ def bench_triton(
                 point.wall_s = time.monotonic() - t0
                 cpu1 = _triton_cpu(server.pid)
                 after = _triton_stats(port, model)
+                point.compute_ms = _compute_ms(compute0, _compute_infer(f"127.0.0.1:{port}", model))
                 executions, requests = after[0] - before[0], after[2] - before[2]
                 if executions > 0:
                     point.executions = executions
@@ -843,6 +864,46 @@ def format_cpu_table(results: Results, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+OVERHEAD_GOAL_MS = 0.5  # issue 12: conch's own overhead at concurrency 1
+
+
+def _queue_delay_ms(repo: Path, model: str) -> float:
+    """The model's configured max_queue_delay (0 without dynamic batching)."""
+    config = _triton_config(repo / model)
+    delay = config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0)
+    return int(delay) / 1000 if "dynamic_batching" in config else 0.0
+
+
+def format_overhead_table(results: Results, args: argparse.Namespace, repo: Path) -> str:
+    """Each server's own time at concurrency 1: p50 minus the model's compute (its
+    statistics' compute_infer per request in the same run) minus max_queue_delay."""
+    lines = [
+        "| model | max_queue_delay ms | conch p50 ms | conch compute ms | conch overhead ms "
+        f"| <= {OVERHEAD_GOAL_MS} ms | Triton p50 ms | Triton compute ms | Triton overhead ms |",
+        "|" + "---|" * 9,
+    ]
+
+    def overhead(p: Point | None, delay: float) -> tuple[str, str, str, float | None]:
+        if p is None or p.p50_ms is None or p.compute_ms is None:
+            return "-", "-", "-", None
+        value = p.p50_ms - p.compute_ms - delay
+        return f"{p.p50_ms:.2f}", f"{p.compute_ms:.3f}", f"{value:.2f}", value
+
+    for model in args.models:
+        delay = _queue_delay_ms(repo, model)
+        c_p50, c_comp, c_over, value = overhead(results.get("conch", model, 1), delay)
+        twin = models.TRITON_TWIN.get(model, model)
+        t_p50, t_comp, t_over, _ = overhead(results.get("triton", twin, 1), delay)
+        if twin != model and (t_p50, t_comp) != ("-", "-"):
+            t_over += f" ({twin})"
+        verdict = "-" if value is None else ("PASS" if value <= OVERHEAD_GOAL_MS else "FAIL")
+        lines.append(
+            f"| {model} | {delay:.2f} | {c_p50} | {c_comp} | {c_over} | {verdict} "
+            f"| {t_p50} | {t_comp} | {t_over} |"
+        )
+    return "\n".join(lines)
+
+
 def floors(results: Results, repo: Path) -> list[tuple[str, str, str]]:
     """(floor, measured, PASS/FAIL/SKIP) for issue 3 point 8."""
     out: list[tuple[str, str, str]] = []
@@ -1059,6 +1120,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()}):\n"
     )
     print(format_cpu_table(results, args))
+    if 1 in args.concurrency:
+        print(
+            "\nOwn overhead at concurrency 1: p50 - the model's compute (compute_infer per "
+            "request, same run) - its max_queue_delay:\n"
+        )
+        print(format_overhead_table(results, args, repo))
     if not args.skip_mlserver and any(p.server.startswith("mlserver-") for p in results.points):
         print()
         print(format_mlserver_table(results, args))
