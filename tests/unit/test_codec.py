@@ -278,6 +278,21 @@ def test_json_depth_limit() -> None:
     )
 
 
+def test_json_the_fast_parser_refuses_is_read_as_the_standard_parser_reads_it() -> None:
+    # NaN and Infinity literals, an integer past 64 bits, a lone surrogate: orjson refuses
+    # each; the request is then parsed by json.loads, as it always was.
+    body = (
+        b'{"inputs": [{"name": "IN", "datatype": "FP32", "shape": [3], '
+        b'"data": [NaN, Infinity, 1.5]}], '
+        b'"parameters": {"big": 123456789012345678901234567890, "s": "\\ud800"}}'
+    )
+    req = decode(body)
+    got = to_numpy("FP32", (3,), req.inputs[0].raw)
+    assert np.isnan(got[0]) and got[1] == np.inf and got[2] == 1.5
+    assert req.parameters["big"] == 123456789012345678901234567890
+    assert req.parameters["s"] == "\ud800"
+
+
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5", "999999"])
 def test_bad_header_length(value: str) -> None:
     body = json_doc({"inputs": [simple_input()]})
