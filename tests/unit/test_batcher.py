@@ -49,7 +49,7 @@ class FakeDrain:
         time.sleep(min(timeout, 0.01))
 
     def queue_pop(self, pipe: Any, count: int) -> None:
-        pipe.calls.append(("pop", (count,)))
+        pipe.execute_command("POP", count)
 
     def popped(self, result: Any, count: int) -> list[tuple[str, bytes, int]]:
         return self.pop(count, how="with the replies")
@@ -65,7 +65,7 @@ class FakeSink:
 
     def deliver_all(self, pipe: Any, answers: Any) -> None:
         for msg, reply in answers:
-            pipe.calls.append(("reply", msg.id))
+            pipe.execute_command("REPLY", msg.id)
             self.replies[msg.id] = reply
 
     def cancelled(self, msgs: Any) -> set[str]:
@@ -81,6 +81,9 @@ class FakePipe:
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: self.calls.append((name, args))
 
+    def execute_command(self, *args: Any) -> None:
+        self.calls.append((args[0].lower(), args[1:]))
+
     def execute(self, raise_on_error: bool = True) -> list:
         self.calls.append(("execute", ()))
         return [None]  # the pop's slot, when one was queued (FakeDrain pops itself)
@@ -92,6 +95,13 @@ class FakeClient:
 
     def pipeline(self, transaction: bool = True) -> FakePipe:
         return FakePipe(self.calls)
+
+    def run(self, commands: Any) -> list:
+        """The batcher's own round trips (it takes this client as its ``link`` too)."""
+        for args in commands.queued:
+            self.calls.append((args[0].lower(), tuple(args[1:])))
+        self.calls.append(("execute", ()))
+        return [None] * len(commands.queued)  # the pop's slot: FakeDrain pops itself
 
 
 class Doubler:
@@ -142,6 +152,7 @@ def make(drain: FakeDrain, sink: FakeSink, client: FakeClient, **kwargs: Any) ->
         inflight=kwargs.pop("inflight", InFlight()),
         drain=drain,  # type: ignore[arg-type]
         sink=sink,  # type: ignore[arg-type]
+        link=client,  # type: ignore[arg-type]
         idle_poll=0.01,
         **kwargs,
     )

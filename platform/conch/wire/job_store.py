@@ -23,6 +23,7 @@ import redis
 from conch.core.errors import Cancelled, ConchError, InvalidArgument, error_class, from_code
 from conch.wire.keys import JOB_RECORD_PREFIX, JOB_RESULT_PREFIX
 from conch.wire.messages import BadMessage, Reply, WireTensor, read_tensor
+from conch.wire.redis_link import CommandQueue
 
 JOB_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -107,7 +108,7 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
-def store(pipe: redis.client.Pipeline, job_id: str, model: str, reply: Reply, ttl_s: int) -> None:
+def store(pipe: CommandQueue, job_id: str, model: str, reply: Reply, ttl_s: int) -> None:
     """Write a job's reply as Celery's result backend would write a task's (worker side)."""
     if reply.error is None:
         status = SUCCESS

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from conch.wire.keys import STATS_PREFIX
+from conch.wire.redis_link import CommandQueue
 
 # Triton's inference_stats entries, each {"count", "ns"}.
 DURATIONS = (
@@ -66,7 +67,7 @@ class Execution:
     output_ns: int = 0
 
 
-def record(pipe: redis.client.Pipeline, model: str, run: Execution, now_ms: int) -> None:
+def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
     """Queue ``run``'s increments on ``pipe`` (the caller executes it)."""
     ok = run.success
     increments = {

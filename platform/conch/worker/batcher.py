@@ -25,6 +25,7 @@ from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, U
 from conch.core.model_config import output_types
 from conch.wire import broker, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
+from conch.wire.redis_link import Commands, RedisLink
 from conch.worker.drain import Drain, ack, dead_letter, requeue
 from conch.worker.replies import ReplySink
 
@@ -159,6 +160,7 @@ class Batcher(threading.Thread):
         inflight: InFlight,
         drain: Drain | None = None,
         sink: ReplySink | None = None,
+        link: RedisLink | None = None,
         max_attempts: int = 3,
         idle_poll: float = 1.0,
         on_batch: Callable[[str, dict[str, int]], None] | None = None,
@@ -177,6 +179,7 @@ class Batcher(threading.Thread):
         self.sequencer = sequencer
         self.drain = drain or Drain(client, model)  # where requests come from
         self.sink = sink or ReplySink(client, model)  # where their replies go
+        self.link = link or RedisLink(client)  # this thread's own round trips
         # Outputs go out as the config declares them, whatever width the backend used.
         self.output_types = (
             output_types(next(iter(backends.values())).spec.config) if backends else {}
@@ -465,7 +468,7 @@ class Batcher(threading.Thread):
         With ``prefetch``, up to that many messages are popped in the same round trip,
         after the acks, for the next batch (``_once`` takes them).
         """
-        pipe = self.client.pipeline(transaction=False)
+        pipe = Commands()
         now_ms = int(time.time() * 1000)
         for run in runs:
             statistics.record(pipe, self.model, run, now_ms)
@@ -474,7 +477,7 @@ class Batcher(threading.Thread):
         ack(pipe, tags)
         if prefetch:
             self.drain.queue_pop(pipe, prefetch)
-        results = pipe.execute(raise_on_error=False)
+        results = self.link.run(pipe)
         self.inflight.discard(tags)
         errors = [r for r in results[: -1 if prefetch else None] if isinstance(r, Exception)]
         if prefetch:

@@ -26,6 +26,7 @@ from conch.wire.broker import (
     wake_key,
 )
 from conch.wire.keys import ATTEMPTS, DEADLETTER, UNACKED, UNACKED_INDEX
+from conch.wire.redis_link import CommandQueue, RedisLink
 
 REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
 POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
@@ -88,6 +89,7 @@ class Drain:
             *priority_keys(self.queue),
         ]
         self._pop = client.register_script(_POP_LUA)
+        self._link = RedisLink(client)
         self.waiting = 0
 
     def wait(self, timeout: float) -> None:
@@ -98,7 +100,7 @@ class Drain:
         fraction of a millisecond and lets the caller pop again.
         """
         if timeout > 2 * REDIS_TICK_S:
-            self.client.blpop([self.keys[0]], timeout=timeout - REDIS_TICK_S)
+            self._link.call("BLPOP", self.keys[0], round(timeout - REDIS_TICK_S, 3))
         elif timeout > 0:
             time.sleep(min(timeout, POLL_S))
 
@@ -109,9 +111,16 @@ class Drain:
         """
         if count <= 0:
             return []
-        return self._unpack(self._pop(keys=self.keys, args=self._args(count)))
+        got = self._link.call(
+            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count)
+        )
+        if isinstance(got, redis.exceptions.NoScriptError):  # Redis restarted or flushed
+            return self._unpack(self._pop(keys=self.keys, args=self._args(count)))
+        if isinstance(got, BaseException):
+            raise got
+        return self._unpack(got)
 
-    def queue_pop(self, pipe: redis.client.Pipeline, count: int) -> None:
+    def queue_pop(self, pipe: CommandQueue, count: int) -> None:
         """Queue a pop on ``pipe``, to share the round trip of the replies before it.
 
         ``popped`` reads its result. The script goes by SHA alone: redis-py's own
@@ -138,7 +147,7 @@ class Drain:
 
 
 def requeue(
-    pipe: redis.client.Pipeline,
+    pipe: CommandQueue,
     queue: str,
     payload: dict,
     *,
@@ -155,7 +164,7 @@ def requeue(
     pipe.ltrim(wake_key(queue), 0, WAKE_CAP - 1)
 
 
-def ack(pipe: redis.client.Pipeline, tags: Iterable[str]) -> None:
+def ack(pipe: CommandQueue, tags: Iterable[str]) -> None:
     """Forget delivered messages: kombu's ack plus our attempt counter."""
     tags = list(tags)
     if tags:
@@ -164,7 +173,7 @@ def ack(pipe: redis.client.Pipeline, tags: Iterable[str]) -> None:
         pipe.hdel(ATTEMPTS, *tags)
 
 
-def dead_letter(pipe: redis.client.Pipeline, tag: str, raw: bytes | str, reason: str) -> None:
+def dead_letter(pipe: CommandQueue, tag: str, raw: bytes | str, reason: str) -> None:
     pipe.lpush(
         DEADLETTER,
         json.dumps(

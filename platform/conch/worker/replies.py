@@ -16,6 +16,7 @@ import redis
 
 from conch.wire import job_store
 from conch.wire.messages import REPLY_TTL_S, InferMessage, Reply
+from conch.wire.redis_link import CommandQueue
 
 
 class ReplySink:
@@ -25,11 +26,11 @@ class ReplySink:
         self.client = client
         self.model = model
 
-    def deliver(self, pipe: redis.client.Pipeline, msg: InferMessage, reply: Reply) -> None:
+    def deliver(self, pipe: CommandQueue, msg: InferMessage, reply: Reply) -> None:
         self.deliver_all(pipe, [(msg, reply)])
 
     def deliver_all(
-        self, pipe: redis.client.Pipeline, answers: Iterable[tuple[InferMessage, Reply]]
+        self, pipe: CommandQueue, answers: Iterable[tuple[InferMessage, Reply]]
     ) -> None:
         by_list: dict[str, list[bytes]] = {}
         for msg, reply in answers:
