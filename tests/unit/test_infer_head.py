@@ -67,6 +67,8 @@ def test_connection_semantics_follow_the_http_version(
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nBad Name: 1",
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nNoColon",
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nX: a\nb",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nX: a\x00b",
+        b"POST /v2/models/m/infer HTTP/1.1",  # no header line at all
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nX: "
         + b"a" * infer_head.MAX_HEAD_BYTES,
     ],

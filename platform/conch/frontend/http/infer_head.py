@@ -20,7 +20,9 @@ from conch.frontend.http.fast_path import INFER_PATH
 
 MAX_HEAD_BYTES = 16 * 1024  # longer heads go to gunicorn, whose own limits then apply
 MAX_HEADERS = 64
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's field-name
+# Every header line well formed, at once: an RFC 9110 field-name, a colon, and a value of
+# visible characters, spaces and tabs (no other control character), each line ending CRLF.
+_HEADER_BLOCK = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 # Headers whose presence means a body or connection handling the simple path lacks.
 _DEFER = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"http2-settings", b"te"))
 
@@ -43,9 +45,11 @@ def parse(buf: bytes, end: int) -> InferHead | None:
     when it is anything else, or anything but the plain form."""
     if end > MAX_HEAD_BYTES:
         return None
-    lines = buf[:end].split(b"\r\n")
-    request_line = lines[0].split(b" ")
-    if len(request_line) != 3 or request_line[0] != b"POST" or len(lines) - 1 > MAX_HEADERS:
+    line_end = buf.find(b"\r\n", 0, end)
+    if line_end < 0:
+        return None  # no header at all, so no Content-Length
+    request_line = buf[:line_end].split(b" ")
+    if len(request_line) != 3 or request_line[0] != b"POST":
         return None
     target, proto = request_line[1], request_line[2]
     if proto == b"HTTP/1.1":
@@ -59,12 +63,16 @@ def parse(buf: bytes, end: int) -> InferHead | None:
     match = INFER_PATH.fullmatch(target.decode("ascii"))
     if match is None:
         return None
+    block = buf[line_end + 2 : end + 2]  # every header line with its CRLF
+    if _HEADER_BLOCK.fullmatch(block) is None:
+        return None  # also a folded continuation line: it starts with a space
+    lines = block.split(b"\r\n")
+    if len(lines) - 1 > MAX_HEADERS:
+        return None
     headers: dict[str, str] = {}
     length: str | None = None
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or not _TOKEN.fullmatch(name) or b"\n" in value or b"\r" in value:
-            return None  # also a folded continuation line: it starts with a space
+    for line in lines[:-1]:
+        name, _, value = line.partition(b":")
         key = name.lower()
         if key in _DEFER:
             return None
