@@ -9,9 +9,10 @@ The models (bench/models.py): ``mlp`` (overhead-bound) and ``mlp_large`` (comput
 ONNX models, the same two as Python-backend models running onnxruntime (``mlp_py``,
 ``mlp_large_py``), and Triton's ``add_sub`` without batching. One run does, for each model:
 
-1. conch: a private redis-server, one ``conch worker`` and one ``conch gateway`` on
-   127.0.0.1, driven by ``perf_analyzer -i http`` (binary tensors) at each concurrency in
-   fixed time windows. The mean batch the worker formed during each measurement is read
+1. conch: a private redis-server (on a Unix socket, as ``conch serve`` starts it;
+   ``--redis-tcp`` for TCP), one ``conch worker`` and one ``conch gateway`` on 127.0.0.1,
+   driven by ``perf_analyzer -i http`` (binary tensors) at each concurrency in fixed time
+   windows. The mean batch the worker formed during each measurement is read
    from the worker's counters in Redis (``rows / executions`` over the measurement).
 2. MLServer (its own venv), ``parallel_workers`` 0, with adaptive batching off and on,
    serving the same .onnx files with onnxruntime through ``bench/mlserver_runtime.py``,
@@ -25,8 +26,10 @@ ONNX models, the same two as Python-backend models running onnxruntime (``mlp_py
    uses (1 intra-op thread, 1 inter-op thread, all graph optimizations), timed at batch 1
    and at every mean batch size conch formed. Measured with no server running.
 
-It prints one table (stdout) with the ratios, then the floors of issue 3 point 8 with PASS
-or FAIL. Progress goes to stderr; logs, perf_analyzer CSVs and ``results.json`` go to
+It prints the main table (stdout) with the ratios, Triton's own table, CPU ms per request
+by process for conch and Triton, the overhead table at concurrency 1 (p50 minus the
+model's compute_infer minus its max_queue_delay, issue 12's goal of 0.5 ms), MLServer's
+table, then the floors of issue 3 point 8 with PASS or FAIL. Progress goes to stderr; logs, perf_analyzer CSVs and ``results.json`` go to
 ``.cache/bench/runs/<time>/``. Every process it starts is stopped when it ends, also on
 error, Ctrl-C or SIGTERM.
 
