@@ -1,0 +1,60 @@
+"""The bench's overhead and CPU tables (issue 12, points 4 and 5): what they compute."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run():
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_run"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _repo(tmp_path: Path) -> Path:
+    for name, extra in (
+        ("batched", "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500 }\n"),
+        ("plain", "max_batch_size: 0\n"),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\n{extra}'
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        )
+    return tmp_path
+
+
+def test_overhead_is_p50_less_compute_less_the_configured_delay(run, tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    results = run.Results()
+    results.points += [
+        run.Point("conch", "batched", 1, infer_per_s=900, p50_ms=1.07, compute_ms=0.05),
+        run.Point("triton", "batched", 1, infer_per_s=1100, p50_ms=0.87, compute_ms=0.12),
+        run.Point("conch", "plain", 1, infer_per_s=2000, p50_ms=0.45, compute_ms=0.03),
+    ]
+    args = argparse.Namespace(models=["batched", "plain"], concurrency=[1])
+    rows = {
+        line.split(" | ")[0].strip("| "): [c.strip() for c in line.strip("|").split("|")]
+        for line in run.format_overhead_table(results, args, repo).splitlines()[2:]
+    }
+    # 1.07 - 0.05 - 0.5 (its max_queue_delay) = 0.52: over the 0.5 ms goal.
+    assert rows["batched"][1:6] == ["0.50", "1.07", "0.050", "0.52", "FAIL"]
+    assert rows["batched"][6:] == ["0.87", "0.120", "0.25"]
+    # No dynamic batching: no delay to take off; 0.42 ms passes; Triton was not run.
+    assert rows["plain"][1:] == ["0.00", "0.45", "0.030", "0.42", "PASS", "-", "-", "-"]
+
+
+def test_compute_per_request_comes_from_the_statistics_counters(run) -> None:
+    assert run._compute_ms((10, 5_000_000), (110, 15_000_000)) == pytest.approx(0.1)
+    assert run._compute_ms((10, 5_000_000), (10, 5_000_000)) is None
