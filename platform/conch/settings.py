@@ -74,6 +74,11 @@ def _env(*names: str, parse: Callable[[str], Any] = str) -> dict[str, Any]:
     return {"env": names, "parse": parse}
 
 
+def default_http_workers(cpus: int | None) -> int:
+    """Gateway processes when ``--http-workers`` is not given: half the cores, 1 to 2."""
+    return min(2, max(1, (cpus or 1) // 2))
+
+
 @dataclass
 class Settings:
     model_repository: Path = Path("functions")
@@ -112,7 +117,9 @@ class Settings:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_thread_count: int = 64  # threads (or gevent connections) per gateway process
-    http_workers: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+    # Gateway processes: half the cores, at most 2. On a 2-core host that also runs the
+    # worker (conch serve), one gevent process beat two by 3-13 % (bench/README.md).
+    http_workers: int = field(default_factory=lambda: default_http_workers(os.cpu_count()))
     # gunicorn worker class of the gateway (e.g. gthread instead of the gevent worker).
     http_worker_class: str = field(default=GEVENT_WORKER, metadata=_env("CONCH_HTTP_WORKER_CLASS"))
     # The Redis tried when no redis_url is given (tests point it at nothing).

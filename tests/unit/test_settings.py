@@ -200,3 +200,12 @@ def test_to_args_writes_only_the_role_flags(tmp_path: Path):
     assert "--http-port" in gateway and "--models" not in gateway
     assert "--allow-metrics=false" in gateway
     assert "--strict-model-config" not in s.to_args(Role.SERVE)
+
+
+@pytest.mark.parametrize(("cpus", "workers"), [(None, 1), (1, 1), (2, 1), (3, 1), (4, 2), (64, 2)])
+def test_gateway_processes_default_to_half_the_cores_one_to_two(
+    cpus: int | None, workers: int
+) -> None:
+    from conch.settings import default_http_workers
+
+    assert default_http_workers(cpus) == workers
