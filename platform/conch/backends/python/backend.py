@@ -436,6 +436,8 @@ async def _as_coroutine(awaitable: Any) -> Any:
 
 
 def _json_parameters(params: dict[str, Any]) -> str:
+    if not params:
+        return "{}"
     try:
         return json.dumps(params)
     except (TypeError, ValueError):

@@ -165,6 +165,13 @@ def _bls_threads() -> ThreadPoolExecutor:
     return _bls_pool
 
 
+def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
+    """Parameters as the JSON text ``parameters()`` returns (``"{}"`` for none)."""
+    if isinstance(parameters, str):
+        return parameters
+    return json.dumps(parameters) if parameters else "{}"
+
+
 class PreferredMemory:
     """Where a BLS caller would like output tensors (accepted; conch keeps them on the CPU)."""
 
@@ -488,9 +495,7 @@ class InferenceResponse:
             error = TritonError(str(error))
         self._output_tensors = list(output_tensors)
         self._error = error
-        if parameters is None:
-            parameters = {}
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._parameters = _parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors
@@ -538,9 +543,7 @@ class InferenceRequest:
         self._timeout = timeout
         self._preferred_memory = preferred_memory
         self._trace = trace
-        if parameters is None:
-            parameters = {}
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def inputs(self) -> list[Tensor]:
