@@ -244,6 +244,8 @@ def test_conch_serve_starts_a_private_redis(
     try:
         wait_model_ready(f"127.0.0.1:{port}", "mlp", 90, serve)
         assert "private redis-server" in serve.log()
+        # ...which the worker and gateway on this host reach over its Unix socket.
+        assert "broker: unix://" in serve.log()
     finally:
         assert serve.stop() == 0
 
