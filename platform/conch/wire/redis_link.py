@@ -52,7 +52,10 @@ class RedisLink:
 
     def _connection(self) -> Any:
         if self._conn is None or self._pid != os.getpid():  # never share one across a fork
-            conn = self._pool.make_connection()
+            # The pool's settings, outside its accounting: a link owns its connection for
+            # good, and the pool never learns when one closes, so reconnects through
+            # make_connection() would use up max_connections (100 by default) for ever.
+            conn = self._pool.connection_class(**self._pool.connection_kwargs)
             conn.connect()
             self._conn, self._pid = conn, os.getpid()
             self._reader = hiredis.Reader(replyError=redis.ResponseError)

@@ -1,0 +1,35 @@
+"""RedisLink against a real Redis: replies, errors as values, and reconnecting for good."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from conch.wire.redis_link import Commands, RedisLink
+
+
+def test_a_round_trip_of_commands_and_its_replies(redis_url: str) -> None:
+    link = RedisLink(redis.Redis.from_url(redis_url))
+    cmds = Commands()
+    cmds.delete("link.test")
+    cmds.rpush("link.test", b"a", b"b")
+    cmds.lrange("link.test", 0, -1)
+    cmds.execute_command("EVALSHA", "0" * 40, 0)
+    cmds.execute_command("NOSUCHCOMMAND")
+    got = link.run(cmds)
+    assert got[1:3] == [2, [b"a", b"b"]]
+    assert isinstance(got[3], redis.exceptions.NoScriptError)
+    assert isinstance(got[4], redis.ResponseError)
+    assert link.call("LLEN", "link.test") == 2  # the connection is still in step
+
+
+def test_a_link_reconnects_as_often_as_it_must_whatever_the_pool_limit(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, max_connections=2)
+    link = RedisLink(client)
+    admin = redis.Redis.from_url(redis_url)
+    for _ in range(6):  # three times the pool's limit
+        own_id = link.call("CLIENT", "ID")
+        admin.client_kill_filter(_id=own_id)
+        with pytest.raises(redis.ConnectionError):
+            link.call("PING")
+        assert link.call("PING") == b"PONG"  # a new connection, never MaxConnectionsError
