@@ -65,6 +65,13 @@ def test_explicit_load_unload_and_index(tmp_path: Path, redis_url: str, log_dir:
             f"http://{url}/v2/repository/index", json={"ready": True}, timeout=10
         ).json()
         assert [m["name"] for m in ready_only] == ["add"]  # {"ready": true}: only what serves
+        # A body nested past Triton's depth limit is a 400, not a crash.
+        for deep in (
+            b"[" * 100_000 + b"]" * 100_000,
+            b'{"ready": ' + b"[" * 150 + b"]" * 150 + b"}",
+        ):
+            r = requests.post(f"http://{url}/v2/repository/index", data=deep, timeout=10)
+            assert r.status_code == 400 and "nesting depth" in r.json()["error"], r.text
         with pytest.raises(InferenceServerException, match="no available versions"):
             client.infer("offset", x_input())
 
@@ -106,7 +113,18 @@ def test_explicit_load_unload_and_index(tmp_path: Path, redis_url: str, log_dir:
             client.infer("fresh", x_input(5.0)).as_numpy("Y"), np.full((1, 4), 6.0)
         )
         assert not (repo / "fresh").exists()  # nothing was written into the repository
-        for bad in ("file:1/../../evil.onnx", "file:../x", "file:model.onnx", "file:1/a\\b"):
+        # A leading "/" is dropped, as Triton does; what it leads to is checked the same.
+        client.load_model("fresh", config=new_config, files={"file:/1/model.onnx": onnx_bytes})
+        np.testing.assert_array_equal(
+            client.infer("fresh", x_input(1.0)).as_numpy("Y"), np.full((1, 4), 2.0)
+        )
+        for bad in (
+            "file:1/../../evil.onnx",
+            "file:../x",
+            "file:model.onnx",
+            "file:1/a\\b",
+            "file:/../1/x",
+        ):
             with pytest.raises(InferenceServerException, match="fresh"):
                 client.load_model("fresh", config=new_config, files={bad: b"x"})
         with pytest.raises(InferenceServerException, match="config"):

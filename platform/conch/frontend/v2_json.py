@@ -34,7 +34,7 @@ _ALLOWED_TRITON_KEYS = frozenset({"triton_enable_empty_final_response"})
 # --------------------------------------------------------------------------- request
 
 
-def _check_depth(doc: Any) -> None:
+def check_depth(doc: Any) -> None:
     """Refuse JSON nested deeper than Triton allows (arrays and objects both count)."""
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
@@ -79,7 +79,7 @@ def _checked(doc: Any, text: bytes) -> dict[str, Any]:
     # make the count larger), and counting bytes runs at C speed: the walk, about 17 µs of
     # an infer call's ~45 µs of Python here, is needed only past that bound.
     if text.count(b"[") + text.count(b"{") > MAX_JSON_DEPTH:
-        _check_depth(doc)
+        check_depth(doc)
     return doc
 
 

@@ -85,7 +85,9 @@ def set_override(
 
 
 def check_file_path(model: str, rel: str) -> str:
-    """``<version>/<path>`` of a ``file:`` override, refused if it could leave its folder."""
+    """``<version>/<path>`` of a ``file:`` override (leading slashes dropped, as Triton
+    joins the path under the model's folder), refused if it could leave its folder."""
+    rel = rel.lstrip("/")
     try:
         place = classify(f"{model}/{rel}")
     except RefusedKey as exc:

@@ -21,6 +21,7 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from conch.core.errors import ConchError, InvalidArgument
+from conch.frontend import v2_json
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http.fast_path import serve_infer, too_large
 
@@ -113,11 +114,17 @@ def infer(model: str, version: int | None = None) -> Response:
 
 # -- the model repository --------------------------------------------------------------
 def _parse(body: bytes) -> Any:
-    """A JSON body (not blank)."""
+    """A JSON body (not blank), no deeper than infer bodies may be."""
     try:
-        return json.loads(body)
+        doc = json.loads(body)
+    except RecursionError:
+        raise InvalidArgument(
+            f"failed to parse the request JSON buffer: nesting depth exceeds {v2_json.MAX_JSON_DEPTH}"
+        ) from None
     except ValueError as exc:
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    v2_json.check_depth(doc)
+    return doc
 
 
 @v2.post("/v2/repository/index")
