@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from conch.core import ensemble_graph
+from conch.core import ensemble_graph, unsupported
 from conch.core.backend_table import (
     BACKENDS,
     backend_for_filename,
@@ -288,6 +288,7 @@ class ModelRepository:
                 f"{where}: field name is '{cfg.name}' but the model directory is '{name}'"
             )
         cfg.name = name
+        unsupported.check(cfg, where)
 
         if ensemble_graph.ENSEMBLE in (cfg.platform, cfg.backend):
             self._read_ensemble(entry, cfg, on_disk, where)

@@ -1,0 +1,181 @@
+"""Config fields Triton honours and conch does not (yet): refused, or named in a warning.
+
+A Triton user's ``config.pbtxt`` may ask for behaviour conch does not build. Silently
+ignoring such a field gives that user wrong answers (a stateful model run as a stateless
+one) or a weaker server than the one they configured, with nothing saying so. So each
+field Triton reads and conch does not is listed here once, with what conch does about it:
+
+- ``REFUSE``: ignoring it would change what the model computes, what runs, or where; the
+  model's load fails with the reason (it is reported unavailable, the others serve);
+- ``WARN``: ignoring it changes only speed or resource use, and results are the same;
+  the model serves, and each load logs a warning that names the field.
+
+When conch builds one of these, its row goes away.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from conch.core.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+# (where, field) pairs already warned about: a polled repository is read again and again,
+# and one warning per model and field is enough.
+_warned: set[tuple[str, str]] = set()
+
+
+class Action(Enum):
+    REFUSE = "refuse"
+    WARN = "warn"
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One config field conch does not honour: where it is, and why it matters."""
+
+    field: str  # as a Triton user writes it in config.pbtxt
+    action: Action
+    why: str  # what ignoring it would do
+    present: Callable[[Any], bool]
+
+
+def _has(name: str) -> Callable[[Any], bool]:
+    return lambda cfg: cfg.HasField(name)
+
+
+def _any_group(pred: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda cfg: any(pred(g) for g in cfg.instance_group)
+
+
+def _parameter(key: str) -> Callable[[Any], bool]:
+    return lambda cfg: key in cfg.parameters
+
+
+def _optimization(name: str) -> Callable[[Any], bool]:
+    return lambda cfg: cfg.HasField("optimization") and cfg.optimization.HasField(name)
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "sequence_batching",
+        Action.REFUSE,
+        "conch has no sequence batcher yet: a stateful model would run as a stateless one, "
+        "its requests spread over instances with no sequence state or control inputs",
+        _has("sequence_batching"),
+    ),
+    Feature(
+        "batch_input",
+        Action.REFUSE,
+        "conch does not generate Triton's batch inputs (ragged batching): the model would "
+        "not get the inputs it declares",
+        lambda cfg: len(cfg.batch_input) > 0,
+    ),
+    Feature(
+        "batch_output",
+        Action.REFUSE,
+        "conch does not scatter Triton's batch outputs",
+        lambda cfg: len(cfg.batch_output) > 0,
+    ),
+    Feature(
+        "parameters.EXECUTION_ENV_PATH",
+        Action.REFUSE,
+        "conch's Python backend runs models in the worker's own Python environment and does "
+        "not unpack custom execution environments: install the model's packages into the "
+        "worker's environment and remove the parameter",
+        _parameter("EXECUTION_ENV_PATH"),
+    ),
+    Feature(
+        "optimization.execution_accelerators.cpu_execution_accelerator",
+        Action.REFUSE,
+        "conch runs CPU models on onnxruntime's CPU provider and has no OpenVINO (or other "
+        "CPU accelerator) provider: remove the field to serve the model without it",
+        lambda cfg: (
+            cfg.HasField("optimization")
+            and len(cfg.optimization.execution_accelerators.cpu_execution_accelerator) > 0
+        ),
+    ),
+    Feature(
+        "model_repository_agents",
+        Action.REFUSE,
+        "conch runs no repository agents (such as checksum), so the model files would be "
+        "served without what the agent does to them",
+        _has("model_repository_agents"),
+    ),
+    Feature(
+        "response_cache",
+        Action.WARN,
+        "conch has no response cache yet: every request runs the model (results are the same)",
+        lambda cfg: cfg.HasField("response_cache") and cfg.response_cache.enable,
+    ),
+    Feature(
+        "instance_group.rate_limiter",
+        Action.WARN,
+        "conch has no rate limiter (nor does Triton unless started with "
+        "--rate-limit=execution_count): instances run as soon as they have work",
+        _any_group(lambda g: g.HasField("rate_limiter")),
+    ),
+    Feature(
+        "instance_group.passive",
+        Action.WARN,
+        "conch schedules work on passive instances like any other",
+        _any_group(lambda g: g.passive),
+    ),
+    Feature(
+        "instance_group.host_policy",
+        Action.WARN,
+        "conch applies no host policies (NUMA placement)",
+        _any_group(lambda g: bool(g.host_policy)),
+    ),
+    Feature(
+        "optimization.cuda",
+        Action.WARN,
+        "conch does not capture CUDA graphs nor set CUDA stream priorities",
+        _optimization("cuda"),
+    ),
+    Feature(
+        "optimization.input_pinned_memory",
+        Action.WARN,
+        "conch does not stage inputs in pinned memory",
+        _optimization("input_pinned_memory"),
+    ),
+    Feature(
+        "optimization.output_pinned_memory",
+        Action.WARN,
+        "conch does not stage outputs in pinned memory",
+        _optimization("output_pinned_memory"),
+    ),
+    Feature(
+        "optimization.gather_kernel_buffer_threshold",
+        Action.WARN,
+        "conch gathers batch inputs on the host",
+        lambda cfg: (
+            cfg.HasField("optimization") and cfg.optimization.gather_kernel_buffer_threshold > 0
+        ),
+    ),
+)
+
+
+def check(cfg: Any, where: str) -> list[Feature]:
+    """Refuse ``cfg`` (``ModelLoadError`` naming every refused field) or log each ignored one.
+
+    Returns the features that were only warned about, so callers and tests can see them.
+    """
+    found = [f for f in FEATURES if f.present(cfg)]
+    refused = [f for f in found if f.action is Action.REFUSE]
+    if refused:
+        reasons = "; ".join(f"field {f.field} is not supported: {f.why}" for f in refused)
+        raise ModelLoadError(f"{where}: {reasons}")
+    for f in found:
+        if (where, f.field) not in _warned:
+            _warned.add((where, f.field))
+            log.warning("%s: field %s is ignored: %s", where, f.field, f.why)
+    return found
+
+
+__all__ = ["FEATURES", "Action", "Feature", "check"]
