@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +26,9 @@ from build_models import reference_mlp  # noqa: E402
 __all__ = [
     "ROOT",
     "Service",
+    "connect",
     "fresh_db",
+    "read_response",
     "reference_mlp",
     "serving",
     "start_gateway",
@@ -99,7 +102,10 @@ def start_gateway(
     workers: int = 1,
     threads: int = 16,
     env: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[Service, str]:
+    """A gateway on free ports, once it is live (asked with ``headers``: those a
+    restricted health API needs)."""
     port, metrics_port = free_port(), free_port()
     svc = Service(
         "gateway",
@@ -126,13 +132,13 @@ def start_gateway(
     )
     svc.metrics_url = f"127.0.0.1:{metrics_port}"
     url = f"127.0.0.1:{port}"
-    wait_until(lambda: _live(url), 60, f"gateway on {url} to go live", svc)
+    wait_until(lambda: _live(url, headers), 60, f"gateway on {url} to go live", svc)
     return svc, url
 
 
-def _live(url: str) -> bool:
+def _live(url: str, headers: dict[str, str] | None = None) -> bool:
     try:
-        return httpclient.InferenceServerClient(url).is_server_live()
+        return httpclient.InferenceServerClient(url).is_server_live(headers=headers)
     except Exception:
         return False
 
@@ -152,16 +158,48 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str, *services: S
     raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
 
 
-def wait_model_ready(url: str, model: str, timeout: float = 60, *services: Service) -> None:
+def wait_model_ready(
+    url: str,
+    model: str,
+    timeout: float = 60,
+    *services: Service,
+    headers: dict[str, str] | None = None,
+) -> None:
     client = httpclient.InferenceServerClient(url)
 
     def ready() -> bool:
         try:
-            return client.is_model_ready(model)
+            return client.is_model_ready(model, headers=headers)
         except Exception:
             return False
 
     wait_until(ready, timeout, f"model {model} ready at {url}", *services)
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def read_response(sock: socket.socket, buf: bytearray) -> tuple[str, dict[str, str], bytes]:
+    """One response off the socket; bytes after it stay in ``buf``."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a full response: {bytes(buf)!r}"
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", 0))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a body"
+        rest += chunk
+    buf[:] = rest[length:]
+    return lines[0], headers, rest[:length]
 
 
 def fresh_db(redis_url: str, index: int) -> str:

@@ -8,7 +8,6 @@ port, byte for byte over raw sockets; and the same answers from the plain WSGI p
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,14 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
-from harness import reference_mlp, start_gateway, start_worker, wait_model_ready
+from harness import (
+    connect,
+    read_response,
+    reference_mlp,
+    start_gateway,
+    start_worker,
+    wait_model_ready,
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,35 +64,9 @@ def _request(body: bytes, *, version: str = "1.1", headers: str = "") -> bytes:
     ).encode() + body
 
 
-def _read_response(sock: socket.socket, buf: bytearray) -> tuple[str, dict[str, str], bytes]:
-    """One response off the socket; bytes after it stay in ``buf``."""
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed before a full response: {bytes(buf)!r}"
-        buf += chunk
-    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", 0))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed inside a body"
-        rest += chunk
-    buf[:] = rest[length:]
-    return lines[0], headers, rest[:length]
-
-
 def _outputs(body: bytes) -> np.ndarray:
     out = json.loads(body)["outputs"][0]
     return np.asarray(out["data"], np.float32).reshape(out["shape"])
-
-
-def _connect(url: str) -> socket.socket:
-    host, port = url.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=30)
 
 
 @pytest.mark.parametrize("server", ["gevent", "wsgi"])
@@ -94,11 +74,11 @@ def test_keep_alive_serves_several_requests_on_one_connection(
     services: dict[str, str], server: str
 ) -> None:
     xs = [np.random.default_rng(i).standard_normal((1 + i, 64), dtype=np.float32) for i in range(3)]
-    with _connect(services[server]) as sock:
+    with connect(services[server]) as sock:
         buf = bytearray()
         sock.sendall(b"".join(_request(_body(x)) for x in xs))  # pipelined, too
         for x in xs:
-            status, headers, body = _read_response(sock, buf)
+            status, headers, body = read_response(sock, buf)
             assert status == "HTTP/1.1 200 OK", body
             assert headers["connection"] == "keep-alive"
             assert headers["content-type"] == "application/json"
@@ -113,10 +93,10 @@ def test_connection_closes_when_the_client_asks(
     services: dict[str, str], version: str, headers: str
 ) -> None:
     x = np.ones((1, 64), np.float32)
-    with _connect(services["gevent"]) as sock:
+    with connect(services["gevent"]) as sock:
         buf = bytearray()
         sock.sendall(_request(_body(x), version=version, headers=headers))
-        status, got, body = _read_response(sock, buf)
+        status, got, body = read_response(sock, buf)
         assert status == f"HTTP/{version} 200 OK", body
         assert got["connection"] == "close"
         assert sock.recv(1) == b""  # the server closed its end
@@ -134,10 +114,10 @@ def test_a_chunked_body_is_read_whole(services: dict[str, str], server: str) -> 
         b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: test\r\n"
         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
-    with _connect(services[server]) as sock:
+    with connect(services[server]) as sock:
         buf = bytearray()
         sock.sendall(head + chunks + b"0\r\n\r\n")
-        status, _, got = _read_response(sock, buf)
+        status, _, got = read_response(sock, buf)
         assert status == "HTTP/1.1 200 OK", got
         np.testing.assert_allclose(_outputs(got), reference_mlp(x), rtol=1e-4, atol=1e-5)
 
@@ -145,16 +125,16 @@ def test_a_chunked_body_is_read_whole(services: dict[str, str], server: str) -> 
 def test_expect_100_continue_gets_the_interim_response(services: dict[str, str]) -> None:
     x = np.ones((2, 64), np.float32)
     body = _body(x)
-    with _connect(services["gevent"]) as sock:
+    with connect(services["gevent"]) as sock:
         buf = bytearray()
         head = _request(b"", headers="Expect: 100-continue\r\n").replace(
             b"Content-Length: 0", f"Content-Length: {len(body)}".encode()
         )
         sock.sendall(head)
-        status, _, _ = _read_response(sock, buf)
+        status, _, _ = read_response(sock, buf)
         assert status == "HTTP/1.1 100 Continue"
         sock.sendall(body)
-        status, _, got = _read_response(sock, buf)
+        status, _, got = read_response(sock, buf)
         assert status == "HTTP/1.1 200 OK", got
         np.testing.assert_allclose(_outputs(got), reference_mlp(x), rtol=1e-4, atol=1e-5)
 
@@ -198,11 +178,11 @@ def test_other_requests_share_a_connection_with_infer_calls(services: dict[str, 
         + b"\r\n0\r\n\r\n"
     )
     stream = _request(_body(x)) + ready + chunked + _request(_body(x)) + ready
-    with _connect(services["gevent"]) as sock:
+    with connect(services["gevent"]) as sock:
         buf = bytearray()
         sock.sendall(stream)  # all five at once
         for kind in ("infer", "ready", "infer", "infer", "ready"):
-            status, headers, body = _read_response(sock, buf)
+            status, headers, body = read_response(sock, buf)
             assert status == "HTTP/1.1 200 OK", (kind, body)
             assert headers["connection"] == "keep-alive"
             if kind == "infer":
@@ -210,7 +190,7 @@ def test_other_requests_share_a_connection_with_infer_calls(services: dict[str, 
         # A request that arrives a byte at a time is read whole.
         for byte in _request(_body(x)):
             sock.send(bytes([byte]))
-        status, _, body = _read_response(sock, buf)
+        status, _, body = read_response(sock, buf)
         assert status == "HTTP/1.1 200 OK", body
         np.testing.assert_allclose(_outputs(body), reference_mlp(x), rtol=1e-4, atol=1e-5)
 
@@ -218,23 +198,23 @@ def test_other_requests_share_a_connection_with_infer_calls(services: dict[str, 
 def test_odd_or_oversized_infer_calls_get_a_clear_400(services: dict[str, str]) -> None:
     body = _body(np.ones((1, 64), np.float32))
     # A malformed header line: gunicorn's strict parser answers it.
-    with _connect(services["gevent"]) as sock:
+    with connect(services["gevent"]) as sock:
         sock.sendall(_request(body, headers="Bad Header: x\r\n"))
-        status, _, _ = _read_response(sock, bytearray())
+        status, _, _ = read_response(sock, bytearray())
         assert status.startswith("HTTP/1.1 400"), status
     # Two different lengths: request smuggling's shape, refused, never guessed.
-    with _connect(services["gevent"]) as sock:
+    with connect(services["gevent"]) as sock:
         sock.sendall(_request(body, headers="Content-Length: 5\r\n"))
-        status, _, _ = _read_response(sock, bytearray())
+        status, _, _ = read_response(sock, bytearray())
         assert status.startswith("HTTP/1.1 400"), status
     # A body over --http-max-input-size: Triton's error, and the connection closes
     # without the body being read.
-    with _connect(services["gevent"]) as sock:
+    with connect(services["gevent"]) as sock:
         buf = bytearray()
         sock.sendall(
             b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nContent-Length: 999999999999\r\n\r\n"
         )
-        status, headers, got = _read_response(sock, buf)
+        status, headers, got = read_response(sock, buf)
         assert status == "HTTP/1.1 400 Bad Request"
         assert "--http-max-input-size" in json.loads(got)["error"]
         assert headers["connection"] == "close"

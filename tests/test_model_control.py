@@ -54,7 +54,7 @@ def test_explicit_load_unload_and_index(tmp_path: Path, redis_url: str, log_dir:
         "0.5",
     )
     worker = start_worker(repo, db, log_dir, *flags)
-    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    gateway, url = start_gateway(repo, db, log_dir, *flags, "--allow-model-upload")
     client = httpclient.InferenceServerClient(url)
     try:
         wait_model_ready(url, "add", 60, worker, gateway)

@@ -361,7 +361,7 @@ def test_a_job_on_a_model_that_exists_only_through_its_load_overrides(
     db = fresh_db(redis_url, 12)
     flags = ("--model-control-mode", "explicit")
     worker = start_worker(repo, db, log_dir, *flags, env={"AWS_ENDPOINT_URL": s3_endpoint})
-    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    gateway, url = start_gateway(repo, db, log_dir, *flags, "--allow-model-upload")
     try:
         client = httpclient.InferenceServerClient(url)
         wait_until(client.is_server_ready, 60, "the gateway", worker, gateway)

@@ -27,9 +27,18 @@ class JobPending(InferenceServerException):
 
 
 class JobClient:
-    def __init__(self, url: str = "127.0.0.1:8000", *, network_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        url: str = "127.0.0.1:8000",
+        *,
+        network_timeout: float = 120.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """``headers`` go with every call: e.g. the header a gateway started with
+        ``--http-restricted-api jobs,batch:<header>=<value>`` needs."""
         self.base = url if "://" in url else f"http://{url}"
         self.network_timeout = network_timeout
+        self.headers = dict(headers or {})
 
     def submit(
         self,
@@ -91,7 +100,7 @@ class JobClient:
         self, method: str, path: str, body: bytes | None = None, headers: dict | None = None
     ) -> tuple[Any, bytes]:
         req = urllib.request.Request(
-            self.base + path, data=body, headers=headers or {}, method=method
+            self.base + path, data=body, headers={**self.headers, **(headers or {})}, method=method
         )
         try:
             with urllib.request.urlopen(req, timeout=self.network_timeout) as response:

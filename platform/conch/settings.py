@@ -15,8 +15,9 @@ which is how ``conch serve`` starts its worker and gateway. Settings that have n
 (the visibility timeout, attempts, job limits, the HTTP worker class, the local Redis
 probe, the S3 region) reach those children through the environment they inherit.
 
-This module imports only the standard library: the gateway reads its Settings before
-gevent patches the process, and that must happen before redis is imported.
+This module imports only the standard library (and ``conch.core.restricted_apis``, which
+imports nothing else): the gateway reads its Settings before gevent patches the process,
+and that must happen before redis is imported.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from conch.core.restricted_apis import RestrictedApis, group_names
 
 
 class ModelControlMode(StrEnum):
@@ -124,6 +127,11 @@ class Settings:
     http_worker_class: str = field(default=GEVENT_WORKER, metadata=_env("CONCH_HTTP_WORKER_CLASS"))
     # The Redis tried when no redis_url is given (tests point it at nothing).
     local_redis_url: str = field(default=LOCAL_REDIS_URL, metadata=_env("CONCH_LOCAL_REDIS_URL"))
+    # Triton's --http-restricted-api: the API groups a request reaches only with a header.
+    http_restricted_api: RestrictedApis = field(default_factory=RestrictedApis)
+    # Beyond Triton: the load API's file: parameters (model code and weights from the
+    # client) are refused unless this is on.
+    allow_model_upload: bool = False
     # Batch jobs' S3 region; boto3 reads the rest of the AWS settings itself.
     s3_region: str | None = field(default=None, metadata=_env("AWS_DEFAULT_REGION", "AWS_REGION"))
 
@@ -232,6 +240,8 @@ class Flag:
     type: Callable[[str], Any] | None = None
     metavar: str | None = None
     action: str = "store"  # or "append", "store_true"
+    nargs: str | None = None  # "?": the value may be left out, and then is ``const``
+    const: Any = None
     choices: tuple[str, ...] | None = None
     required: bool = False
     read: Callable[[Any], Any] = _same
@@ -249,6 +259,8 @@ class Flag:
         kwargs: dict[str, Any] = {"action": self.action, "default": None, "help": self.help}
         if self.action != "store_true":
             kwargs.update(type=self.type, metavar=self.metavar, choices=self.choices)
+        if self.nargs is not None:
+            kwargs.update(nargs=self.nargs, const=self.const)
         if self.required:
             kwargs["required"] = True
         parser.add_argument(self.name, **kwargs)
@@ -357,6 +369,29 @@ FLAGS: tuple[Flag, ...] = (
         type=_bool,
         metavar="BOOL",
         as_args=lambda name, on: [f"{name}={str(on).lower()}"],
+    ),
+    Flag(
+        "--http-restricted-api",
+        "http_restricted_api",
+        HTTP_ROLES,
+        "requests to these APIs need header HEADER with value VALUE (403 otherwise); "
+        f"repeatable, each API in one flag at most. APIs: {group_names()}",
+        metavar="API,...:HEADER=VALUE",
+        action="append",
+        read=RestrictedApis.parse,
+        as_args=lambda name, rules: _each(name, rules.to_values()),
+    ),
+    Flag(
+        "--allow-model-upload",
+        "allow_model_upload",
+        HTTP_ROLES,
+        "let the load API take model files ('file:' parameters) from the client: "
+        "code the workers will run (default false)",
+        type=_bool,
+        metavar="BOOL",
+        nargs="?",
+        const=True,
+        as_args=lambda name, on: [name] if on else [],
     ),
     Flag("--http-port", "http_port", HTTP_ROLES, type=int),
     Flag("--http-address", "http_address", HTTP_ROLES, read=_given),

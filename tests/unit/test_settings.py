@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conch.cli import main, parser
+from conch.core.restricted_apis import RestrictedApis
 from conch.settings import (
     FLAGS,
     GEVENT_WORKER,
@@ -181,6 +182,10 @@ def _changed(role: Role, repo: Path) -> Settings:
             http_port=9100,
             http_thread_count=3,
             http_workers=5,
+            http_restricted_api=RestrictedApis.parse(
+                ["model-repository,batch:admin-key=a:b=c", "inference:Infer-Key=v"]
+            ),
+            allow_model_upload=True,
         )
     if role in (Role.SERVE, Role.WORKER):
         s = dataclasses.replace(s, models=["a", "b"])
@@ -209,3 +214,68 @@ def test_gateway_processes_default_to_half_the_cores_one_to_two(
     from conch.settings import default_http_workers
 
     assert default_http_workers(cpus) == workers
+
+
+def test_restricted_apis_and_uploads_are_gateway_flags(tmp_path: Path):
+    s = Settings.from_args(
+        parse(
+            Role.GATEWAY,
+            *("--model-repository", str(tmp_path)),
+            "--http-restricted-api=model-repository:admin-key=one",
+            *("--http-restricted-api", "inference,metadata:infer-key=two"),
+            "--allow-model-upload",
+        )
+    )
+    assert s.http_restricted_api == RestrictedApis.parse(
+        ["model-repository:admin-key=one", "inference,metadata:infer-key=two"]
+    )
+    assert s.allow_model_upload is True
+    # Off by default, and Triton's spelling of a bool flag works too.
+    assert not Settings().allow_model_upload and not Settings().http_restricted_api
+    for value, on in (("true", True), ("false", False)):
+        args = parse(
+            Role.SERVE, "--model-repository", str(tmp_path), f"--allow-model-upload={value}"
+        )
+        assert Settings.from_args(args).allow_model_upload is on
+    # The worker takes neither: nothing of either reaches it.
+    s = dataclasses.replace(s, model_repository=tmp_path)
+    assert "--http-restricted-api" not in s.to_args(Role.WORKER)
+    with pytest.raises(SystemExit):
+        parse(Role.WORKER, "--model-repository", str(tmp_path), "--allow-model-upload")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("model-reposit:k=s3cret", "conch: unknown restricted api 'model-reposit'"),
+        ("health=s3cret", "conch: --http-restricted-api option format is"),
+        ("health:k:s3cret", "conch: --http-restricted-api option format is"),
+    ],
+)
+def test_a_bad_restriction_stops_the_command_with_tritons_message(
+    tmp_path: Path, capsys, value: str, message: str
+):
+    with pytest.raises(SystemExit) as exit_:
+        main(["gateway", "--model-repository", str(tmp_path), "--http-restricted-api", value])
+    assert str(exit_.value.code).startswith(message)
+    assert "s3cret" not in str(exit_.value.code) + "".join(capsys.readouterr())
+
+
+def test_a_group_named_twice_over_two_flags_stops_the_command(tmp_path: Path):
+    with pytest.raises(SystemExit, match="'health' can not be specified in multiple config groups"):
+        main(
+            [
+                *("serve", "--model-repository", str(tmp_path)),
+                *("--http-restricted-api", "model-repository,health:k1=v1"),
+                *("--http-restricted-api", "metadata,health:k2=v2"),
+            ]
+        )
+
+
+def test_settings_never_show_a_secret(tmp_path: Path):
+    s = Settings.from_args(
+        parse(
+            Role.SERVE, "--model-repository", str(tmp_path), "--http-restricted-api=jobs:k=s3cret"
+        )
+    )
+    assert "s3cret" not in repr(s) and "s3cret" not in str(s)

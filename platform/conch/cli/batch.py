@@ -17,6 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="s3://bucket/key of the JSONL requests")
     p.add_argument("--output", required=True, help="s3://bucket/key for the JSONL answers")
     p.add_argument("-u", "--url", default="127.0.0.1:8000", help="the gateway (host:port)")
+    p.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="send this header with every call (a restricted API's); repeatable",
+    )
     p.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
     p.add_argument("--log-verbose", type=int, default=0, metavar="N")
 
@@ -28,7 +36,14 @@ def run(args: argparse.Namespace) -> int:
 
     from conch.job_client import JobClient
 
-    jobs = JobClient(args.url)
+    headers = {}
+    for item in args.header:
+        name, colon, value = item.partition(":")
+        if not colon or not name.strip():
+            print(f"conch batch: --header is NAME:VALUE, not {name!r}", file=sys.stderr)
+            return 2
+        headers[name.strip()] = value.strip()
+    jobs = JobClient(args.url, headers=headers)
     try:
         job = jobs.submit_batch(
             args.model, args.input, args.output, model_version=args.model_version

@@ -40,6 +40,15 @@ class Unsupported(ConchError):
     code = "UNSUPPORTED"
 
 
+class Forbidden(ConchError):
+    """Refused by the server's own policy (a restricted API, a disabled feature). Triton
+    answers a restricted HTTP API with 403; its gRPC frontend has no permission code
+    and says UNAVAILABLE, which is this error's code."""
+
+    status = 403
+    code = "UNAVAILABLE"
+
+
 class Internal(ConchError):
     status = 500
     code = "INTERNAL"

@@ -25,7 +25,14 @@ import redis
 
 from conch import __version__
 from conch.core import ensemble_graph, validation
-from conch.core.errors import ConchError, InvalidArgument, NotFound, Unavailable, Unsupported
+from conch.core.errors import (
+    ConchError,
+    Forbidden,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    Unsupported,
+)
 from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
 from conch.core.repository import ModelEntry
 from conch.frontend import batch_job, calls, ensemble_runner, model_control
@@ -166,7 +173,18 @@ class DataPlane:
         return self.view.index(ready_only)
 
     def load(self, model: str, *, config: str | None = None, files: dict[str, bytes]) -> None:
-        """Explicit model control: load ``model`` everywhere (``model_control.load``)."""
+        """Explicit model control: load ``model`` everywhere (``model_control.load``).
+
+        ``files`` (``file:`` parameters) are code and weights a worker will run, from
+        whoever can reach the API: refused unless ``--allow-model-upload`` is on. (A
+        Python model's ``pb_utils.load_model`` does not come through here: that code
+        is the repository's, trusted already.)
+        """
+        if files and not self.settings.allow_model_upload:
+            raise Forbidden(
+                f"failed to load '{model}': model file uploads ('file:' parameters) are "
+                "disabled; start conch with --allow-model-upload to allow them"
+            )
         model_control.load(
             self._client,
             self.settings,

@@ -7,6 +7,7 @@ Nothing here handles a request. The pieces, each in its own module:
 - ``fast_path``: infer calls, ahead of Flask (and without WSGI under the gevent worker);
 - ``routes`` and ``job_routes``: the other routes, HTTP → DataPlane → HTTP, and the one
   mapping of errors to Triton's body and status;
+- ``api_groups``: ``--http-restricted-api``, each route's group and the header check;
 - ``metrics``: the metrics port.
 """
 
@@ -17,7 +18,7 @@ from flask import Flask
 
 from conch.backends import completion
 from conch.frontend.dataplane import DataPlane
-from conch.frontend.http import job_routes, routes
+from conch.frontend.http import api_groups, job_routes, routes
 from conch.frontend.http.fast_path import InferFastPath
 from conch.frontend.http.metrics import MetricsPort
 from conch.frontend.model_view import ModelView
@@ -37,6 +38,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.url_map.merge_slashes = False  # "/v2/jobs//result" is a 404, not a redirect page
     app.register_blueprint(routes.v2)
     app.register_blueprint(job_routes.bp)
+    if settings.http_restricted_api:
+        app.before_request(api_groups.checker(settings.http_restricted_api))
     view.follow()
     app.wsgi_app = InferFastPath(app.wsgi_app, plane)  # type: ignore[method-assign]
     if settings.allow_metrics:

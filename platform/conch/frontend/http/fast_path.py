@@ -20,9 +20,11 @@ import orjson
 
 from conch.core.errors import ConchError, InvalidArgument
 from conch.core.inference import InferRequest
+from conch.core.restricted_apis import ApiGroup
 from conch.frontend import calls
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http import http_codec
+from conch.frontend.http.api_groups import refuse
 
 # Triton's infer route: a model name without "/", an optional numeric version.
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer/?")
@@ -32,6 +34,7 @@ Header = Callable[[str], str | None]  # a request header by name, None when abse
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     500: "Internal Server Error",
     501: "Not Implemented",
@@ -76,9 +79,12 @@ def serve_infer(
 
     ``version`` is the URL's version segment ("" for none), ``length`` the
     Content-Length (0 when absent), ``read`` reads the body and ``header`` looks a
-    request header up by name.
+    request header up by name. A restricted ``inference`` group is checked first,
+    before the body is read (Triton's order).
     """
     try:
+        if plane.settings.http_restricted_api.rules:
+            refuse(plane.settings.http_restricted_api, ApiGroup.INFERENCE, header)
         limit = plane.settings.max_input_bytes
         if length > limit:
             raise too_large(length, limit)

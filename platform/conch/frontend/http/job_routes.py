@@ -5,6 +5,10 @@ result is exactly the infer response, so a client switches between waiting and p
 by changing the URL. Triton has no such extension; the names follow its style. The
 jobs themselves are the data plane's (``DataPlane.submit_job`` and the rest); these
 routes only frame them in HTTP.
+
+Restricted APIs: async jobs are the ``jobs`` group, offline batch jobs (which read and
+write S3) the ``batch`` group. A job's status, result and cancel routes serve both, so
+they check the group of the job's kind once they have found it.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ import orjson
 from flask import Blueprint, Response, request
 
 from conch.core.errors import InvalidArgument
+from conch.core.restricted_apis import ApiGroup
 from conch.frontend.dataplane import JobState
 from conch.frontend.http import http_codec
+from conch.frontend.http.api_groups import BY_JOB_KIND, api_group, refuse
 from conch.frontend.http.fast_path import decode_call, too_large
 from conch.frontend.http.routes import plane
 from conch.wire import job_store
 
 bp = Blueprint("jobs", __name__)
 MAX_BATCH_SPEC_BYTES = 8192
+_GROUP_OF_KIND = {job_store.INFER: ApiGroup.JOBS, job_store.BATCH: ApiGroup.BATCH}
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -53,8 +60,18 @@ def _accepted(state: JobState) -> Response:
     return _json(_status(state), 202, headers={"Location": f"/v2/jobs/{state.record.id}"})
 
 
+def _allow(job_id: str) -> None:
+    """Refuse the call unless it may see this job (its kind's group is open, or the
+    call has that group's header); the job is looked up only when that matters."""
+    rules = plane().settings.http_restricted_api
+    if rules.get(ApiGroup.JOBS) or rules.get(ApiGroup.BATCH):
+        kind = plane().job_status(job_id).record.kind
+        refuse(rules, _GROUP_OF_KIND[kind], request.headers.get)
+
+
 @bp.post("/v2/models/<model>/jobs")
 @bp.post("/v2/models/<model>/versions/<int:version>/jobs")
+@api_group(ApiGroup.JOBS)
 def submit(model: str, version: int | None = None) -> Response:
     data_plane = plane()
     length = request.content_length
@@ -72,6 +89,7 @@ def submit(model: str, version: int | None = None) -> Response:
 
 @bp.post("/v2/models/<model>/batch")
 @bp.post("/v2/models/<model>/versions/<int:version>/batch")
+@api_group(ApiGroup.BATCH)
 def submit_batch(model: str, version: int | None = None) -> Response:
     """An offline batch job: JSONL of infer requests in S3 in, JSONL of responses out."""
     if (request.content_length or 0) > MAX_BATCH_SPEC_BYTES:
@@ -91,17 +109,22 @@ def submit_batch(model: str, version: int | None = None) -> Response:
 
 
 @bp.get("/v2/jobs/<job_id>")
+@api_group(BY_JOB_KIND)
 def status(job_id: str) -> Response:
+    _allow(job_id)
     return _json(_status(plane().job_status(job_id)))
 
 
 @bp.delete("/v2/jobs/<job_id>")
+@api_group(BY_JOB_KIND)
 def cancel(job_id: str) -> Response:
     """Cancel a job that has not finished (``DataPlane.cancel_job``)."""
+    _allow(job_id)
     return _json(_status(plane().cancel_job(job_id)))
 
 
 @bp.get("/v2/jobs/<job_id>/result")
+@api_group(BY_JOB_KIND)
 def result(job_id: str) -> Response:
     """The infer response once the job is done (or its error); 202 and the status before.
 
@@ -111,6 +134,7 @@ def result(job_id: str) -> Response:
         wait = float(request.args.get("wait", 0))
     except ValueError:
         wait = -1.0
+    _allow(job_id)
     state, outcome = plane().job_result(job_id, wait)
     if not state.done:
         return _json(_status(state), 202, headers={"Retry-After": "1"})

@@ -21,8 +21,10 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from conch.core.errors import ConchError, InvalidArgument
+from conch.core.restricted_apis import ApiGroup
 from conch.frontend import v2_json
 from conch.frontend.dataplane import DataPlane
+from conch.frontend.http.api_groups import api_group
 from conch.frontend.http.fast_path import serve_infer, too_large
 
 log = logging.getLogger(__name__)
@@ -52,28 +54,33 @@ def _version(version: int | None) -> str:
 
 # -- health and metadata --------------------------------------------------------------
 @v2.get("/v2/health/live")
+@api_group(ApiGroup.HEALTH)
 def live() -> Response:
     return _empty(200 if plane().live() else 400)
 
 
 @v2.get("/v2/health/ready")
+@api_group(ApiGroup.HEALTH)
 def ready() -> Response:
     return _empty(200 if plane().ready() else 400)
 
 
 @v2.get("/v2")
+@api_group(ApiGroup.METADATA)
 def server_metadata() -> Response:
     return _json(plane().server_metadata())
 
 
 @v2.get("/v2/models/<model>")
 @v2.get("/v2/models/<model>/versions/<int:version>")
+@api_group(ApiGroup.METADATA)
 def model_metadata(model: str, version: int | None = None) -> Response:
     return _json(plane().model_metadata(model, _version(version)))
 
 
 @v2.get("/v2/models/<model>/ready")
 @v2.get("/v2/models/<model>/versions/<int:version>/ready")
+@api_group(ApiGroup.HEALTH)
 def model_ready(model: str, version: int | None = None) -> Response:
     if not plane().model_ready(model, _version(version)):
         return _json({"error": "Model version not ready"}, 400)
@@ -83,6 +90,7 @@ def model_ready(model: str, version: int | None = None) -> Response:
 @v2.get("/v2/models/stats")
 @v2.get("/v2/models/<model>/stats")
 @v2.get("/v2/models/<model>/versions/<int:version>/stats")
+@api_group(ApiGroup.STATISTICS)
 def model_statistics(model: str | None = None, version: int | None = None) -> Response:
     """Triton's statistics extension: all models, one model, or one version."""
     return _json({"model_stats": plane().statistics(model, _version(version))})
@@ -90,6 +98,7 @@ def model_statistics(model: str | None = None, version: int | None = None) -> Re
 
 @v2.get("/v2/models/<model>/config")
 @v2.get("/v2/models/<model>/versions/<int:version>/config")
+@api_group(ApiGroup.MODEL_CONFIG)
 def model_config(model: str, version: int | None = None) -> Response:
     return _json(plane().model_config(model, _version(version)))
 
@@ -97,6 +106,7 @@ def model_config(model: str, version: int | None = None) -> Response:
 # -- inference -------------------------------------------------------------------------
 @v2.post("/v2/models/<model>/infer")
 @v2.post("/v2/models/<model>/versions/<int:version>/infer")
+@api_group(ApiGroup.INFERENCE)
 def infer(model: str, version: int | None = None) -> Response:
     """``InferFastPath`` answers every POST here before Flask routes it; the route makes
     the path known to Flask (other methods get a 405) and, were the middleware left
@@ -128,6 +138,7 @@ def _parse(body: bytes) -> Any:
 
 
 @v2.post("/v2/repository/index")
+@api_group(ApiGroup.MODEL_REPOSITORY)
 def repository_index() -> Response:
     body = request.get_data(cache=False)
     ready_only = False
@@ -152,6 +163,7 @@ def _control_params(body: bytes) -> dict[str, Any]:
 
 
 @v2.post("/v2/repository/models/<model>/load")
+@api_group(ApiGroup.MODEL_REPOSITORY)
 def load_model(model: str) -> Response:
     """Explicit model control. ``file:<version>/<path>`` parameters carry file contents
     in base64, as Triton's HTTP API does."""
@@ -177,6 +189,7 @@ def load_model(model: str) -> Response:
 
 
 @v2.post("/v2/repository/models/<model>/unload")
+@api_group(ApiGroup.MODEL_REPOSITORY)
 def unload_model(model: str) -> Response:
     params = _control_params(request.get_data(cache=False))
     plane().unload(model, unload_dependents=bool(params.get("unload_dependents", False)))
