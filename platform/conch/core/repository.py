@@ -333,9 +333,8 @@ class ModelRepository:
                 raise ModelLoadError(
                     f"{exc.message} (config: {source}; model file: {model_file})"
                 ) from None
-            if cfg.max_batch_size > 1 and cfg.WhichOneof("scheduling_choice") is None:
-                cfg.dynamic_batching.SetInParent()
 
+        _normalize(cfg)
         _validate(cfg, where)
         entry.output_labels = _read_labels(cfg, path, where)
 
@@ -439,6 +438,20 @@ class ModelRepository:
                 raise ModelLoadError(
                     f"{where}: instance_group '{group.name}' sets field gpus but is not KIND_GPU"
                 )
+
+
+def _normalize(cfg: Any) -> None:
+    """What Triton fills in after any auto-complete (on or off): a dynamic batcher with no
+    ``preferred_batch_size`` prefers full batches. The scheduler itself is the backend's
+    to add (``Backend.auto_complete``); a config with none runs on the default scheduler,
+    each request on its own."""
+    batcher = cfg.dynamic_batching
+    if (
+        cfg.HasField("dynamic_batching")
+        and cfg.max_batch_size > 0
+        and not batcher.preferred_batch_size
+    ):
+        batcher.preferred_batch_size.append(cfg.max_batch_size)
 
 
 def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:
