@@ -239,8 +239,12 @@ class ModelView:
         """Why no worker can serve ``name``: set when live workers tried and all failed.
 
         A model no live worker has reported on is not unavailable: its requests wait in
-        the queue for a worker to come (scale from zero).
+        the queue for a worker to come (scale from zero). Nor is an ensemble, which no
+        worker serves: each of its steps is checked as it is sent.
         """
+        entry = self._source.get(name)
+        if entry is not None and entry.backend == ensemble_graph.ENSEMBLE:
+            return None
         st = self.states().get(name)
         if not st or not st.get("reason"):
             return None
