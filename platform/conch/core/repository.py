@@ -239,11 +239,11 @@ class ModelRepository:
             if name not in entries and MODEL_NAME.fullmatch(name):
                 entries[name] = self.read_model(name)
         # Ensembles are checked against the models they call, once all are read.
-        for entry in entries.values():
-            if entry.backend == ensemble_graph.ENSEMBLE and not entry.error:
-                entry.error = ensemble_graph.check(entry, entries)
-                if entry.error:
-                    log.warning("%s", entry.error)
+        read = [e for e in entries.values() if e.backend == ensemble_graph.ENSEMBLE and not e.error]
+        ensemble_graph.link_all(entries)
+        for entry in read:
+            if entry.error:
+                log.warning("%s", entry.error)
         return entries
 
     def read_model(self, name: str) -> ModelEntry:
@@ -384,6 +384,7 @@ class ModelRepository:
             cfg.version_policy.latest.num_versions = 1
         entry.versions = self._versions(cfg, on_disk, where, entry.path)
         _validate(cfg, where)
+        entry.output_labels = _read_labels(cfg, entry.path, where)
 
     def _versions(self, cfg: Any, on_disk: list[int], where: str, path: Path) -> list[int]:
         policy = cfg.version_policy

@@ -97,7 +97,7 @@ class _OnDemand:
             else:  # checked against its step models, as a scan would
                 steps = {s.model for s in ensemble_graph.steps(entry.config)} - {name}
                 found = {s: self.get(s, depth + 1) for s in steps}
-                entry.error = ensemble_graph.check(entry, {k: v for k, v in found.items() if v})
+                ensemble_graph.link(entry, {k: v for k, v in found.items() if v})
         if entry.error and cached is not None and not cached[1].error:
             entry = cached[1]  # keep the last good read, as the workers keep serving it
         with self._lock:
