@@ -107,6 +107,7 @@ def build_repository(root: Path) -> Path:
     add_model(root / "add_preferred", max_batch_size=16, delay_us=1_000_000, extra="")
     with_config(root / "add_preferred", root / "add_pref4", "preferred_batch_size: [ 4 ]")
     batch_probe(root / "batch_probe")
+    batch_probe(root / "batch_probe_alone", dynamic_batching=False)
     loop_model(root / "loop_ordered")
     loop_model(root / "loop_unordered", preserve_ordering=False)
     gpu = root / "gpu_mlp"
@@ -326,13 +327,16 @@ class TritonPythonModel:
 """
 
 
-def batch_probe(path: Path) -> None:
-    """A Python model whose output says which execution served a request, and its size."""
+def batch_probe(path: Path, *, dynamic_batching: bool = True) -> None:
+    """A Python model whose output says which execution served a request, and its size.
+
+    Without ``dynamic_batching`` it is on Triton's default scheduler: max_batch_size 8
+    bounds what one request may carry, and each request runs alone."""
     (path / "1").mkdir(parents=True)
     (path / "1" / "model.py").write_text(BATCH_PROBE)
     (path / "config.pbtxt").write_text(
         'backend: "python"\nmax_batch_size: 8\n'
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
-        "dynamic_batching { max_queue_delay_microseconds: 0 }\n"
+        + ("dynamic_batching { max_queue_delay_microseconds: 0 }\n" if dynamic_batching else "")
     )

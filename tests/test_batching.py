@@ -32,6 +32,8 @@ MODELS = (
     "step_bounded",
     "loop_ordered",
     "loop_unordered",
+    "batch_probe",
+    "batch_probe_alone",
 )
 
 
@@ -112,8 +114,43 @@ def test_requests_of_different_sizes_batch_together_and_split_back(stack: str, d
 
 
 def test_auto_complete_adds_dynamic_batching_as_triton_does(stack: str) -> None:
-    # "add" declares max_batch_size 8 and no scheduler: completed with dynamic_batching {}.
-    assert "dynamic_batching" in httpclient.InferenceServerClient(stack).get_model_config("add")
+    # "add" (ONNX) declares max_batch_size 8 and no scheduler: completed with a dynamic
+    # batcher that prefers full batches, as Triton's onnxruntime backend and core do.
+    config = httpclient.InferenceServerClient(stack).get_model_config("add")
+    assert config["dynamic_batching"]["preferred_batch_size"] == [8]
+
+
+def _probe_burst(url: str, db: str, model: str) -> list[int]:
+    """A half-second request, then five more queued behind it on the model's one
+    instance: how many requests each one's execution held."""
+
+    def one(seconds: float) -> int:
+        i = httpclient.InferInput("X", [1, 1], "FP32")
+        i.set_data_from_numpy(np.full((1, 1), seconds, np.float32))
+        y = httpclient.InferenceServerClient(url, network_timeout=60).infer(model, [i])
+        return int(y.as_numpy("Y")[0, 1])
+
+    queue = broker.queue_name(model).encode()
+    inflight = redis.Redis.from_url(db)
+    with ThreadPoolExecutor(6) as pool:
+        first = pool.submit(one, 0.5)
+        wait_until(
+            lambda: any(queue in v for v in inflight.hvals(keys.UNACKED)), 10, "the first request"
+        )
+        rest = [pool.submit(one, 0.0) for _ in range(5)]
+        return [f.result() for f in (first, *rest)]
+
+
+def test_a_python_model_without_dynamic_batching_runs_each_request_alone(
+    stack: str, db: str
+) -> None:
+    # Triton's Python backend adds no dynamic_batching: max_batch_size 8 alone does not
+    # make the model take 8 requests at once.
+    config = httpclient.InferenceServerClient(stack).get_model_config("batch_probe_alone")
+    assert config["max_batch_size"] == 8 and "dynamic_batching" not in config
+    assert _probe_burst(stack, db, "batch_probe_alone") == [1] * 6
+    # The same model asking for dynamic_batching takes the queued ones together.
+    assert max(_probe_burst(stack, db, "batch_probe")) > 1
 
 
 def test_no_dynamic_batching_runs_one_request_per_execution(

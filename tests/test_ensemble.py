@@ -23,10 +23,21 @@ from harness import ROOT, start_gateway, start_worker, wait_model_ready, wait_un
 from models import add_model
 
 PIPELINE = ("preprocessing", "classifier", "postprocessing", "sentiment")
-SERVED = ("preprocessing", "classifier", "postprocessing", "slow_a", "slow_b", "add_window", "add")
+SERVED = (
+    "preprocessing",
+    "classifier",
+    "postprocessing",
+    "slow_a",
+    "slow_b",
+    "add_window",
+    "add",
+    "flat_inc",
+    "add_labelled",
+    "add_probe",
+)
 
 
-SLEEPER = """
+INCREMENT = """
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -34,7 +45,7 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        time.sleep(0.5)
+        time.sleep(%s)
         return [
             pb_utils.InferenceResponse(
                 [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1)]
@@ -44,14 +55,29 @@ class TritonPythonModel:
 """
 
 
-def sleeper(path: Path) -> None:
+def increment(path: Path, *, seconds: float, max_batch_size: int = 8) -> None:
+    """Y = X + 1 on FP32 [4], after ``seconds``: a Python model."""
     (path / "1").mkdir(parents=True)
-    (path / "1" / "model.py").write_text(SLEEPER)
+    (path / "1" / "model.py").write_text(INCREMENT % seconds)
     (path / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 8\n'
+        f'backend: "python"\nmax_batch_size: {max_batch_size}\n'
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
     )
+
+
+LABELS = ["north", "east", "south", "west"]
+
+
+def add_labelled(path: Path) -> None:
+    """``add`` whose output names its four classes (label_filename)."""
+    add_model(path)
+    config = path / "config.pbtxt"
+    plain = 'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+    assert plain in config.read_text()
+    labelled = plain.replace("dims: [ 4 ]", 'dims: [ 4 ] label_filename: "labels.txt"')
+    config.write_text(config.read_text().replace(plain, labelled))
+    (path / "labels.txt").write_text("\n".join(LABELS) + "\n")
 
 
 def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
@@ -69,6 +95,7 @@ def ensemble(root: Path, name: str, io: str, steps: list[str], max_batch_size: i
 
 
 X4 = 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+IN4 = 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]'
 AB = 'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]'
 OUT = 'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]'
 
@@ -80,10 +107,36 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in PIPELINE:
         shutil.copytree(ROOT / "functions" / name, root / name)
     for name in ("slow_a", "slow_b"):  # they wait, not compute: parallelism needs no spare core
-        sleeper(root / name)
+        increment(root / name, seconds=0.5)
     add_model(root / "add_window", max_batch_size=16, delay_us=400_000)
     add_model(root / "add")
     add_model(root / "add_unserved")
+    add_model(root / "add_probe")
+    increment(root / "flat_inc", seconds=0, max_batch_size=0)  # no batch dimension
+    add_labelled(root / "add_labelled")
+    # A non-batching step between batching ones, in a batching and a non-batching ensemble.
+    mixed = [
+        step("flat_inc", {"X": "IN"}, {"Y": "t"}),
+        step("add", {"A": "t", "B": "t"}, {"OUT": "OUT"}),
+    ]
+    ensemble(root, "ens_mixed", IN4 + "\n" + OUT, mixed)
+    ensemble(root, "ens_flat", IN4 + "\n" + OUT, mixed, max_batch_size=0)
+    ensemble(
+        root,
+        "ens_labelled",
+        AB + "\n" + OUT,
+        [step("add_labelled", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
+    )
+    ensemble(
+        root,
+        "ens_pruned",
+        AB + '\noutput [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "PROBED" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+        [
+            step("add", {"A": "A", "B": "B"}, {"OUT": "SUM"}),
+            step("add_probe", {"A": "A", "B": "B"}, {"OUT": "PROBED"}),
+        ],
+    )
     ensemble(
         root,
         "ens_parallel",
@@ -157,7 +210,14 @@ def url(repo: Path, db: str, log_dir: Path) -> Iterator[str]:
     worker = start_worker(repo, db, log_dir, "--models", ",".join(SERVED))
     gateway, url = start_gateway(repo, db, log_dir, workers=2, threads=32)
     try:
-        for m in ("sentiment", "ens_parallel", "ens_add"):
+        for m in (
+            "sentiment",
+            "ens_parallel",
+            "ens_add",
+            "ens_mixed",
+            "ens_labelled",
+            "ens_pruned",
+        ):
             wait_model_ready(url, m, 90, worker, gateway)
         yield url
     finally:
@@ -223,6 +283,7 @@ def test_ensemble_metadata_and_config(url: str) -> None:
     ]
     assert all(isinstance(s["model_version"], int) for s in cfg["ensemble_scheduling"]["step"])
     assert "instance_group" not in cfg or not cfg["instance_group"]
+    assert cfg["model_transaction_policy"] == {"decoupled": False}  # as Triton completes it
     assert c.is_model_ready("sentiment")
 
 
@@ -275,6 +336,54 @@ def test_steps_batch_with_direct_traffic(url: str, db: str) -> None:
     after = counters(db, "add_window")
     assert after["requests"] - before["requests"] == 2
     assert after["executions"] - before["executions"] == 1
+
+
+def test_batching_and_non_batching_steps_mix_as_in_triton(url: str) -> None:
+    c = client(url)
+    x = np.arange(4, dtype=np.float32)
+    # A batch of one loses its batch dimension into flat_inc and gets it back into add.
+    got = c.infer("ens_mixed", [fp32("IN", x.reshape(1, 4))]).as_numpy("OUT")
+    np.testing.assert_array_equal(got, (2 * (x + 1)).reshape(1, 4))
+    # A non-batching ensemble: add's batch of one is stripped from the ensemble's output.
+    got = c.infer("ens_flat", [fp32("IN", x)]).as_numpy("OUT")
+    np.testing.assert_array_equal(got, 2 * (x + 1))
+    # A batch of two cannot go through a model that takes one [4]: its own check says so.
+    with pytest.raises(InferenceServerException) as exc:
+        c.infer("ens_mixed", [fp32("IN", np.stack([x, x]))])
+    assert exc.value.status() == "400" and "flat_inc" in str(exc.value)
+
+
+def test_classification_through_an_ensemble_uses_the_step_models_labels(url: str) -> None:
+    c = client(url)
+    a = np.array([[0.0, 3.0, 1.0, 2.0]], np.float32)
+    wanted = [httpclient.InferRequestedOutput("OUT", class_count=2)]
+    classes = []
+    for model in ("add_labelled", "ens_labelled"):
+        result = c.infer(model, [fp32("A", a), fp32("B", a)], outputs=wanted)
+        classes.append([v.decode() for v in result.as_numpy("OUT").ravel()])
+    assert classes[1] == ["6.000000:1:east", "4.000000:3:west"]
+    assert classes[0] == classes[1]  # as the step model itself answers
+
+
+def statistic(url: str, model: str) -> int:
+    stats = client(url).get_inference_statistics(model)["model_stats"]
+    return sum(s["inference_count"] for s in stats)
+
+
+def test_only_the_steps_the_requested_outputs_need_run(url: str) -> None:
+    # Statistics are written with each step's reply, so they are final once the
+    # ensemble has answered.
+    c = client(url)
+    a = np.ones((1, 4), np.float32)
+    before = statistic(url, "add_probe")
+    only_sum = [httpclient.InferRequestedOutput("SUM")]
+    result = c.infer("ens_pruned", [fp32("A", a), fp32("B", a)], outputs=only_sum)
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + a)
+    assert result.as_numpy("PROBED") is None
+    assert statistic(url, "add_probe") == before  # PROBED's step never ran
+    result = c.infer("ens_pruned", [fp32("A", a), fp32("B", a)])  # no list: every output
+    np.testing.assert_array_equal(result.as_numpy("PROBED"), a + a)
+    assert statistic(url, "add_probe") == before + 1
 
 
 @pytest.mark.parametrize(

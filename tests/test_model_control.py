@@ -326,7 +326,13 @@ def test_an_ensemble_loads_its_steps_and_unloads_them_when_asked(
         )
         client.unload_model("ens")  # its step stays
         assert not client.is_model_ready("ens") and client.is_model_ready("offset")
-        client.load_model("ens")
+        with pytest.raises(InferenceServerException, match="no available versions"):
+            client.infer("ens", x_input(2.0))
+        client.load_model("ens")  # loaded again, it serves again
+        assert client.is_model_ready("ens")
+        np.testing.assert_array_equal(
+            client.infer("ens", x_input(4.0)).as_numpy("Y"), np.full((1, 4), 5.0)
+        )
         client.unload_model("ens", unload_dependents=True)  # and now its step goes too
         assert not client.is_model_ready("ens") and not client.is_model_ready("offset")
 

@@ -71,6 +71,29 @@ def test_fill_completes_a_batching_model():
     assert [(e.name, list(e.dims)) for e in cfg.output] == [("y", [3])]
 
 
+@pytest.mark.parametrize(
+    ("text", "fill", "added"),
+    [
+        ("", True, True),  # filled max_batch_size 8, no scheduler: the dynamic batcher
+        ("max_batch_size: 2", True, True),
+        ("max_batch_size: 1", True, False),  # nothing to batch
+        (
+            'max_batch_size: 8 input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+            False,
+            False,
+        ),  # auto-complete off
+        ("max_batch_size: 8 sequence_batching { }", True, False),  # a scheduler is named
+    ],
+)
+def test_fill_adds_dynamic_batching_as_the_onnx_and_tensorrt_backends_do(text, fill, added):
+    cfg = config(text)
+    check_and_fill(
+        cfg, [T("x", "TYPE_FP32", (-1, 4))], [T("y", "TYPE_FP32", (-1, 3))], fill=fill,
+        default_max_batch_size=8, source="the model",
+    )  # fmt: skip
+    assert cfg.HasField("dynamic_batching") == added
+
+
 def test_full_rank_dims_keep_max_batch_size_zero():
     cfg = config('input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]')
     check_and_fill(

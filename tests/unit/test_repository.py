@@ -190,6 +190,56 @@ def test_explicit_full_shape_keeps_max_batch_size_zero(tmp_path):
     assert e.metadata()["inputs"][0]["shape"] == [-1, 4]
 
 
+IO4 = (
+    'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("backend", "model_file", "text"),
+    [
+        ("python", "model.py", "class TritonPythonModel:\n    pass\n"),
+        ("pytorch", "model.pt", "not read when completing"),
+    ],
+)
+def test_python_and_pytorch_models_keep_the_default_scheduler(tmp_path, backend, model_file, text):
+    # Triton's Python and PyTorch backends add no dynamic_batching: such a model with
+    # max_batch_size 4 gets one request per execution unless its config asks for more.
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / model_file).write_text(text)
+    (tmp_path / "m" / "config.pbtxt").write_text(f'backend: "{backend}"\nmax_batch_size: 4\n{IO4}')
+    e = only(tmp_path, "m")
+    assert e.error is None, e.error
+    assert e.config.WhichOneof("scheduling_choice") is None
+    assert "dynamic_batching" not in e.to_json()
+
+
+@pytest.mark.parametrize("auto_complete", [True, False])
+def test_a_dynamic_batcher_prefers_full_batches_by_default(tmp_path, auto_complete):
+    write_model(tmp_path, "given", config="max_batch_size: 8\ndynamic_batching { }")
+    write_model(
+        tmp_path, "chosen", config="max_batch_size: 8\ndynamic_batching { preferred_batch_size: 2 }"
+    )
+    write_model(
+        tmp_path,
+        "flat",
+        config='input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]\ndynamic_batching { }',
+    )
+    entries = scan(tmp_path, auto_complete=auto_complete)
+    assert all(e.error is None for e in entries.values()), entries
+    batcher = {name: e.to_json()["dynamic_batching"] for name, e in entries.items()}
+    assert batcher["given"]["preferred_batch_size"] == [8]  # Triton's NormalizeModelConfig
+    assert batcher["chosen"]["preferred_batch_size"] == [2]
+    assert batcher["flat"]["preferred_batch_size"] == []  # no batch dimension: nothing
+
+
+def test_auto_complete_adds_a_dynamic_batcher_preferring_full_batches(tmp_path):
+    write_model(tmp_path, "mlp")  # batchable ONNX, no config: max_batch_size 4
+    j = only(tmp_path, "mlp").to_json()
+    assert j["dynamic_batching"]["preferred_batch_size"] == [4]
+
+
 def test_no_dynamic_batching_added_when_a_scheduler_is_set(tmp_path):
     write_model(tmp_path, "mlp", config="max_batch_size: 8\nsequence_batching { }")
     e = only(tmp_path, "mlp")

@@ -3,7 +3,8 @@
 ``check_and_fill`` is Triton's auto-complete for a backend that can read its model's
 signature (onnxruntime from the ONNX graph, tensorrt from the engine): check every config
 input and output against the model, and with ``fill`` complete what the config leaves out
-(``max_batch_size`` by Triton's full-rank rule, missing entries, ``data_type``, ``dims``).
+(``max_batch_size`` by Triton's full-rank rule, missing entries, ``data_type``, ``dims``,
+and ``dynamic_batching`` for a model that batches and names no scheduler).
 A backend adds its own checks through ``Hooks`` (TensorRT: its optimization profiles).
 
 Also here: the config's data type names, Triton's scalar rule for ``dims``, reading an
@@ -161,6 +162,10 @@ def check_and_fill(
                 "set max_batch_size: 0"
             )
         hooks.check_batching(config)
+        if fill and config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
+            # These backends turn on Triton's dynamic batcher for a model that batches
+            # and names no scheduler (the Python and PyTorch backends do not).
+            config.dynamic_batching.SetInParent()
 
     batched = config.max_batch_size > 0
     for what, entries, group in (

@@ -239,11 +239,11 @@ class ModelRepository:
             if name not in entries and MODEL_NAME.fullmatch(name):
                 entries[name] = self.read_model(name)
         # Ensembles are checked against the models they call, once all are read.
-        for entry in entries.values():
-            if entry.backend == ensemble_graph.ENSEMBLE and not entry.error:
-                entry.error = ensemble_graph.check(entry, entries)
-                if entry.error:
-                    log.warning("%s", entry.error)
+        read = [e for e in entries.values() if e.backend == ensemble_graph.ENSEMBLE and not e.error]
+        ensemble_graph.link_all(entries)
+        for entry in read:
+            if entry.error:
+                log.warning("%s", entry.error)
         return entries
 
     def read_model(self, name: str) -> ModelEntry:
@@ -334,9 +334,8 @@ class ModelRepository:
                 raise ModelLoadError(
                     f"{exc.message} (config: {source}; model file: {model_file})"
                 ) from None
-            if cfg.max_batch_size > 1 and cfg.WhichOneof("scheduling_choice") is None:
-                cfg.dynamic_batching.SetInParent()
 
+        _normalize(cfg)
         _validate(cfg, where)
         entry.output_labels = _read_labels(cfg, path, where)
 
@@ -386,6 +385,7 @@ class ModelRepository:
             cfg.version_policy.latest.num_versions = 1
         entry.versions = self._versions(cfg, on_disk, where, entry.path)
         _validate(cfg, where)
+        entry.output_labels = _read_labels(cfg, entry.path, where)
 
     def _versions(self, cfg: Any, on_disk: list[int], where: str, path: Path) -> list[int]:
         policy = cfg.version_policy
@@ -440,6 +440,20 @@ class ModelRepository:
                 raise ModelLoadError(
                     f"{where}: instance_group '{group.name}' sets field gpus but is not KIND_GPU"
                 )
+
+
+def _normalize(cfg: Any) -> None:
+    """What Triton fills in after any auto-complete (on or off): a dynamic batcher with no
+    ``preferred_batch_size`` prefers full batches. The scheduler itself is the backend's
+    to add (``Backend.auto_complete``); a config with none runs on the default scheduler,
+    each request on its own."""
+    batcher = cfg.dynamic_batching
+    if (
+        cfg.HasField("dynamic_batching")
+        and cfg.max_batch_size > 0
+        and not batcher.preferred_batch_size
+    ):
+        batcher.preferred_batch_size.append(cfg.max_batch_size)
 
 
 def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:

@@ -12,7 +12,16 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from conch.core import validation
-from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor, steps
+from conch.core.ensemble_graph import (
+    ENSEMBLE,
+    MAX_DEPTH,
+    Step,
+    Tensor,
+    batch_of,
+    fit_batch,
+    needed,
+    steps,
+)
 from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
@@ -65,40 +74,66 @@ class _Done:
 
 
 def run(
-    entry: Any, inputs: dict[str, Tensor], wanted: list[str], start: StepRunner
+    entry: Any,
+    inputs: dict[str, Tensor],
+    wanted: list[str],
+    start: StepRunner,
+    config_of: Callable[[Step], Any],
 ) -> dict[str, Tensor]:
-    """Execute the graph; a failing step fails the request with its error and model."""
+    """Execute the steps the ``wanted`` outputs need; a failing step fails the request
+    with its error and model.
+
+    ``config_of`` gives a step model's config, or raises why the step may not be sent;
+    each input is fitted to that config (``ensemble_graph.fit_batch``), so batching and
+    non-batching models mix as in Triton.
+    """
+    cfg = entry.config
     tensors = dict(inputs)
-    remaining = steps(entry.config)
+    batch = {name: batch_of(cfg, shape) for name, (_, shape, _) in inputs.items()}
+
+    def publish(step: Step) -> tuple[StepCall, int]:
+        """Send the step; the batch its outputs carry (0: none)."""
+        step_cfg = config_of(step)
+        dims = {i.name: i.dims for i in step_cfg.input}
+        batching = step_cfg.max_batch_size > 0
+        fitted: dict[str, Tensor] = {}
+        for name, t in step.inputs.items():
+            dt, shape, raw = tensors[t]
+            fitted[name] = (dt, fit_batch(dims.get(name, ()), batching, batch[t], shape), raw)
+        rows = next((batch_of(step_cfg, shape) for _, shape, _ in fitted.values()), 0)
+        return start(step, fitted, list(step.outputs)), rows
+
+    remaining = needed(steps(cfg), wanted)
     while remaining:
         ready = [s for s in remaining if all(t in tensors for t in s.inputs.values())]
         if not ready:  # check() rules this out; never loop forever on a bad graph
             raise Internal(f"ensemble '{entry.name}': no step can run with the tensors produced")
-        started: list[tuple[Step, StepCall]] = []
-        for step in ready:  # publish every ready step before waiting on any
-            step_inputs = {name: tensors[t] for name, t in step.inputs.items()}
-            started.append(
-                (
-                    step,
-                    _guard(entry, step, lambda s=step, i=step_inputs: start(s, i, list(s.outputs))),
-                )
-            )
-        for k, (step, call) in enumerate(started):
-            try:
+        started: list[tuple[Step, StepCall, int]] = []
+        try:
+            for step in ready:  # publish every ready step before waiting on any
+                started.append((step, *_guard(entry, step, lambda s=step: publish(s))))
+            while started:
+                step, call, rows = started.pop(0)
                 out = _guard(entry, step, call.wait)
-            except BaseException:
-                for _, later in started[k + 1 :]:  # nobody will wait for these replies now
-                    later.cancel()
-                raise
-            for name, tensor in step.outputs.items():
-                if name not in out:
-                    raise Internal(
-                        f"ensemble '{entry.name}': {step.label} returned no output '{name}'"
-                    )
-                tensors[tensor] = out[name]
+                for name, tensor in step.outputs.items():
+                    if name not in out:
+                        raise Internal(
+                            f"ensemble '{entry.name}': {step.label} returned no output '{name}'"
+                        )
+                    tensors[tensor], batch[tensor] = out[name], rows
+        except BaseException:
+            for _, later, _ in started:  # nobody will wait for these replies now
+                later.cancel()
+            raise
         done = {s.index for s in ready}
         remaining = [s for s in remaining if s.index not in done]
-    return {name: tensors[name] for name in wanted}
+    declared = {o.name: o.dims for o in cfg.output}
+    result: dict[str, Tensor] = {}
+    for name in wanted:  # as the ensemble declares them: its own batch dimension or none
+        dt, shape, raw = tensors[name]
+        fitted = fit_batch(declared.get(name, ()), cfg.max_batch_size > 0, batch[name], shape)
+        result[name] = (dt, fitted, raw)
+    return result
 
 
 def execute(
@@ -125,9 +160,12 @@ def execute(
     caller = calls.Caller(outer.deadline, outer.priority, tuple(outer.chain))
     params = {**outer.params, "timeout": outer.timeout_us} if outer.timeout_us else outer.params
 
-    def start(step: Step, tensors: dict[str, Tensor], outs: list[str]) -> StepCall:
+    def config_of(step: Step) -> Any:
         if check is not None:
             check(step.model)
+        return resolve(step.model).config
+
+    def start(step: Step, tensors: dict[str, Tensor], outs: list[str]) -> StepCall:
         to = calls.target(resolve(step.model), step.version)
         # The step's inputs are checked against its own config, as a client's would be.
         request = InferRequest(
@@ -153,7 +191,7 @@ def execute(
         call = calls.build(to, request, caller=caller)
         return _Queued(dispatcher.submit(call.msg, max_queue_size=call.max_queue_size))
 
-    return run(entry, inputs, wanted, start)
+    return run(entry, inputs, wanted, start, config_of)
 
 
 def _guard(entry: Any, step: Step, fn: Callable[[], Any]) -> Any:

@@ -97,7 +97,7 @@ class _OnDemand:
             else:  # checked against its step models, as a scan would
                 steps = {s.model for s in ensemble_graph.steps(entry.config)} - {name}
                 found = {s: self.get(s, depth + 1) for s in steps}
-                entry.error = ensemble_graph.check(entry, {k: v for k, v in found.items() if v})
+                ensemble_graph.link(entry, {k: v for k, v in found.items() if v})
         if entry.error and cached is not None and not cached[1].error:
             entry = cached[1]  # keep the last good read, as the workers keep serving it
         with self._lock:
@@ -239,8 +239,12 @@ class ModelView:
         """Why no worker can serve ``name``: set when live workers tried and all failed.
 
         A model no live worker has reported on is not unavailable: its requests wait in
-        the queue for a worker to come (scale from zero).
+        the queue for a worker to come (scale from zero). Nor is an ensemble, which no
+        worker serves: each of its steps is checked as it is sent.
         """
+        entry = self._source.get(name)
+        if entry is not None and entry.backend == ensemble_graph.ENSEMBLE:
+            return None
         st = self.states().get(name)
         if not st or not st.get("reason"):
             return None

@@ -210,10 +210,11 @@ class ModelHost:
     def withdraw(self, name: str) -> None:
         with self._changes:
             old = self.models.pop(name, None)
+            if old is None:  # never served here (an ensemble, another worker's model)
+                return
             self.models[name] = LoadedModel(name, reason="unloaded")
             self.report()
-            if old is not None:
-                self._retire(old)
+            self._retire(old)
             log.info("model '%s' unloaded", name)
 
     def _retire(self, old: LoadedModel) -> None:
