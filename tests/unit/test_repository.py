@@ -240,14 +240,6 @@ def test_auto_complete_adds_a_dynamic_batcher_preferring_full_batches(tmp_path):
     assert j["dynamic_batching"]["preferred_batch_size"] == [4]
 
 
-def test_no_dynamic_batching_added_when_a_scheduler_is_set(tmp_path):
-    write_model(tmp_path, "mlp", config="max_batch_size: 8\nsequence_batching { }")
-    e = only(tmp_path, "mlp")
-    assert e.error is None, e.error
-    assert e.config.WhichOneof("scheduling_choice") == "sequence_batching"
-    assert "dynamic_batching" not in e.to_json()
-
-
 # -- contradictions and validation --------------------------------------------------------
 
 
