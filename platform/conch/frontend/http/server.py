@@ -6,6 +6,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from conch.frontend.http import parse_errors
 from conch.settings import Settings
 
 
@@ -35,7 +36,7 @@ def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
         {
             "bind": binds,
             "workers": workers,
-            "worker_class": settings.http_worker_class,
+            "worker_class": parse_errors.worker_class(settings.http_worker_class),
             "worker_connections": max(threads, 1000),
             "threads": threads,
             "keepalive": 75,  # perf_analyzer and tritonclient hold connections open
