@@ -2,7 +2,8 @@
 
 Keep-alive, ``Connection: close``, HTTP/1.0, ``Expect: 100-continue`` and the metrics
 port, byte for byte over raw sockets; and the same answers from the plain WSGI path
-(gunicorn's gthread worker), which shares the data plane.
+(gunicorn's gthread worker), which shares the data plane. Requests gunicorn's parser
+refuses (too long, too large, malformed) get Triton's JSON error on both.
 """
 
 from __future__ import annotations
@@ -219,3 +220,39 @@ def test_odd_or_oversized_infer_calls_get_a_clear_400(services: dict[str, str]) 
         assert "--http-max-input-size" in json.loads(got)["error"]
         assert headers["connection"] == "close"
         assert sock.recv(1) == b""
+
+
+_HEADERS_OVER_THE_COUNT = b"".join(b"X-H%d: 1\r\n" % i for i in range(120))  # gunicorn: 100
+
+
+@pytest.mark.parametrize("server", ["gevent", "wsgi"])
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GET /v2/models/" + b"m" * 5000 + b"/ready HTTP/1.1\r\nHost: t\r\n\r\n", 414),
+        # An infer call in the plain form, but a request line over gunicorn's limit: the
+        # gevent worker's own loop leaves it to gunicorn, so both paths answer alike.
+        (
+            b"POST /v2/models/" + b"m" * 5000 + b"/infer HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            414,
+        ),
+        (b"GET /v2/health/live HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),
+        (b"GET /v2/health/live HTTP/1.1\r\n" + _HEADERS_OVER_THE_COUNT + b"\r\n", 431),
+        (b"GET /v2/health/live HTTP/1.1\r\nBad Header: x\r\n\r\n", 400),
+        (b"NOT HTTP AT ALL\r\n\r\n", 400),
+    ],
+    ids=["long-uri", "long-infer-uri", "big-header", "many-headers", "bad-header", "garbage"],
+)
+def test_requests_gunicorn_refuses_get_tritons_json(
+    services: dict[str, str], server: str, raw: bytes, status: int
+) -> None:
+    with connect(services[server]) as sock:
+        sock.sendall(raw)
+        line, headers, body = read_response(sock, bytearray())
+        assert line.startswith(f"HTTP/1.1 {status} "), (line, body)
+        assert headers["content-type"] == "application/json"
+        assert set(json.loads(body)) == {"error"}, body
+        assert headers["connection"] == "close"
+        assert sock.recv(1) == b""
+    # The worker that refused it still serves.
+    assert requests.get(f"http://{services[server]}/v2/health/live", timeout=30).ok

@@ -60,6 +60,13 @@ class ModelControlMode(StrEnum):
         return self is not ModelControlMode.NONE
 
 
+class LogFormat(StrEnum):
+    """Triton's ``--log-format``: how each log line starts (``conch.server_log``)."""
+
+    DEFAULT = "default"  # I0304 10:22:33.123456 <pid> <file>:<line>] ...
+    ISO8601 = "ISO8601"  # 2024-03-04T10:22:33Z I <pid> <file>:<line>] ...
+
+
 class Role(StrEnum):
     """The subcommands that run a part of the server, each with its own flags."""
 
@@ -69,6 +76,7 @@ class Role(StrEnum):
 
 
 GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
+MAX_BATCH_SIZE_KEY = "default-max-batch-size"  # the one --backend-config setting conch applies
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -80,6 +88,65 @@ def _env(*names: str, parse: Callable[[str], Any] = str) -> dict[str, Any]:
 def default_http_workers(cpus: int | None) -> int:
     """Gateway processes when ``--http-workers`` is not given: half the cores, 1 to 2."""
     return min(2, max(1, (cpus or 1) // 2))
+
+
+@dataclass
+class BackendConfig:
+    """What conch applies of Triton's ``--backend-config``: ``default-max-batch-size``, the
+    max_batch_size that auto-complete gives a model that can batch (0: leave it at 0).
+
+    As in Triton it is set for every backend (``default-max-batch-size=N``) or for one
+    (``onnxruntime,default-max-batch-size=N``), a backend's own value winning over the
+    global one. Triton's backends take many other settings that
+    mean nothing here; ``parse`` keeps them in ``ignored`` for the CLI to warn about, so a
+    Triton launch line starts unchanged, and ``items`` never writes them back.
+    """
+
+    # backend name -> size; "" for every backend not named. Neither: the repository's
+    # default (Triton's 4, core.repository.DEFAULT_MAX_BATCH_SIZE).
+    max_batch_sizes: dict[str, int] = field(default_factory=dict)
+    ignored: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def parse(cls, items: Iterable[str]) -> BackendConfig:
+        """``--backend-config`` values, in Triton's forms: ``<backend>,<setting>=<value>``
+        or ``<setting>=<value>``. Raises ValueError for a malformed one."""
+        sizes: dict[str, int] = {}
+        ignored: list[str] = []
+        for item in items:
+            backend, setting, value = _backend_setting(item)
+            if setting != MAX_BATCH_SIZE_KEY:
+                ignored.append(item)
+                continue
+            try:
+                size = int(value)
+            except ValueError:
+                raise ValueError(f"--backend-config {item!r}: not an integer") from None
+            if size < 0:
+                raise ValueError(f"--backend-config {item!r}: must be 0 or more")
+            sizes[backend] = size
+        return cls(sizes, tuple(ignored))
+
+    def items(self) -> list[str]:
+        """The ``--backend-config`` values that reproduce what is applied."""
+        return [
+            f"{backend},{MAX_BATCH_SIZE_KEY}={size}" if backend else f"{MAX_BATCH_SIZE_KEY}={size}"
+            for backend, size in self.max_batch_sizes.items()
+        ]
+
+
+def _backend_setting(item: str) -> tuple[str, str, str]:
+    """(backend or "" for every backend, setting, value) of one ``--backend-config``."""
+    form = "<backend>,<setting>=<value> or <setting>=<value>"
+    backend, comma, rest = item.partition(",")
+    if not comma or "=" in backend:  # the global form (a value may hold a comma)
+        backend, rest = "", item
+    elif not backend:
+        raise ValueError(f"--backend-config {item!r}: no backend before ','; the form is {form}")
+    setting, equals, value = rest.partition("=")
+    if not equals or not setting or not value:
+        raise ValueError(f"--backend-config {item!r}: the form is {form}")
+    return backend, setting, value
 
 
 @dataclass
@@ -105,7 +172,8 @@ class Settings:
     # Async jobs a model's queue may hold before submissions get a 503 (Redis memory).
     max_queued_jobs: int = field(default=100_000, metadata=_env("CONCH_MAX_QUEUED_JOBS", parse=int))
     auto_complete: bool = True
-    default_max_batch_size: int = 4
+    # Triton's --backend-config: what conch applies of it (default-max-batch-size).
+    backend_config: BackendConfig = field(default_factory=lambda: BackendConfig())
     models: list[str] | None = None  # the worker serves these; None = all
     # Triton's model control: none (load all at start), poll (follow the repository),
     # explicit (load and unload through the API; --load-model at start).
@@ -113,6 +181,18 @@ class Settings:
     repository_poll_secs: float = 15.0
     load_models: list[str] = field(default_factory=list)
     log_verbose: int = 0
+    # Triton's log flags: a file instead of stderr, the line format, each severity on/off.
+    log_file: str = ""
+    log_format: LogFormat = LogFormat.DEFAULT
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    # Triton's --exit-timeout-secs: on SIGTERM, how long in-flight work may take to finish
+    # (the gateway's graceful timeout; the worker's warm shutdown) before the process exits.
+    exit_timeout_secs: int = 30
+    # Triton's --strict-readiness: /v2/health/ready also waits for every model that should
+    # be loaded to be served by a live worker; false: ready once the broker answers.
+    strict_readiness: bool = True
     # Triton's metrics port: GET /metrics there, with Triton's nv_inference_* names.
     allow_metrics: bool = True
     metrics_port: int = 8002
@@ -157,7 +237,8 @@ class Settings:
     ) -> Settings:
         """``from_env``, then every flag of ``FLAGS`` that ``namespace`` has a value for.
 
-        Raises ValueError for a flag value argparse cannot check (``--backend-config``).
+        Raises ValueError for a flag value argparse cannot check (``--backend-config``,
+        a negative ``--exit-timeout-secs``).
         """
         settings = cls.from_env(environ)
         for flag in FLAGS:
@@ -197,7 +278,33 @@ def _comma_list(name: str, values: list[str] | None) -> list[str]:
 
 
 def _bool(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
+    """A boolean flag's value, as Triton reads one: true/on/1 or false/off/0, any case."""
+    word = text.strip().lower()
+    if word in ("true", "on", "1"):
+        return True
+    if word in ("false", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid value for bool option: {text!r}")
+
+
+def _bool_arg(name: str, on: bool) -> list[str]:
+    return [f"{name}={str(on).lower()}"]
+
+
+def _bool_flag(name: str, setting: str, roles: frozenset[Role], help: str) -> Flag:
+    """A Triton boolean flag: ``--name=true|false`` (or on/off, 1/0), written back so."""
+    return Flag(name, setting, roles, help, type=_bool, metavar="BOOL", as_args=_bool_arg)
+
+
+def _choice_flag(name: str, setting: str, help: str, choices: type[StrEnum]) -> Flag:
+    """A flag whose values are an enum's, for every role."""
+    return Flag(name, setting, ALL_ROLES, help, choices=tuple(choices), read=choices)
+
+
+def _seconds(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"--exit-timeout-secs {value}: must be 0 or more")
+    return value
 
 
 def _same(value: Any) -> Any:
@@ -207,24 +314,6 @@ def _same(value: Any) -> Any:
 def _given(value: Any) -> Any:
     """Empty text or 0 counts as not given."""
     return value or None
-
-
-_BATCH_SIZE = "onnxruntime,default-max-batch-size"
-
-
-def _backend_config(items: list[str]) -> int | None:
-    """``--backend-config BACKEND,KEY=VALUE`` items: the one conch knows sets the default
-    max_batch_size of auto-completed configs."""
-    size = None
-    for item in items:
-        key, _, value = item.partition("=")
-        if key != _BATCH_SIZE:
-            raise ValueError(f"unknown --backend-config {item!r}")
-        try:
-            size = int(value)
-        except ValueError:
-            raise ValueError(f"--backend-config {item!r}: not an integer") from None
-    return size
 
 
 @dataclass(frozen=True)
@@ -292,6 +381,33 @@ FLAGS: tuple[Flag, ...] = (
         type=int,
         metavar="N",
     ),
+    _bool_flag("--log-info", "log_info", ALL_ROLES, "log info lines (default true)"),
+    _bool_flag("--log-warning", "log_warning", ALL_ROLES, "log warnings (default true)"),
+    _bool_flag("--log-error", "log_error", ALL_ROLES, "log errors (default true)"),
+    _choice_flag(
+        "--log-format",
+        "log_format",
+        "default: lines start 'I0304 10:22:33.123456 <pid> <file>:<line>]'; "
+        "ISO8601: '2024-03-04T10:22:33Z I <pid> <file>:<line>]' (UTC, as Triton)",
+        LogFormat,
+    ),
+    Flag(
+        "--log-file",
+        "log_file",
+        ALL_ROLES,
+        "append the log to this file instead of writing it to stderr",
+        metavar="FILE",
+        read=_given,
+    ),
+    Flag(
+        "--exit-timeout-secs",
+        "exit_timeout_secs",
+        ALL_ROLES,
+        "on SIGTERM, in-flight work gets this long to finish before the process exits (default 30)",
+        type=int,
+        metavar="S",
+        read=_seconds,
+    ),
     Flag(
         "--disable-auto-complete-config",
         "auto_complete",
@@ -312,13 +428,14 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--backend-config",
-        "default_max_batch_size",
+        "backend_config",
         ALL_ROLES,
-        "e.g. onnxruntime,default-max-batch-size=8",
-        metavar="BACKEND,KEY=VALUE",
+        "Triton's form: [BACKEND,]default-max-batch-size=N is applied (for every backend, "
+        "or for one); other settings are logged and ignored; repeatable",
+        metavar="[BACKEND,]SETTING=VALUE",
         action="append",
-        read=_backend_config,
-        as_args=lambda name, size: [name, f"{_BATCH_SIZE}={size}"],
+        read=BackendConfig.parse,
+        as_args=lambda name, config: _each(name, config.items()),
     ),
     Flag(
         "--request-timeout-secs",
@@ -327,14 +444,12 @@ FLAGS: tuple[Flag, ...] = (
         "deadline of requests that set no 'timeout' parameter",
         type=float,
     ),
-    Flag(
+    _choice_flag(
         "--model-control-mode",
         "model_control_mode",
-        ALL_ROLES,
         "none: load everything at start; poll: follow repository changes; "
         "explicit: load and unload through the repository API",
-        choices=tuple(m.value for m in ModelControlMode),
-        read=ModelControlMode,
+        ModelControlMode,
     ),
     Flag(
         "--repository-poll-secs",
@@ -354,6 +469,13 @@ FLAGS: tuple[Flag, ...] = (
         read=list,
         as_args=_each,
     ),
+    _bool_flag(
+        "--strict-readiness",
+        "strict_readiness",
+        HTTP_ROLES,
+        "/v2/health/ready waits for every model that should be loaded to be served by a "
+        "live worker (default true; false: ready once the broker answers)",
+    ),
     Flag(
         "--metrics-port",
         "metrics_port",
@@ -361,14 +483,11 @@ FLAGS: tuple[Flag, ...] = (
         "GET /metrics here (Triton's 8002)",
         type=int,
     ),
-    Flag(
+    _bool_flag(
         "--allow-metrics",
         "allow_metrics",
         HTTP_ROLES,
         "serve metrics (default true; --allow-metrics=false to turn them off)",
-        type=_bool,
-        metavar="BOOL",
-        as_args=lambda name, on: [f"{name}={str(on).lower()}"],
     ),
     Flag(
         "--http-restricted-api",
@@ -432,7 +551,9 @@ def add_arguments(parser: argparse.ArgumentParser, role: Role | str) -> None:
 __all__ = [
     "FLAGS",
     "GEVENT_WORKER",
+    "BackendConfig",
     "Flag",
+    "LogFormat",
     "ModelControlMode",
     "Role",
     "Settings",

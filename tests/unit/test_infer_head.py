@@ -75,3 +75,12 @@ def test_connection_semantics_follow_the_http_version(
 )
 def test_anything_else_is_left_to_gunicorn(head: bytes) -> None:
     assert _parse(head) is None
+
+
+def test_a_head_past_the_limit_given_is_left_to_gunicorn() -> None:
+    """The gateway passes gunicorn's shortest line limit: a head no longer than it holds
+    no line gunicorn would refuse; a longer one is gunicorn's to judge."""
+    buf = PLAIN + b"\r\n\r\n"
+    end = buf.find(b"\r\n\r\n")
+    assert infer_head.parse(buf, end, max_head=end) is not None
+    assert infer_head.parse(buf, end, max_head=end - 1) is None

@@ -58,6 +58,17 @@ def test_default_max_batch_size_is_configurable(tmp_path):
     assert not e.config.HasField("dynamic_batching")  # only when max_batch_size > 1
 
 
+def test_default_max_batch_size_by_backend(tmp_path):
+    """Triton's --backend-config merge: a backend's own value, else the global one (""),
+    else Triton's default 4."""
+    write_model(tmp_path, "mlp")
+    by_backend = {"": 16, "onnxruntime": 2}
+    assert only(tmp_path, "mlp", default_max_batch_size=by_backend).config.max_batch_size == 2
+    by_other = {"": 16, "pytorch": 2}
+    assert only(tmp_path, "mlp", default_max_batch_size=by_other).config.max_batch_size == 16
+    assert only(tmp_path, "mlp", default_max_batch_size={}).config.max_batch_size == 4
+
+
 def test_config_without_inputs_is_filled(tmp_path):
     write_model(tmp_path, "mlp", config='backend: "onnxruntime"\nmax_batch_size: 8\n')
     e = only(tmp_path, "mlp")

@@ -13,6 +13,8 @@ from conch.settings import (
     FLAGS,
     GEVENT_WORKER,
     LOCAL_REDIS_URL,
+    BackendConfig,
+    LogFormat,
     ModelControlMode,
     Role,
     Settings,
@@ -123,11 +125,18 @@ def test_from_args_reads_each_flag(tmp_path: Path, monkeypatch):
             *("--http-port", "9000", "--http-address", "127.0.0.1"),
             *("--http-thread-count", "8", "--http-workers", "3"),
             *("--models", "a,,b"),
+            *("--log-file", "conch.log", "--log-format", "ISO8601"),
+            *("--log-info=false", "--log-warning", "off", "--log-error=1"),
+            *("--exit-timeout-secs", "7", "--strict-readiness=false"),
         )
     )
     assert s.model_repository == tmp_path / "repo" and s.model_repository.is_absolute()
     assert s.model_control_mode is ModelControlMode.EXPLICIT
-    assert (s.log_verbose, s.auto_complete, s.default_max_batch_size) == (1, False, 8)
+    assert (s.log_verbose, s.auto_complete) == (1, False)
+    assert s.backend_config.max_batch_sizes == {"onnxruntime": 8}
+    assert (s.log_file, s.log_format) == ("conch.log", LogFormat.ISO8601)
+    assert (s.log_info, s.log_warning, s.log_error) == (False, False, True)
+    assert (s.exit_timeout_secs, s.strict_readiness) == (7, False)
     assert (s.repository_poll_secs, s.load_models, s.models) == (0.5, ["a", "b"], ["a", "b"])
     assert (s.metrics_port, s.allow_metrics) == (9002, False)
     assert (s.http_port, s.http_address, s.http_thread_count, s.http_workers) == (
@@ -142,12 +151,102 @@ def test_from_args_reads_each_flag(tmp_path: Path, monkeypatch):
     assert strict.auto_complete is False
 
 
-def test_unknown_backend_config_is_refused(tmp_path: Path):
-    args = parse(Role.WORKER, "--model-repository", str(tmp_path), "--backend-config", "x,y=1")
-    with pytest.raises(ValueError, match="unknown --backend-config 'x,y=1'"):
+def test_backend_config_takes_tritons_forms(tmp_path: Path):
+    """Global and per-backend default-max-batch-size (a backend's own wins, as in
+    Triton's merge); every other setting is kept aside to be logged, never refused."""
+    s = Settings.from_args(
+        parse(
+            Role.WORKER,
+            *("--model-repository", str(tmp_path)),
+            "--backend-config=default-max-batch-size=16",
+            "--backend-config=onnxruntime,default-max-batch-size=2",
+            "--backend-config=python,shm-default-byte-size=1048576",
+            "--backend-config=tensorflow,version=2",
+            "--backend-config=onnxruntime,default-max-batch-size=3",  # the last one counts
+        )
+    )
+    assert s.backend_config.max_batch_sizes == {"": 16, "onnxruntime": 3}
+    assert s.backend_config.ignored == (
+        "python,shm-default-byte-size=1048576",
+        "tensorflow,version=2",
+    )
+    # Written back without what is ignored: the children of conch serve warn no more.
+    assert s.to_args(Role.WORKER).count("--backend-config") == 2
+    assert Settings.from_args(parse(Role.WORKER, *s.to_args(Role.WORKER))) == s
+    # Nothing given: the repository keeps its own default (Triton's 4).
+    assert BackendConfig.parse([]).max_batch_sizes == {}
+
+
+@pytest.mark.parametrize(
+    ("item", "why"),
+    [
+        (",default-max-batch-size=2", "no backend before ','"),
+        ("onnxruntime,default-max-batch-size", "the form is"),
+        ("onnxruntime,=2", "the form is"),
+        ("default-max-batch-size=", "the form is"),
+        ("default-max-batch-size=many", "not an integer"),
+        ("onnxruntime,default-max-batch-size=-1", "0 or more"),
+    ],
+)
+def test_malformed_backend_config_is_refused(tmp_path: Path, item: str, why: str):
+    args = parse(Role.WORKER, "--model-repository", str(tmp_path), "--backend-config", item)
+    with pytest.raises(ValueError, match=why):
         Settings.from_args(args)
-    with pytest.raises(SystemExit, match="conch: unknown --backend-config"):
-        main(["worker", "--model-repository", str(tmp_path), "--backend-config", "x,y=1"])
+    with pytest.raises(SystemExit, match="conch: --backend-config"):
+        main(["worker", "--model-repository", str(tmp_path), "--backend-config", item])
+
+
+def test_ignored_backend_config_is_logged_and_the_launch_goes_on(
+    tmp_path: Path, capsys, monkeypatch
+):
+    import logging
+
+    from conch import cli
+
+    started: list[Settings] = []
+    monkeypatch.setattr(cli, "worker", lambda settings: started.append(settings) or 0)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # main() sets the log up
+    monkeypatch.setattr(root, "level", root.level)
+    code = main(
+        [
+            "worker",
+            *("--model-repository", str(tmp_path)),
+            "--backend-config=onnxruntime,enable-mem-arena=1",
+            "--backend-config=tensorflow,default-max-batch-size=8",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 0 and len(started) == 1
+    assert "--backend-config onnxruntime,enable-mem-arena=1 ignored" in err
+    assert "conch has no backend 'tensorflow'" in err
+
+
+@pytest.mark.parametrize("flag", ["--strict-readiness", "--log-info", "--allow-metrics"])
+def test_boolean_flags_read_as_triton_reads_them(tmp_path: Path, flag: str, capsys):
+    for word, value in [
+        ("true", True),
+        ("ON", True),
+        ("1", True),
+        ("False", False),
+        ("off", False),
+        ("0", False),
+    ]:
+        args = parse(Role.GATEWAY, "--model-repository", str(tmp_path), f"{flag}={word}")
+        assert getattr(args, flag.removeprefix("--").replace("-", "_")) is value
+    with pytest.raises(SystemExit):
+        parse(Role.GATEWAY, "--model-repository", str(tmp_path), f"{flag}=yes please")
+    assert "invalid value for bool option" in capsys.readouterr().err
+
+
+def test_log_format_and_exit_timeout_are_checked(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit):
+        parse(Role.WORKER, "--model-repository", str(tmp_path), "--log-format", "iso8601")
+    assert "invalid choice: 'iso8601'" in capsys.readouterr().err
+    args = parse(Role.WORKER, "--model-repository", str(tmp_path), "--exit-timeout-secs", "-1")
+    with pytest.raises(ValueError, match="--exit-timeout-secs -1"):
+        Settings.from_args(args)
+    assert Settings().exit_timeout_secs == 30 and Settings().strict_readiness  # Triton's
 
 
 def test_control_mode_choices_come_from_the_enum(tmp_path: Path, capsys):
@@ -166,11 +265,17 @@ def _changed(role: Role, repo: Path) -> Settings:
         redis_url="redis://h:1/3",
         request_timeout_s=0.1 + 0.2,  # a float that str() must keep exactly
         auto_complete=False,
-        default_max_batch_size=16,
+        backend_config=BackendConfig({"": 16, "pytorch": 0}),
         model_control_mode=ModelControlMode.POLL,
         repository_poll_secs=2.5,
         load_models=["*", "m"],
         log_verbose=2,
+        log_file="/tmp/conch.log",
+        log_format=LogFormat.ISO8601,
+        log_info=False,
+        log_warning=False,
+        log_error=False,
+        exit_timeout_secs=3,
     )
     if role in (Role.SERVE, Role.GATEWAY):
         s = dataclasses.replace(
@@ -186,6 +291,7 @@ def _changed(role: Role, repo: Path) -> Settings:
                 ["model-repository,batch:admin-key=a:b=c", "inference:Infer-Key=v"]
             ),
             allow_model_upload=True,
+            strict_readiness=False,
         )
     if role in (Role.SERVE, Role.WORKER):
         s = dataclasses.replace(s, models=["a", "b"])

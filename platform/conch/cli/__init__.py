@@ -16,8 +16,11 @@ from __future__ import annotations
 import argparse
 import logging
 
-from conch import __version__
+from conch import __version__, server_log
+from conch.core.backend_table import BACKENDS
 from conch.settings import Role, Settings, add_arguments
+
+log = logging.getLogger("conch.cli")
 
 DESCRIPTION = (__doc__ or "").partition("\n")[0]
 _ROLE_HELP = {
@@ -55,6 +58,20 @@ def _logging(verbose: int) -> None:
     )
 
 
+def _warn_ignored(settings: Settings) -> None:
+    """A Triton launch line starts unchanged: what conch does not apply is named, once."""
+    config = settings.backend_config
+    for item in config.ignored:
+        log.warning("--backend-config %s ignored: conch applies only default-max-batch-size", item)
+    for backend in sorted(set(config.max_batch_sizes) - {"", *BACKENDS}):
+        log.warning(
+            "--backend-config %s,...: conch has no backend '%s' (it has %s)",
+            backend,
+            backend,
+            ", ".join(sorted(BACKENDS)),
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "sync":
@@ -71,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_args(args)
     except ValueError as exc:
         raise SystemExit(f"conch: {exc}") from None
-    _logging(settings.log_verbose)
+    server_log.configure(settings)
+    _warn_ignored(settings)
     if not settings.model_repository.is_dir():
         raise SystemExit(f"conch: --model-repository {args.model_repository} is not a folder")
     if args.command == Role.WORKER:

@@ -18,6 +18,7 @@ import time
 from conch.settings import Role, Settings
 
 log = logging.getLogger("conch.serve")
+_EXIT_MARGIN_S = 5  # past a child's own exit timeout, before it is killed
 
 
 def run(settings: Settings) -> int:
@@ -61,9 +62,9 @@ def run(settings: Settings) -> int:
         for c in children:
             if c.poll() is None:
                 c.terminate()
-        for c in children:
+        for c in children:  # each has --exit-timeout-secs to finish its work in flight
             try:
-                c.wait(timeout=30)
+                c.wait(timeout=settings.exit_timeout_secs + _EXIT_MARGIN_S)
             except subprocess.TimeoutExpired:
                 c.kill()
         if private is not None:

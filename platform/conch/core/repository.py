@@ -10,7 +10,7 @@ affected.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +37,8 @@ CONFIG_FILE = "config.pbtxt"
 # per instance, and every onnxruntime session already has its own thread pool. Scale
 # out with more workers (queue-depth autoscaling) instead.
 DEFAULT_INSTANCE_COUNT = 1
+# Triton's default-max-batch-size when --backend-config gives none.
+DEFAULT_MAX_BATCH_SIZE = 4
 
 
 def _is_version_dir(path: Path) -> bool:
@@ -58,6 +60,12 @@ class Completer(Protocol):
         """Triton's auto-complete of ``config`` by ``backend`` from its model file; raise
         ``ModelLoadError`` when the config contradicts the model."""
         ...
+
+    def _max_batch_size(self, backend: str) -> int:
+        sizes = self.default_max_batch_size
+        if isinstance(sizes, int):
+            return sizes
+        return sizes.get(backend, sizes.get("", DEFAULT_MAX_BATCH_SIZE))
 
     def gpu_count(self, backend: str) -> int:
         """GPUs an instance of ``backend`` can use in this process (0 without its GPU stack)."""
@@ -183,6 +191,10 @@ class ModelRepository:
     an ensemble) reads as broken with a reason that says so, rather than being served from
     a config nobody checked against its model file; and no GPU is counted unless
     ``gpu_count`` says otherwise.
+
+    ``default_max_batch_size`` is the max_batch_size auto-complete gives a model that can
+    batch: one for every backend, or by backend name, with "" for the backends not named
+    (Triton's ``--backend-config [<backend>,]default-max-batch-size=N``).
     """
 
     def __init__(
@@ -191,7 +203,7 @@ class ModelRepository:
         *,
         complete: Completer | None = None,
         auto_complete: bool = True,
-        default_max_batch_size: int = 4,
+        default_max_batch_size: int | Mapping[str, int] = DEFAULT_MAX_BATCH_SIZE,
         gpu_count: int | None = None,
         config_override: Callable[[str], str | None] | None = None,
         folder_override: Callable[[str], Path | None] | None = None,
@@ -208,6 +220,12 @@ class ModelRepository:
         self.extra_models = extra_models
         self.default_max_batch_size = default_max_batch_size
         self._gpu_count = gpu_count
+
+    def _max_batch_size(self, backend: str) -> int:
+        sizes = self.default_max_batch_size
+        if isinstance(sizes, int):
+            return sizes
+        return sizes.get(backend, sizes.get("", DEFAULT_MAX_BATCH_SIZE))
 
     def gpu_count(self, backend: str) -> int:
         """GPUs the backend can use here: the count given to the constructor, else what the
@@ -327,7 +345,7 @@ class ModelRepository:
                     entry.backend,
                     cfg,
                     model_file,
-                    default_max_batch_size=self.default_max_batch_size,
+                    default_max_batch_size=self._max_batch_size(entry.backend),
                 )
             except ModelLoadError as exc:
                 source = config_path if config_path.is_file() else f"no {CONFIG_FILE}"

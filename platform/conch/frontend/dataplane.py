@@ -17,6 +17,7 @@ so whatever its body holds, as Triton answers.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,8 @@ from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
 from conch.wire import broker, job_store, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
+
+log = logging.getLogger(__name__)
 
 EXTENSIONS = [
     "classification",
@@ -104,12 +107,21 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        """Ready to take requests: the broker answers."""
+        """Ready to take requests: the broker answers and, with --strict-readiness (the
+        default, as in Triton), every model that should be loaded is served."""
         try:
             self._client.ping()
         except redis.RedisError:
             return False
-        return True
+        if not self.settings.strict_readiness:
+            return True
+        try:
+            why = self.view.not_served()
+        except redis.RedisError:
+            return False
+        if why:
+            log.debug("not ready: %s", why)
+        return why is None
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "conch", "version": __version__, "extensions": EXTENSIONS}

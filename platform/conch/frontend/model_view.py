@@ -276,6 +276,24 @@ class ModelView:
         # A "not ready" from the cache is checked again: a worker may have just come up.
         return ready(self.states()) or ready(self.states(max_age=0.05))
 
+    def not_served(self) -> str | None:
+        """Why not every model that should be loaded is served, or None when all are:
+        Triton's strict readiness. Should be loaded: every model of the repository, or
+        in explicit mode every one loaded at start or through the API (unloaded ones
+        are fine, as in Triton). Served: each of its versions READY on a live worker
+        (an ensemble: its steps). A model that cannot be read never is."""
+        for name, entry in sorted(self.entries.items()):
+            if not self.is_loaded(name):
+                continue
+            if entry.error or entry.config is None:
+                return f"model '{name}' is not available: {entry.error}"
+            if not entry.versions:
+                return f"model '{name}' has no version to serve"
+            for version in entry.versions:
+                if not self.version_ready(name, version):
+                    return f"model '{name}' version {version} is not ready"
+        return None
+
     def _steps_ready(self, entry: ModelEntry) -> str | None:
         """Why an ensemble is not ready (a step model that is not), or None."""
         for step in ensemble_graph.steps(entry.config):

@@ -233,7 +233,7 @@ def open_repository(
         settings.model_repository,
         complete=complete,
         auto_complete=settings.auto_complete,
-        default_max_batch_size=settings.default_max_batch_size,
+        default_max_batch_size=settings.backend_config.max_batch_sizes,
         config_override=(lambda name: get_override(client, name)) if explicit else None,
         folder_override=(lambda name: override_dir(client, name)) if explicit else None,
         extra_models=(lambda: override_models(client)) if explicit else None,

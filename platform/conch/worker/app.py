@@ -14,12 +14,14 @@ and registers the tasks.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 from celery.exceptions import Ignore
 
 from conch.backends.completion import complete
@@ -29,6 +31,8 @@ from conch.wire import broker, control_bus
 from conch.wire.redis_url import celery_url
 from conch.worker import steps
 from conch.worker.host import ModelHost
+
+log = logging.getLogger(__name__)
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -100,8 +104,41 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
             raise Ignore() from None  # Celery keeps the REVOKED state run_task wrote
 
 
+class ExitDeadline:
+    """Triton's ``--exit-timeout-secs`` for the worker. Celery's warm shutdown waits for
+    the batches in flight and a running batch job however long they take; once the
+    shutdown is ``seconds`` old the process exits anyway. What it still held is not lost:
+    the broker hands it to another worker after the visibility timeout."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._timer: threading.Timer | None = None
+
+    def arm(self, **_signal: Any) -> None:
+        """Celery's ``worker_shutting_down`` receiver: the first one starts the clock."""
+        if self._timer is None:
+            self._timer = threading.Timer(self.seconds, self._expire)
+            self._timer.daemon = True  # a shutdown that finishes in time does not wait
+            self._timer.start()
+
+    def _expire(self) -> None:
+        log.error(
+            "exit timeout: work still in flight %s s after shutdown began; exiting now",
+            self.seconds,
+        )
+        logging.shutdown()  # flush the log before the hard exit
+        os._exit(1)
+
+
+def _keep_logging(**_signal: Any) -> None:
+    """Celery's ``setup_logging`` receiver: a receiver makes Celery leave logging alone,
+    so its lines go through the root logger ``conch.server_log`` set up."""
+
+
 def run(settings: Settings, *, loglevel: str = "INFO") -> None:
     app = make_celery(settings)
+    signals.setup_logging.connect(_keep_logging, weak=False)
+    signals.worker_shutting_down.connect(ExitDeadline(settings.exit_timeout_secs).arm, weak=False)
     app.worker_main(
         argv=[
             "worker",

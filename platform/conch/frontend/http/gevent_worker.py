@@ -12,7 +12,9 @@
   API, and the metrics port, go through the WSGI app).
 - An infer call in its plain form (``infer_head``) skips gunicorn's parser too: the
   connection loop here reads it, and hands every other request on the connection,
-  bytes and all, to gunicorn's parser and WSGI, then takes the connection back.
+  bytes and all, to gunicorn's parser and WSGI, then takes the connection back. A head
+  longer than gunicorn's shortest line limit goes to gunicorn too, so its limits hold
+  for every request; what it refuses is answered in Triton's JSON (``parse_errors``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gunicorn.workers.ggevent import GeventWorker
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http import infer_head, routes
 from conch.frontend.http.fast_path import INFER_PATH, serve_infer, status_line
+from conch.frontend.http.parse_errors import TritonParseErrors
 
 _READ = 64 * 1024
 
@@ -80,13 +83,17 @@ class _Date:
         return self._value
 
 
-class GatewayWorker(GeventWorker):
+class GatewayWorker(TritonParseErrors, GeventWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._idle: dict[socket.socket, bool] = {}  # connection -> between requests
         self._plane: DataPlane | None = None
         self._metrics_port = -1
         self._date = _Date()
+        # The longest head read here: one gunicorn's limits on the request line and on
+        # each header line could not refuse (those limits are 0 when off).
+        limits = (self.cfg.limit_request_line, self.cfg.limit_request_field_size)
+        self._max_head = min([infer_head.MAX_HEAD_BYTES, *(n for n in limits if n > 0)])
 
     def init_process(self) -> None:
         # gunicorn builds responses from this module global; the hook it calls for
@@ -145,7 +152,7 @@ class GatewayWorker(GeventWorker):
                         buf += data
                         end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
                     client.settimeout(None)
-                head = infer_head.parse(buf, end) if end >= 0 else None
+                head = infer_head.parse(buf, end, self._max_head) if end >= 0 else None
                 if head is None:
                     rest = self._through_gunicorn(name, client, addr, buf)
                     if rest is None:

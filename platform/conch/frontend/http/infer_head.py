@@ -40,10 +40,11 @@ class InferHead:
         return self.headers.get(name.lower())
 
 
-def parse(buf: bytes, end: int) -> InferHead | None:
+def parse(buf: bytes, end: int, max_head: int = MAX_HEAD_BYTES) -> InferHead | None:
     """The infer call whose head is ``buf[:end]`` (``end`` at its blank line), or None
-    when it is anything else, or anything but the plain form."""
-    if end > MAX_HEAD_BYTES:
+    when it is anything else, or anything but the plain form, or longer than
+    ``max_head``."""
+    if end > min(max_head, MAX_HEAD_BYTES):
         return None
     line_end = buf.find(b"\r\n", 0, end)
     if line_end < 0:
