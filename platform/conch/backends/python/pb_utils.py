@@ -4,7 +4,9 @@ The python backend registers this module in ``sys.modules`` under Triton's name 
 imports a ``model.py``, so ``import triton_python_backend_utils as pb_utils`` works in
 model files written for Triton. It is written from the API as Triton documents it:
 tensors, requests and responses, errors, the config helpers, ``ModelConfig`` for
-``auto_complete_config`` and ``Logger``.
+``auto_complete_config`` and ``Logger``. Where Triton's bindings take a string, ``bytes``
+holding UTF-8 text is taken too, as they take it (a BLS model often names its target with
+an element of a TYPE_STRING input).
 
 Differences from Triton, all of them because conch runs the model inside its worker
 process rather than in a stub process with shared memory:
@@ -172,6 +174,31 @@ def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
     return json.dumps(parameters) if parameters else "{}"
 
 
+def _text(value: Any, what: str) -> str:
+    """A string argument as Triton's bindings take it: ``str``, or ``bytes`` holding UTF-8
+    text (what a BYTES tensor's ``as_numpy()`` elements are, e.g. a model name sent as a
+    TYPE_STRING input)."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise TypeError(f"{what} must be UTF-8 text, got the bytes {bytes(value)!r}") from None
+    raise TypeError(f"{what} must be a string, got {type(value).__name__} {value!r}")
+
+
+def _texts(values: Iterable[Any], what: str) -> list[str]:
+    """A list of strings given as a list, tuple or other iterable (not one bare string)."""
+    if isinstance(values, str | bytes | bytearray | memoryview):
+        raise TypeError(f"{what} must be a list of strings, not the single string {values!r}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{what} must be a list of strings, got {type(values).__name__}") from None
+    return [_text(v, f"each of {what}") for v in items]
+
+
 class PreferredMemory:
     """Where a BLS caller would like output tensors (accepted; conch keeps them on the CPU)."""
 
@@ -318,11 +345,12 @@ class TritonError(Exception):
     _NAMES = tuple(sorted(TRITON_CODES, key=TRITON_CODES.__getitem__))
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
+        message = _text(message, "a TritonError message")
         super().__init__(message)
         code = int(code)
         if not 0 <= code < len(self._NAMES):
             raise ValueError(f"unknown TritonError code {code}")
-        self._message = str(message)
+        self._message = message
         self._code = code
 
     def message(self) -> str:
@@ -387,8 +415,7 @@ class Tensor:
     """A named tensor: ``Tensor(name, numpy_array)``. BYTES are object arrays of ``bytes``."""
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"a tensor name is a string, got {type(name).__name__}")
+        name = _text(name, "a tensor name")
         if not isinstance(numpy_array, np.ndarray):
             numpy_array = np.asarray(numpy_array)
         self._name = name
@@ -533,10 +560,14 @@ class InferenceRequest:
         trace: Any = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._model_name = model_name
-        self._requested_output_names = list(requested_output_names)
+        # Strings may come as bytes, as Triton's bindings accept them: a BLS model often
+        # names its target with the bytes a TYPE_STRING input holds.
+        self._model_name = _text(model_name, "InferenceRequest model_name")
+        self._requested_output_names = _texts(
+            requested_output_names, "InferenceRequest requested_output_names"
+        )
         self._inputs = list(inputs)
-        self._request_id = request_id
+        self._request_id = _text(request_id, "InferenceRequest request_id")
         self._correlation_id = correlation_id
         self._model_version = model_version
         self._flags = flags
