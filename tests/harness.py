@@ -99,8 +99,11 @@ def start_gateway(
     workers: int = 1,
     threads: int = 16,
     env: dict[str, str] | None = None,
+    port: int = 0,
+    metrics_port: int = 0,
 ) -> tuple[Service, str]:
-    port, metrics_port = free_port(), free_port()
+    """A gateway on ``port`` and ``metrics_port`` (free ones when 0); its URL once live."""
+    port, metrics_port = port or free_port(), metrics_port or free_port()
     svc = Service(
         "gateway",
         conch(
