@@ -103,10 +103,12 @@ def start_gateway(
     threads: int = 16,
     env: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
+    port: int = 0,
+    metrics_port: int = 0,
 ) -> tuple[Service, str]:
-    """A gateway on free ports, once it is live (asked with ``headers``: those a
-    restricted health API needs)."""
-    port, metrics_port = free_port(), free_port()
+    """A gateway on ``port`` and ``metrics_port`` (free ones when 0); its URL once live
+    (asked with ``headers``: those a restricted health API needs)."""
+    port, metrics_port = port or free_port(), metrics_port or free_port()
     svc = Service(
         "gateway",
         conch(

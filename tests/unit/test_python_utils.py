@@ -162,6 +162,53 @@ def test_request_accessors() -> None:
     assert pb.InferenceRequest().parameters() == "{}"
 
 
+def test_strings_may_be_bytes_as_tritons_bindings_take_them() -> None:
+    """Triton's bindings take ``bytes`` wherever they take a string: a BLS model names its
+    target with an element of a TYPE_STRING input, which ``as_numpy()`` gives as bytes."""
+    names = pb.Tensor("MODEL_NAME", np.array([b"add_sub"], dtype=np.object_))
+    req = pb.InferenceRequest(
+        model_name=names.as_numpy()[0],
+        requested_output_names=(b"OUTPUT0", np.str_("OUTPUT1")),
+        inputs=[pb.Tensor(b"INPUT0", np.ones(4, np.float32))],
+        request_id=b"r1",
+    )
+    assert req.model_name() == "add_sub" and type(req.model_name()) is str
+    assert req.requested_output_names() == ["OUTPUT0", "OUTPUT1"]
+    assert req.inputs()[0].name() == "INPUT0"
+    assert req.request_id() == "r1"
+    # What the BLS port is handed is plain text, so the call reaches model 'add_sub'.
+    sent = pb.bls_request(req)
+    assert sent.model_name == "add_sub" and sent.requested_output_names == ["OUTPUT0", "OUTPUT1"]
+    assert pb.TritonError(b"bad input").message() == "bad input"
+    # Any iterable of names, a generator included (Triton: any list or tuple).
+    gen = pb.InferenceRequest(model_name="m", requested_output_names=(n for n in ["A", "B"]))
+    assert gen.requested_output_names() == ["A", "B"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"model_name": 7}, "model_name must be a string"),
+        ({"model_name": b"\xff\xfe"}, "UTF-8"),
+        ({"requested_output_names": "OUTPUT0"}, "not the single string"),
+        ({"requested_output_names": 5}, "must be a list of strings"),
+        ({"requested_output_names": ["A", None]}, "must be a string"),
+        ({"request_id": 1}, "request_id must be a string"),
+    ],
+)
+def test_request_refuses_what_is_not_text(kwargs: dict, match: str) -> None:
+    args = {"model_name": "m", "requested_output_names": ["A"], **kwargs}
+    with pytest.raises(TypeError, match=match):
+        pb.InferenceRequest(**args)
+
+
+def test_tensor_and_error_refuse_names_that_are_not_text() -> None:
+    with pytest.raises(TypeError, match="tensor name"):
+        pb.Tensor(3, np.ones(1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="TritonError message"):
+        pb.TritonError(None)  # type: ignore[arg-type]
+
+
 def test_bls_and_model_control_outside_a_worker_say_they_need_one() -> None:
     req = _request()
     for resp in (req.exec(), asyncio.run(req.async_exec())):

@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from conch import __version__
-from conch.core import ensemble_graph, validation
+from conch.core import custom_metrics, ensemble_graph, validation
 from conch.core.errors import (
     ConchError,
     Forbidden,
@@ -40,7 +40,7 @@ from conch.frontend import batch_job, calls, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
-from conch.wire import broker, job_store, statistics, worker_reports
+from conch.wire import broker, job_store, model_metrics, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,11 @@ class DataPlane:
                 )
             )
         return out
+
+    def custom_metrics(self) -> list[dict[str, Any]]:
+        """The metric families models defined (``pb_utils.MetricFamily``), each metric
+        summed over the live workers that have it (``conch.core.custom_metrics.merge``)."""
+        return custom_metrics.merge(model_metrics.read(self._client))
 
     # -- the model repository ----------------------------------------------------------
 

@@ -42,7 +42,8 @@ Replies and job results (``conch.wire.messages``, ``conch.wire.job_store``)::
     conch.job.<job>                hash     gateway (submit, cancel),    gateway (status); worker
       [JOB_RECORD_PREFIX]                   batch job (progress)         and batch job (cancelled)
 
-Workers and statistics (``conch.wire.worker_reports``, ``conch.wire.statistics``)::
+Workers and statistics (``conch.wire.worker_reports``, ``conch.wire.statistics``,
+``conch.wire.model_metrics``)::
 
     conch.workers                  set      worker (its id, every beat)  gateway, BLS (who is live;
       [WORKERS]                                                          prunes expired ids)
@@ -50,6 +51,9 @@ Workers and statistics (``conch.wire.worker_reports``, ``conch.wire.statistics``
       [WORKER_PREFIX]                       expires unless refreshed     index, load results)
     conch.stats.<model>            hash     worker: <version>|<counter>  gateway (statistics API,
       [STATS_PREFIX]                        -> int, a script a batch     /metrics)
+    conch.custom_metrics.<id>      string   worker: JSON snapshot of its gateway (/metrics)
+      [CUSTOM_METRICS_PREFIX]               models' custom metrics,
+                                            expires unless refreshed
 
 Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
 
@@ -94,6 +98,7 @@ JOB_RECORD_PREFIX = "conch.job."
 WORKERS = "conch.workers"
 WORKER_PREFIX = "conch.worker."
 STATS_PREFIX = "conch.stats."
+CUSTOM_METRICS_PREFIX = "conch.custom_metrics."
 
 # Control plane.
 REPOSITORY_EVENTS = "conch.repository.events"  # {"model", "version", "change", "at", ...}
@@ -107,6 +112,7 @@ OVERRIDE_FILES_PREFIX = "conch.override.files."  # explicit load's file: overrid
 __all__ = [
     "ATTEMPTS",
     "CONTROL_COMMANDS",
+    "CUSTOM_METRICS_PREFIX",
     "DEADLETTER",
     "JOBS_QUEUE",
     "JOB_RECORD_PREFIX",

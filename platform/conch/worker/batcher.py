@@ -25,7 +25,7 @@ from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, U
 from conch.core.model_config import output_types
 from conch.wire import broker, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
-from conch.wire.redis_link import Commands, RedisLink
+from conch.wire.redis_link import CommandQueue, Commands, RedisLink
 from conch.worker.drain import Drain, ack, dead_letter, requeue
 from conch.worker.replies import ReplySink
 
@@ -147,7 +147,9 @@ class Batcher(threading.Thread):
 
     Each execution's Triton statistics go to Redis (``conch.wire.statistics``) with its
     replies. ``on_batch(model, counts)``, if given, also gets each batch's counts for the
-    worker's own telemetry (``host.WorkerTelemetry``).
+    worker's own telemetry (``host.WorkerTelemetry``); ``on_send(commands)``, if given, may
+    add commands to the round trip that sends a batch's replies (the worker's custom
+    metrics, ``metrics_publisher``).
     """
 
     def __init__(
@@ -164,6 +166,7 @@ class Batcher(threading.Thread):
         max_attempts: int = 3,
         idle_poll: float = 1.0,
         on_batch: Callable[[str, dict[str, int]], None] | None = None,
+        on_send: Callable[[CommandQueue], None] | None = None,
         sequencer: Sequencer | None = None,
         name: str = "",
     ) -> None:
@@ -176,6 +179,7 @@ class Batcher(threading.Thread):
         self.max_attempts = max_attempts
         self.idle_poll = idle_poll
         self.on_batch = on_batch
+        self.on_send = on_send
         self.sequencer = sequencer
         self.drain = drain or Drain(client, model)  # where requests come from
         self.sink = sink or ReplySink(client, model)  # where their replies go
@@ -472,6 +476,8 @@ class Batcher(threading.Thread):
         now_ms = int(time.time() * 1000)
         for run in runs:
             statistics.record(pipe, self.model, run, now_ms)
+        if self.on_send is not None:
+            self.on_send(pipe)
         self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])
         tags = [i.tag for i in items]
         ack(pipe, tags)

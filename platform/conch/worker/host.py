@@ -26,8 +26,9 @@ from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
 from conch.core.repository import ModelRepository
 from conch.settings import Settings
-from conch.wire import control_bus, worker_reports
+from conch.wire import control_bus, model_metrics, worker_reports
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
+from conch.worker.metrics_publisher import MetricsPublisher
 from conch.worker.warmup import run_warmup
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class ModelHost:
         self.inflight = InFlight()
         self.models: dict[str, LoadedModel] = {}
         self.telemetry = WorkerTelemetry()
+        self.metrics = MetricsPublisher(worker_id, ttl_s=HEARTBEAT_S * 4)  # models' custom ones
         self._changes = threading.Lock()  # one load/unload at a time
         self._fingerprints: dict[str, Any] = {}
         # The report is published from start's LOADING announcement until stop begins,
@@ -263,6 +265,7 @@ class ModelHost:
                 max_attempts=self.settings.max_attempts,
                 name=f"batcher-{spec.name}",
                 on_batch=self.telemetry.add,
+                on_send=self.metrics.queue,
                 sequencer=sequencer,
             )
             for k, spec in enumerate(specs)
@@ -286,7 +289,8 @@ class ModelHost:
         return out
 
     def report(self) -> None:
-        """Publish this worker's model states for the gateways, with its telemetry."""
+        """Publish this worker's model states for the gateways, with its telemetry, and
+        refresh its models' custom metrics."""
         stats = self.telemetry.snapshot()
         with self._report_lock:
             if self._reporting:
@@ -297,6 +301,10 @@ class ModelHost:
                     stats=stats,
                     ttl_s=HEARTBEAT_S * 4,
                 )
+                pipe = self.client.pipeline(transaction=False)
+                self.metrics.queue(pipe, refresh=True)
+                if len(pipe):
+                    pipe.execute()
 
     def stop(self) -> None:
         """Finish the batches in progress, hand back what is held, unload, withdraw."""
@@ -311,3 +319,4 @@ class ModelHost:
                 self._retire(m)
         with contextlib.suppress(redis.RedisError):
             worker_reports.withdraw(self.client, self.worker_id)
+            model_metrics.withdraw(self.client, self.worker_id)

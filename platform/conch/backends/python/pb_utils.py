@@ -4,7 +4,9 @@ The python backend registers this module in ``sys.modules`` under Triton's name 
 imports a ``model.py``, so ``import triton_python_backend_utils as pb_utils`` works in
 model files written for Triton. It is written from the API as Triton documents it:
 tensors, requests and responses, errors, the config helpers, ``ModelConfig`` for
-``auto_complete_config`` and ``Logger``.
+``auto_complete_config``, ``Logger`` and custom metrics (``MetricFamily``). Where Triton's
+bindings take a string, ``bytes`` holding UTF-8 text is taken too, as they take it (a BLS
+model often names its target with an element of a TYPE_STRING input).
 
 Differences from Triton, all of them because conch runs the model inside its worker
 process rather than in a stub process with shared memory:
@@ -26,9 +28,12 @@ process rather than in a stub process with shared memory:
   only, as in Triton) and raise ``TritonModelException`` when it fails.
 - Response ``parameters`` are accepted and kept on the object; the HTTP reply does not
   carry them.
+- Custom metrics live in the worker process (``conch.core.custom_metrics``), which
+  publishes them for the gateways' metrics port; ``Metric.value()`` is that worker's part
+  of the sum ``/metrics`` shows when several workers serve the model.
 
-The module imports nothing from conch but the core's table of Triton's error codes, so it
-can be read and tested on its own.
+The module imports nothing from conch but the core (Triton's error codes, the BLS request,
+the custom metrics registry), so it can be read and tested on its own.
 """
 
 from __future__ import annotations
@@ -36,15 +41,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import ctypes
+import enum
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from conch.core import custom_metrics
 from conch.core.errors import TRITON_CODES, ConchError, InvalidArgument, triton_code
 from conch.core.model_spec import BlsRequest
 
@@ -61,6 +69,9 @@ __all__ = [
     "InferenceResponse",
     "LogLevel",
     "Logger",
+    "Metric",
+    "MetricFamily",
+    "MetricKind",
     "ModelConfig",
     "PreferredMemory",
     "Tensor",
@@ -170,6 +181,31 @@ def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
     if isinstance(parameters, str):
         return parameters
     return json.dumps(parameters) if parameters else "{}"
+
+
+def _text(value: Any, what: str) -> str:
+    """A string argument as Triton's bindings take it: ``str``, or ``bytes`` holding UTF-8
+    text (what a BYTES tensor's ``as_numpy()`` elements are, e.g. a model name sent as a
+    TYPE_STRING input)."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise TypeError(f"{what} must be UTF-8 text, got the bytes {bytes(value)!r}") from None
+    raise TypeError(f"{what} must be a string, got {type(value).__name__} {value!r}")
+
+
+def _texts(values: Iterable[Any], what: str) -> list[str]:
+    """A list of strings given as a list, tuple or other iterable (not one bare string)."""
+    if isinstance(values, str | bytes | bytearray | memoryview):
+        raise TypeError(f"{what} must be a list of strings, not the single string {values!r}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{what} must be a list of strings, got {type(values).__name__}") from None
+    return [_text(v, f"each of {what}") for v in items]
 
 
 class PreferredMemory:
@@ -318,11 +354,12 @@ class TritonError(Exception):
     _NAMES = tuple(sorted(TRITON_CODES, key=TRITON_CODES.__getitem__))
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
+        message = _text(message, "a TritonError message")
         super().__init__(message)
         code = int(code)
         if not 0 <= code < len(self._NAMES):
             raise ValueError(f"unknown TritonError code {code}")
-        self._message = str(message)
+        self._message = message
         self._code = code
 
     def message(self) -> str:
@@ -387,8 +424,7 @@ class Tensor:
     """A named tensor: ``Tensor(name, numpy_array)``. BYTES are object arrays of ``bytes``."""
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"a tensor name is a string, got {type(name).__name__}")
+        name = _text(name, "a tensor name")
         if not isinstance(numpy_array, np.ndarray):
             numpy_array = np.asarray(numpy_array)
         self._name = name
@@ -533,10 +569,14 @@ class InferenceRequest:
         trace: Any = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._model_name = model_name
-        self._requested_output_names = list(requested_output_names)
+        # Strings may come as bytes, as Triton's bindings accept them: a BLS model often
+        # names its target with the bytes a TYPE_STRING input holds.
+        self._model_name = _text(model_name, "InferenceRequest model_name")
+        self._requested_output_names = _texts(
+            requested_output_names, "InferenceRequest requested_output_names"
+        )
         self._inputs = list(inputs)
-        self._request_id = request_id
+        self._request_id = _text(request_id, "InferenceRequest request_id")
         self._correlation_id = correlation_id
         self._model_version = model_version
         self._flags = flags
@@ -886,6 +926,110 @@ class ModelConfig:
             if key == "dims" and have_dims:
                 continue
             existing[key] = value
+
+
+# -- custom metrics -----------------------------------------------------------------------
+
+
+# Triton's numbering, which is also the order of ``custom_metrics.KINDS``.
+MetricKind = enum.IntEnum("MetricKind", ["COUNTER", "GAUGE", "HISTOGRAM"], start=0)
+
+
+def _metrics_call(what: str, call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ConchError as exc:
+        raise TritonModelException(f"{what}: {exc.message}") from None
+
+
+class Metric:
+    """One metric of a family, for one set of labels: ``family.Metric(labels={...})``.
+
+    Metrics with the same family and labels are one metric, whoever made them; it goes
+    away when the last ``Metric`` object for it (or its family) is gone.
+    """
+
+    def __init__(self, family: str, labels: custom_metrics.Labels) -> None:
+        self._family = family
+        self._labels = labels
+        self._release = weakref.finalize(self, custom_metrics.REGISTRY.drop_metric, family, labels)
+
+    def increment(self, value: float) -> None:
+        """Add ``value``: >= 0 for a counter, any sign for a gauge."""
+        _metrics_call(
+            "Failed to increment metric value",
+            lambda: custom_metrics.REGISTRY.increment(self._family, self._labels, float(value)),
+        )
+
+    def set(self, value: float) -> None:
+        """Set a gauge to ``value`` (counters and histograms cannot be set)."""
+        _metrics_call(
+            "Failed to set metric value",
+            lambda: custom_metrics.REGISTRY.set(self._family, self._labels, float(value)),
+        )
+
+    def observe(self, value: float) -> None:
+        """Count ``value`` in a histogram."""
+        _metrics_call(
+            "Failed to observe metric value",
+            lambda: custom_metrics.REGISTRY.observe(self._family, self._labels, float(value)),
+        )
+
+    def value(self) -> float:
+        """This worker's value of the metric (what ``/metrics`` sums over workers)."""
+        return _metrics_call(
+            "Failed to get metric value",
+            lambda: custom_metrics.REGISTRY.value(self._family, self._labels),
+        )
+
+
+class MetricFamily:
+    """A custom metric family: ``MetricFamily(name, description, kind)``, then
+    ``.Metric(labels)`` for each set of labels. Its metrics appear on the metrics port
+    (``GET /metrics``) with Triton's own, summed over the workers that serve the model."""
+
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
+        name = _text(name, "a metric family name")
+        description = _text(description, "a metric family description")
+        try:
+            kind_name = custom_metrics.KINDS[MetricKind(kind)]
+        except ValueError:
+            raise TritonModelException(
+                f"Error when creating MetricFamily: unknown kind {kind!r}; use "
+                "MetricFamily.COUNTER, GAUGE or HISTOGRAM"
+            ) from None
+        _metrics_call(
+            "Error when creating MetricFamily",
+            lambda: custom_metrics.REGISTRY.hold_family(name, description, kind_name),
+        )
+        self._name = name
+        self._kind = MetricKind(kind)
+        self._release = weakref.finalize(self, custom_metrics.REGISTRY.drop_family, name)
+
+    def Metric(  # Triton's name for it, capitalised
+        self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
+    ) -> Metric:
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None and not isinstance(buckets, list):
+            raise TritonModelException("Failed to create metric. Buckets must be a list.")
+        try:
+            pairs = {
+                _text(k, "a metric label name"): _text(v, f"metric label '{k}'")
+                for k, v in (labels or {}).items()
+            }
+        except TypeError as exc:
+            raise TritonModelException(f"Failed to create metric. {exc}") from None
+        key = _metrics_call("Failed to create metric", lambda: custom_metrics.labels_key(pairs))
+        _metrics_call(
+            "Failed to create metric",
+            lambda: custom_metrics.REGISTRY.hold_metric(self._name, key, buckets),
+        )
+        return Metric(self._name, key)
 
 
 # -- logging ------------------------------------------------------------------------------

@@ -4,13 +4,17 @@ The counters are the statistics extension's (``conch.wire.statistics``): per mod
 summed over every worker that ever ran it and kept in Redis, so any gateway answers
 the same totals and a worker that goes away takes nothing with it (no false counter
 resets). The queue gauge is the model queue's length in Redis: the number KEDA scales
-on. All of it comes from ``DataPlane.metrics``; this module only writes the text.
+on. After them come the families models define (``pb_utils.MetricFamily``), as the live
+workers publish them (``DataPlane.custom_metrics``). All of it comes from the
+``DataPlane``; this module only writes the text.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from conch.core import custom_metrics
 from conch.frontend.dataplane import DataPlane
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -109,7 +113,35 @@ def render(plane: DataPlane) -> bytes:
         "gauge",
         pending,
     )
+    builtin = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
+    for custom in plane.custom_metrics():
+        if custom["name"] not in builtin:  # a model cannot replace one of Triton's
+            lines.extend(_custom_family(custom))
     return ("\n".join(lines) + "\n").encode()
+
+
+def _custom_family(fam: dict[str, Any]) -> list[str]:
+    """A family a model defined (``conch.core.custom_metrics``), in the text format."""
+    name, kind = fam["name"], fam["kind"]
+    doc = fam["description"].replace("\\", "\\\\").replace("\n", "\\n")
+    out = [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+
+    def sample(suffix: str, labels: dict[str, str], value: float) -> None:
+        where = f"{{{_labels(labels)}}}" if labels else ""
+        out.append(f"{name}{suffix}{where} {custom_metrics.format_value(value)}")
+
+    for metric in fam["metrics"]:
+        labels = metric["labels"]
+        if kind != custom_metrics.HISTOGRAM:
+            sample("", labels, metric["value"])
+            continue
+        total = 0
+        for bound, count in zip([*metric["buckets"], math.inf], metric["counts"], strict=True):
+            total += count
+            sample("_bucket", {**labels, "le": custom_metrics.format_value(bound)}, total)
+        sample("_sum", labels, metric["sum"])
+        sample("_count", labels, total)
+    return out
 
 
 class MetricsPort:
