@@ -8,8 +8,9 @@ Two gateways share one Redis and the one worker of ``conch serve``:
   loop and through gunicorn's parser;
 - ``admin`` (``conch serve``'s own gateway, gthread worker: infer calls through the WSGI
   fast path, the rest through Flask): Triton's admin example, ``inference`` and
-  ``model-repository`` behind one header, everything else open; uploads allowed. Its
-  flags reach it through ``conch serve`` (``Settings.to_args``).
+  ``model-repository`` behind one header, everything else open; uploads allowed. The
+  restriction is given to ``conch serve`` in ``$CONCH_HTTP_RESTRICTED_API`` and reaches its
+  gateway the same way (``Settings.child_env``), the upload flag as an argument.
 """
 
 from __future__ import annotations
@@ -116,11 +117,15 @@ def stack(
             *("--http-workers", "1", "--http-thread-count", "4"),
             *("--metrics-port", str(free_port()), "--log-verbose", "1"),
             *MODEL_FLAGS,
-            f"--http-restricted-api=inference,model-repository:admin-key={ADMIN_SECRET}",
             "--allow-model-upload",
         ),
         log_dir,
-        env={**s3_nowhere, "CONCH_HTTP_WORKER_CLASS": "gthread"},
+        env={
+            **s3_nowhere,
+            "CONCH_HTTP_WORKER_CLASS": "gthread",
+            # The restriction from the environment, so no command line holds the secret.
+            "CONCH_HTTP_RESTRICTED_API": f"inference,model-repository:admin-key={ADMIN_SECRET}",
+        },
     )
     admin = f"127.0.0.1:{port}"
     gateway = None
@@ -429,3 +434,19 @@ def test_no_secret_is_ever_logged(stack: Stack) -> None:
     assert ADMIN_SECRET not in logs
     for g in G:
         assert SECRET[g] not in logs, g
+
+
+def test_no_command_line_shows_the_secret_conch_serve_was_given(stack: Stack) -> None:
+    """conch serve passes its restriction to its gateway through the environment:
+    any user of the host can read a command line (ps), not another user's environment."""
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # the process is gone
+    gateways = [
+        line for line in lines if "conch gateway" in line and stack.admin.split(":")[1] in line
+    ]
+    assert gateways, "conch serve's gateway is not among the processes"
+    assert not [line for line in lines if ADMIN_SECRET in line]

@@ -76,6 +76,7 @@ class Role(StrEnum):
 
 
 GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
+RESTRICTED_API_ENV = "CONCH_HTTP_RESTRICTED_API"
 MAX_BATCH_SIZE_KEY = "default-max-batch-size"  # the one --backend-config setting conch applies
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -208,7 +209,14 @@ class Settings:
     # The Redis tried when no redis_url is given (tests point it at nothing).
     local_redis_url: str = field(default=LOCAL_REDIS_URL, metadata=_env("CONCH_LOCAL_REDIS_URL"))
     # Triton's --http-restricted-api: the API groups a request reaches only with a header.
-    http_restricted_api: RestrictedApis = field(default_factory=RestrictedApis)
+    # Its environment variable holds the flag's values one per line: conch serve hands the
+    # secrets to its gateway that way, out of the process list.
+    http_restricted_api: RestrictedApis = field(
+        default_factory=RestrictedApis,
+        metadata=_env(
+            RESTRICTED_API_ENV, parse=lambda text: RestrictedApis.parse(text.splitlines())
+        ),
+    )
     # Beyond Triton: the load API's file: parameters (model code and weights from the
     # client) are refused unless this is on.
     allow_model_upload: bool = False
@@ -249,8 +257,26 @@ class Settings:
         return settings
 
     def to_args(self, role: Role | str) -> list[str]:
-        """The flags of subcommand ``role`` that reproduce these settings (those it has)."""
-        return [arg for flag in FLAGS if role in flag.roles for arg in flag.write(self)]
+        """The flags of subcommand ``role`` that reproduce these settings (those it has),
+        but for secrets: those are in ``child_env(role)``."""
+        return [
+            arg
+            for flag in FLAGS
+            if role in flag.roles and flag.to_env is None
+            for arg in flag.write(self)
+        ]
+
+    def child_env(self, role: Role | str) -> dict[str, str]:
+        """The environment variables that carry the secret flags of subcommand ``role``
+        to a child process: any user of the host can read a command line."""
+        env_names = {f.name: f.metadata.get("env", ()) for f in fields(self)}
+        env: dict[str, str] = {}
+        for flag in FLAGS:
+            if role in flag.roles and flag.to_env is not None:
+                text = flag.to_env(getattr(self, flag.field))
+                if text:
+                    env[env_names[flag.field][0]] = text
+        return env
 
     @property
     def http_worker_uses_gevent(self) -> bool:
@@ -335,6 +361,9 @@ class Flag:
     required: bool = False
     read: Callable[[Any], Any] = _same
     as_args: Callable[[str, Any], list[str]] = _value
+    # A secret: written for children as the text of its field's environment variable,
+    # never as arguments.
+    to_env: Callable[[Any], str] | None = None
 
     @property
     def dest(self) -> str:
@@ -499,6 +528,7 @@ FLAGS: tuple[Flag, ...] = (
         action="append",
         read=RestrictedApis.parse,
         as_args=lambda name, rules: _each(name, rules.to_values()),
+        to_env=lambda rules: "\n".join(rules.to_values()),
     ),
     Flag(
         "--allow-model-upload",

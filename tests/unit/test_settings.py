@@ -301,7 +301,20 @@ def _changed(role: Role, repo: Path) -> Settings:
 @pytest.mark.parametrize("role", list(Role))
 def test_to_args_round_trips(role: Role, tmp_path: Path):
     for s in (Settings(model_repository=tmp_path), _changed(role, tmp_path)):
-        assert Settings.from_args(parser().parse_args([role.value, *s.to_args(role)])) == s
+        args = parser().parse_args([role.value, *s.to_args(role)])
+        assert Settings.from_args(args, environ=s.child_env(role)) == s
+
+
+def test_secrets_reach_children_through_the_environment_not_argv(tmp_path: Path):
+    s = _changed(Role.SERVE, tmp_path)
+    args, env = s.to_args(Role.GATEWAY), s.child_env(Role.GATEWAY)
+    assert "--http-restricted-api" not in args and not any("a:b=c" in a for a in args)
+    assert env == {
+        "CONCH_HTTP_RESTRICTED_API": "inference:Infer-Key=v\nmodel-repository,batch:admin-key=a:b=c"
+    }
+    assert Settings.from_env(env).http_restricted_api == s.http_restricted_api
+    assert s.child_env(Role.WORKER) == {}
+    assert Settings(model_repository=tmp_path).child_env(Role.GATEWAY) == {}
 
 
 def test_to_args_writes_only_the_role_flags(tmp_path: Path):

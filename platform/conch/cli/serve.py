@@ -1,15 +1,17 @@
 """``conch serve``: the whole stack in one command: Redis if needed, one worker, the gateway.
 
 The worker and the gateway run as ``python -m conch worker|gateway`` children, started
-with ``settings.to_args(role)``: the same settings, the broker URL resolved once here
-(a private redis-server, if this command started one, is shared by both). Settings that
-have no flag reach them through the environment they inherit.
+with ``settings.to_args(role)`` (and the secrets in ``settings.child_env(role)``, out of
+the process list): the same settings, the broker URL resolved once here (a private
+redis-server, if this command started one, is shared by both). Settings that have no
+flag reach them through the environment they inherit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -32,7 +34,10 @@ def run(settings: Settings) -> int:
     log.info("broker: %s%s", url, " (private redis-server)" if private else "")
     settings = dataclasses.replace(settings, redis_url=url)
     children = [
-        subprocess.Popen([sys.executable, "-m", "conch", role.value, *settings.to_args(role)])
+        subprocess.Popen(
+            [sys.executable, "-m", "conch", role.value, *settings.to_args(role)],
+            env={**os.environ, **settings.child_env(role)},
+        )
         for role in (Role.WORKER, Role.GATEWAY)
     ]
     log.info(
