@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
+from conch.wire import redis_link
 from conch.wire.redis_link import Commands, RedisLink
 
 
@@ -23,7 +26,10 @@ def test_a_round_trip_of_commands_and_its_replies(redis_url: str) -> None:
     assert link.call("LLEN", "link.test") == 2  # the connection is still in step
 
 
-def test_a_link_reconnects_as_often_as_it_must_whatever_the_pool_limit(redis_url: str) -> None:
+def test_a_link_reconnects_as_often_as_it_must_whatever_the_pool_limit(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_link, "IDLE_CHECK_S", 60.0)  # a busy link: no check, an error
     client = redis.Redis.from_url(redis_url, max_connections=2)
     link = RedisLink(client)
     admin = redis.Redis.from_url(redis_url)
@@ -33,3 +39,13 @@ def test_a_link_reconnects_as_often_as_it_must_whatever_the_pool_limit(redis_url
         with pytest.raises(redis.ConnectionError):
             link.call("PING")
         assert link.call("PING") == b"PONG"  # a new connection, never MaxConnectionsError
+
+
+def test_a_link_left_idle_finds_its_connection_closed_and_opens_another(redis_url: str) -> None:
+    """As after a Redis restart: the first command after it goes through, no error."""
+    link = RedisLink(redis.Redis.from_url(redis_url))
+    own_id = link.call("CLIENT", "ID")
+    redis.Redis.from_url(redis_url).client_kill_filter(_id=own_id)
+    time.sleep(redis_link.IDLE_CHECK_S + 0.05)
+    assert link.call("PING") == b"PONG"
+    assert link.call("CLIENT", "ID") != own_id

@@ -12,6 +12,7 @@ class ConchError(Exception):
 
     status: int = 500
     code: str = "INTERNAL"
+    retry_after_s: int | None = None  # when to try again, for a Retry-After header
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -33,6 +34,16 @@ class NotFound(ConchError):
 class Unavailable(ConchError):
     status = 503
     code = "UNAVAILABLE"
+
+
+class BrokerUnavailable(Unavailable):
+    """Redis, the broker and store everything goes through, cannot be reached now.
+
+    Triton's UNAVAILABLE (503) with a ``Retry-After``: nothing is wrong with the request,
+    and the same request is worth sending again once Redis is back.
+    """
+
+    retry_after_s = 1
 
 
 class Unsupported(ConchError):

@@ -41,6 +41,9 @@ Replies and job results (``conch.wire.messages``, ``conch.wire.job_store``)::
                                             (cancel); Celery's format    wakes waiters
     conch.job.<job>                hash     gateway (submit, cancel),    gateway (status); worker
       [JOB_RECORD_PREFIX]                   batch job (progress)         and batch job (cancelled)
+    conch.dataset                  string   the first dispatcher to      dispatchers, after they
+      [DATASET]                             reach Redis: a random id     reconnect (another id, or
+                                            (SET NX, never expires)      none: Redis lost its data)
 
 Workers and statistics (``conch.wire.worker_reports``, ``conch.wire.statistics``,
 ``conch.wire.model_metrics``)::
@@ -93,6 +96,7 @@ DEADLETTER = "conch.deadletter"
 REPLY_PREFIX = "conch.reply."
 JOB_RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
 JOB_RECORD_PREFIX = "conch.job."
+DATASET = "conch.dataset"  # names what Redis holds: gone or changed when Redis lost it
 
 # Workers and statistics.
 WORKERS = "conch.workers"
@@ -113,6 +117,7 @@ __all__ = [
     "ATTEMPTS",
     "CONTROL_COMMANDS",
     "CUSTOM_METRICS_PREFIX",
+    "DATASET",
     "DEADLETTER",
     "JOBS_QUEUE",
     "JOB_RECORD_PREFIX",

@@ -17,6 +17,8 @@ replies with a hiredis reader of its own.
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,14 +45,28 @@ class Commands(CoreCommands):
 CommandQueue = redis.client.Pipeline | Commands
 
 
+# A link idle this long checks that Redis has not closed its connection meanwhile (a
+# restart takes longer): commands sent on a dead connection would fail for nothing.
+IDLE_CHECK_S = 0.1
+
+
 class RedisLink:
     def __init__(self, client: redis.Redis) -> None:
         self._pool = client.connection_pool
         self._conn: Any = None
         self._reader: Any = None
         self._pid = 0
+        self._used_at = 0.0  # monotonic time of the last round trip that got its replies
 
     def _connection(self) -> Any:
+        if (
+            self._conn is not None
+            and self._pid == os.getpid()
+            and time.monotonic() - self._used_at > IDLE_CHECK_S
+            and _closed(self._conn._sock)
+        ):
+            self._conn.disconnect()
+            self._conn = None
         if self._conn is None or self._pid != os.getpid():  # never share one across a fork
             # The pool's settings, outside its accounting: a link owns its connection for
             # good, and the pool never learns when one closes, so reconnects through
@@ -70,7 +86,8 @@ class RedisLink:
 
     def pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Send the commands in one write; error replies come back as ResponseError values
-        (NoScriptError for a script Redis does not hold)."""
+        (NoScriptError for a script Redis does not hold). A Redis that cannot be reached,
+        or that is still loading its dataset, raises ConnectionError (BusyLoadingError)."""
         conn = self._connection()
         sock = conn._sock
         try:
@@ -85,9 +102,14 @@ class RedisLink:
                         raise redis.ConnectionError("Redis closed the connection")
                     reader.feed(data)
                     continue
-                if isinstance(reply, redis.ResponseError) and str(reply).startswith("NOSCRIPT"):
-                    reply = redis.exceptions.NoScriptError(str(reply))
+                if isinstance(reply, redis.ResponseError):
+                    if str(reply).startswith("NOSCRIPT"):
+                        reply = redis.exceptions.NoScriptError(str(reply))
+                    elif str(reply).startswith("LOADING"):
+                        # Restarted and reading its dataset back: Redis runs no command yet.
+                        raise redis.BusyLoadingError(str(reply))
                 out.append(reply)
+            self._used_at = time.monotonic()
             return out
         except BaseException as exc:
             conn.disconnect()  # unknown state: the next call reconnects
@@ -95,3 +117,19 @@ class RedisLink:
             if isinstance(exc, OSError):
                 raise redis.ConnectionError(f"Redis connection lost: {exc}") from exc
             raise
+
+
+def _closed(sock: Any) -> bool:
+    """Whether the peer has closed ``sock`` (a peek that never blocks, nor yields to gevent)."""
+    timeout = sock.gettimeout()
+    sock.settimeout(0.0)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False  # open, nothing to read: as an idle connection should be
+    except OSError:
+        return True
+    except ValueError:  # TLS sockets take no flags: the next round trip will tell
+        return False
+    finally:
+        sock.settimeout(timeout)
