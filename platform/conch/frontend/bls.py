@@ -72,6 +72,7 @@ from conch.frontend import calls, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
+from conch.wire import outage
 from conch.wire.messages import MAX_CHAIN, InferMessage
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,9 @@ class BlsClient:
                     raise reply.error
                 results = list(reply.outputs or ())
         except redis.RedisError as exc:
-            raise Unavailable(f"cannot reach the broker: {exc}") from None
+            if outage.is_outage(exc):
+                raise outage.unavailable(exc) from None
+            raise Unavailable(f"the broker refused the call: {exc}") from None
         try:
             return [
                 (name, tensors.to_numpy(datatype, shape, raw, name))

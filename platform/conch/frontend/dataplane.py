@@ -8,7 +8,8 @@ knows bytes on a wire, headers or a web framework, and frontends never reach Red
 themselves: the model view, the dispatcher and the job store are reached through here.
 
 Errors are ``ConchError``s, which carry Triton's status; each adapter maps them to its
-protocol once.
+protocol once. A Redis outage is one too: every operation raises ``BrokerUnavailable``
+(503, ``Retry-After``) for it (``outage.translate_outages``), never a Redis error.
 
 An infer call is two calls, ``target`` then ``infer``, so that an adapter can ask about
 the model and version before it decodes the request: a call to an unknown model says
@@ -21,8 +22,6 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import redis
 
 from conch import __version__
 from conch.core import custom_metrics, ensemble_graph, validation
@@ -40,7 +39,7 @@ from conch.frontend import batch_job, calls, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
-from conch.wire import broker, job_store, model_metrics, statistics, worker_reports
+from conch.wire import broker, job_store, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
 
 log = logging.getLogger(__name__)
@@ -92,6 +91,7 @@ class ModelMetrics:
     queued: int | None  # requests waiting in its queue; None: an ensemble has no queue
 
 
+@outage.translate_outages
 class DataPlane:
     """Triton's v2 operations, for any frontend (see the module docstring)."""
 
@@ -107,18 +107,13 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        """Ready to take requests: the broker answers and, with --strict-readiness (the
-        default, as in Triton), every model that should be loaded is served."""
-        try:
-            self._client.ping()
-        except redis.RedisError:
-            return False
+        """Ready to take requests: the broker answers (``BrokerUnavailable``, a 503, if
+        not) and, with --strict-readiness (the default, as in Triton), every model that
+        should be loaded is served."""
+        self._client.ping()
         if not self.settings.strict_readiness:
             return True
-        try:
-            why = self.view.not_served()
-        except redis.RedisError:
-            return False
+        why = self.view.not_served()
         if why:
             log.debug("not ready: %s", why)
         return why is None

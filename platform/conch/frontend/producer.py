@@ -5,6 +5,17 @@ each worker process once a Python model makes a BLS call. Its reply list is on R
 one listener thread pops replies in bulk and wakes the request threads waiting on
 them, so a request costs one pipelined round trip to publish and nothing to receive
 (no per-request connection, no Celery result backend).
+
+When Redis goes away, a request that is waiting for its reply keeps waiting through a
+short outage: its message and its reply live in Redis, and a Redis that logs writes
+(append-only file) comes back with both, so the answer still comes (measured: within a
+second of Redis answering again). The listener reconnects on its own, and then checks
+that Redis kept its data (``outage.lost``); if it did not, every waiting request gets a
+503 at once instead of waiting for a reply that will never come. If Redis is not back
+within ``OUTAGE_GRACE_S``, every waiting request gets a 503 with ``Retry-After`` then,
+not at its deadline. A 503 does not take the message back: a worker may still run it
+once Redis returns, and its reply is dropped. New requests get their 503 at once, from
+the publish that fails.
 """
 
 from __future__ import annotations
@@ -18,20 +29,23 @@ import uuid
 
 import redis
 
-from conch.core.errors import Unavailable
-from conch.wire import broker
+from conch.core.errors import BrokerUnavailable, ConchError, Unavailable
+from conch.wire import broker, outage
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 from conch.wire.redis_link import RedisLink
 
 log = logging.getLogger(__name__)
 
+OUTAGE_GRACE_S = 2.0  # how long a waiting request outlives the loss of Redis
+
 
 class _Slot:
-    __slots__ = ("event", "reply")
+    __slots__ = ("error", "event", "reply")
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.reply: Reply | None = None
+        self.error: ConchError | None = None  # the answer instead of a reply (an outage)
 
 
 class Pending:
@@ -49,7 +63,8 @@ class Pending:
         self.msg = msg
 
     def wait(self) -> Reply:
-        """The reply; ``Unavailable`` once the message's deadline passes without one."""
+        """The reply; ``Unavailable`` once the message's deadline passes without one,
+        ``BrokerUnavailable`` when Redis went away (see the module docstring)."""
         msg = self.msg
         try:
             if not self._slot.event.wait(max(0.0, msg.deadline - time.time())):
@@ -57,6 +72,8 @@ class Pending:
                     f"Request timeout expired for model '{msg.model}': no reply within "
                     f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"
                 )
+            if self._slot.error is not None:
+                raise self._slot.error
             assert self._slot.reply is not None
             return self._slot.reply
         finally:
@@ -129,12 +146,19 @@ class Dispatcher:
         key = self.reply_key
         link = RedisLink(self.client)
         blmpop = True  # Redis >= 7: block and take up to a batch in one round trip
+        joined: outage.Dataset | None = None  # what Redis held when last reached
+        lost_at: float | None = None  # when Redis went away; None while it answers
         while True:
             try:
+                if joined is None or lost_at is not None:
+                    joined = self._rejoin(joined)
+                    if lost_at is not None:
+                        log.info("reply listener reached Redis again")
+                    lost_at = None
                 if blmpop:
                     got = link.call("BLMPOP", 1, 1, key, "LEFT", "COUNT", 256)
                     if isinstance(got, redis.ResponseError):
-                        blmpop = False
+                        blmpop = "unknown command" not in str(got).lower()
                         continue
                     if not got:
                         continue
@@ -145,8 +169,13 @@ class Dispatcher:
                         continue
                     items = [got[1], *(more if isinstance(more, list) else ())]
             except redis.RedisError as exc:
-                log.warning("reply listener lost Redis (%s); retrying", exc)
-                time.sleep(0.5)
+                now = time.monotonic()
+                if lost_at is None:
+                    lost_at = now
+                    log.warning("reply listener lost Redis (%s); reconnecting", exc)
+                elif now - lost_at >= OUTAGE_GRACE_S:
+                    self._fail_waiting(outage.unavailable(exc))
+                time.sleep(outage.RECONNECT_S)
                 continue
             for raw in items:
                 try:
@@ -157,6 +186,24 @@ class Dispatcher:
                 slot = self._pending.get(reply.id)
                 # The first reply wins: a duplicate (a redelivered request run twice) or a
                 # late one (its caller gave up) changes nothing.
-                if slot is not None and slot.reply is None:
+                if slot is not None and slot.reply is None and slot.error is None:
                     slot.reply = reply
                     slot.event.set()
+
+    def _rejoin(self, before: outage.Dataset | None) -> outage.Dataset:
+        """Reach Redis (again): if it lost what it held, fail the requests waiting."""
+        now = outage.dataset(self.client)
+        why = None if before is None else outage.lost(before, now)
+        if why is not None:
+            log.warning("%s: failing the requests waiting for replies", why)
+            self._fail_waiting(
+                BrokerUnavailable(f"{why}; this request's message went with it. Send it again.")
+            )
+        return now
+
+    def _fail_waiting(self, error: ConchError) -> None:
+        """Answer every request waiting now with ``error``."""
+        for slot in list(self._pending.values()):
+            if slot.reply is None and slot.error is None:
+                slot.error = error
+                slot.event.set()

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from conch.core.errors import ConchError, InvalidArgument
+from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest
 from conch.core.restricted_apis import ApiGroup
 from conch.frontend import calls
@@ -48,6 +48,18 @@ def too_large(length: int, limit: int) -> InvalidArgument:
     )
 
 
+Answer = tuple[int, list[tuple[str, str]], bytes]  # status, headers, body
+
+
+def error_answer(exc: ConchError) -> Answer:
+    """Triton's ``{"error": ...}`` answer for ``exc``, with when to retry if it says."""
+    payload = orjson.dumps({"error": exc.message})
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+    if exc.retry_after_s is not None:
+        headers.append(("Retry-After", str(exc.retry_after_s)))
+    return exc.status, headers, payload
+
+
 def decode_call(
     plane: DataPlane, model: str, version: str, body: bytes, header: Header
 ) -> tuple[calls.Target, InferRequest]:
@@ -74,7 +86,7 @@ def serve_infer(
     length: int,
     read: Callable[[int], bytes],
     header: Header,
-) -> tuple[int, list[tuple[str, str]], bytes]:
+) -> Answer:
     """One infer call, whatever server carries it: (status, headers, body), never raises.
 
     ``version`` is the URL's version segment ("" for none), ``length`` the
@@ -93,14 +105,11 @@ def serve_infer(
         payload, headers = http_codec.encode_outcome(
             plane.infer(to, request), header("Accept-Encoding")
         )
-        status = 200
     except ConchError as exc:
-        status, payload = exc.status, orjson.dumps({"error": exc.message})
-        headers = {"Content-Type": "application/json"}
+        return error_answer(exc)
     except Exception as exc:  # never a bare 500 page: Triton's error body, always
-        status, payload = 500, orjson.dumps({"error": f"internal error: {exc}"})
-        headers = {"Content-Type": "application/json"}
-    return status, [*headers.items(), ("Content-Length", str(len(payload)))], payload
+        return error_answer(Internal(f"internal error: {exc}"))
+    return 200, [*headers.items(), ("Content-Length", str(len(payload)))], payload
 
 
 def status_line(status: int) -> str:

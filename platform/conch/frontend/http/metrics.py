@@ -15,7 +15,9 @@ import math
 from typing import Any
 
 from conch.core import custom_metrics
+from conch.core.errors import ConchError
 from conch.frontend.dataplane import DataPlane
+from conch.frontend.http.fast_path import error_answer, status_line
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -164,6 +166,11 @@ class MetricsPort:
                 "application/json",
             )
         else:
-            status, body, ctype = "200 OK", render(self.plane), CONTENT_TYPE
+            try:
+                status, body, ctype = "200 OK", render(self.plane), CONTENT_TYPE
+            except ConchError as exc:  # Redis, which holds the counters, is away: a 503
+                code, headers, body = error_answer(exc)
+                start_response(status_line(code), headers)
+                return [body]
         start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
         return [body]

@@ -25,7 +25,7 @@ from conch.core.restricted_apis import ApiGroup
 from conch.frontend import v2_json
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http.api_groups import api_group
-from conch.frontend.http.fast_path import serve_infer, too_large
+from conch.frontend.http.fast_path import error_answer, serve_infer, too_large
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,8 @@ def unload_model(model: str) -> Response:
 # -- errors: Triton's body and status, for every route of the app ------------------------
 @v2.app_errorhandler(ConchError)
 def _conch_error(exc: ConchError) -> Response:
-    return _json({"error": exc.message}, exc.status)
+    status, headers, payload = error_answer(exc)
+    return Response(payload, status=status, headers=headers)
 
 
 @v2.app_errorhandler(HTTPException)
