@@ -23,7 +23,7 @@ from conch.backends import Backend, BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
 from conch.core.model_config import output_types
-from conch.wire import broker, statistics
+from conch.wire import broker, outage, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
 from conch.wire.redis_link import CommandQueue, Commands, RedisLink
 from conch.worker.drain import Drain, ack, dead_letter, requeue
@@ -194,15 +194,19 @@ class Batcher(threading.Thread):
         # not yet admitted; None when no pop rode along.
         self._prefetched: list[tuple[str, bytes, int]] | None = None
         self._per_request_s = 0.0  # recent run time per request, without dynamic batching
+        self._redis_away = False  # the last round trip found Redis unreachable
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
                 self._once()
+                self._redis_away = False
             except redis.RedisError as exc:
-                log.warning("%s: Redis error (%s); retrying", self.name, exc)
-                time.sleep(0.5)
+                if not self._redis_away:  # once an outage, not every retry
+                    log.warning("%s: Redis error (%s); retrying", self.name, exc)
+                self._redis_away = outage.is_outage(exc)
+                time.sleep(outage.RECONNECT_S)
             except Exception:
                 log.exception("%s: unexpected error in the batch loop", self.name)
                 time.sleep(0.1)
@@ -234,11 +238,15 @@ class Batcher(threading.Thread):
         rows = sum(i.rows for i in items)
         while rows < self.policy.max_batch_size and not self.policy.ready(rows):
             left = min(i.msg.enqueued for i in items) + self.policy.max_queue_delay - time.time()
-            if self.drain.waiting == 0:  # nothing queued now: wait for more, or for the delay
-                if left <= 0 or self.stopping.is_set():
-                    break
-                self.drain.wait(left)
-            more = self._take(self.policy.max_batch_size - rows)
+            try:
+                if self.drain.waiting == 0:  # nothing queued: wait for more, or for the delay
+                    if left <= 0 or self.stopping.is_set():
+                        break
+                    self.drain.wait(left)
+                more = self._take(self.policy.max_batch_size - rows)
+            except redis.RedisError as exc:  # run what is held; its replies wait for Redis
+                log.warning("%s: Redis error while forming a batch (%s)", self.name, exc)
+                break
             items += more
             rows += sum(i.rows for i in more)
             if not more and left <= 0:
@@ -275,6 +283,18 @@ class Batcher(threading.Thread):
         if not popped:
             return []
         self.inflight.add([tag for tag, _, _, _ in popped])
+        try:
+            return self._admit_popped(popped)
+        except BaseException:
+            # Redis went away mid-admission: let go of all of them. They stay in flight in
+            # Redis, where the visibility timeout brings them back to run (none has run).
+            self.inflight.discard([tag for tag, _, _, _ in popped])
+            if self.sequencer is not None:
+                for _, _, _, ticket in popped:
+                    self.sequencer.finish(ticket)
+            raise
+
+    def _admit_popped(self, popped: list[tuple[str, bytes, int, int]]) -> list[Item]:
         items: list[Item] = []
         now = time.time()
         pipe = self.client.pipeline(transaction=True)  # requeue and ack go together
@@ -483,8 +503,10 @@ class Batcher(threading.Thread):
         ack(pipe, tags)
         if prefetch:
             self.drain.queue_pop(pipe, prefetch)
-        results = self.link.run(pipe)
-        self.inflight.discard(tags)
+        try:
+            results = self._deliver(pipe)
+        finally:  # sent, or given up (left for the visibility timeout to bring back)
+            self.inflight.discard(tags)
         errors = [r for r in results[: -1 if prefetch else None] if isinstance(r, Exception)]
         if prefetch:
             popped = self.drain.popped(results[-1], prefetch)
@@ -492,6 +514,39 @@ class Batcher(threading.Thread):
             self._prefetched = popped
         if errors:
             raise errors[0]
+
+    def _deliver(self, pipe: Commands) -> list[Any]:
+        """Send ``pipe`` (replies, acks), through a Redis outage if need be.
+
+        What ran is answered once Redis is back, and not run again: replies given up
+        would leave their messages in flight in Redis, to come back and run a second
+        time after the visibility timeout. So this retries until Redis answers, or the
+        worker stops. Sending twice is harmless: a caller takes the first reply for a
+        request, a job's result is written whole, and acks are deletes.
+        """
+        away_since = 0.0
+        while True:
+            try:
+                results = self.link.run(pipe)
+            except redis.RedisError as exc:
+                if not outage.is_outage(exc) or self.stopping.is_set():
+                    raise
+                if not away_since:
+                    away_since = time.monotonic()
+                    log.warning(
+                        "%s: Redis is away (%s); holding the replies of a batch until it is back",
+                        self.name,
+                        exc,
+                    )
+                time.sleep(outage.RECONNECT_S)
+                continue
+            if away_since:
+                log.info(
+                    "%s: replies sent %.1f s late, once Redis was back",
+                    self.name,
+                    time.monotonic() - away_since,
+                )
+            return results
 
     def _run(
         self, backend: Backend, items: list[Item], replies: dict[str, Reply], started: float

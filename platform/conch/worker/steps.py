@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import redis
 from celery import bootsteps
 
-from conch.wire import broker, control_bus
+from conch.wire import broker, control_bus, outage
 from conch.worker.host import HEARTBEAT_S, ModelHost
 
 log = logging.getLogger(__name__)
@@ -53,12 +53,22 @@ class Heartbeat(bootsteps.StartStopStep):
         self._thread.start()
 
     def _beat(self, host: ModelHost) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        # While Redis is away, beat as often as a reconnect is tried: when it comes back
+        # (its in-flight index as old as the outage), the first touch must come before
+        # any worker's restore sweep, or what this worker is running would run twice.
+        period = HEARTBEAT_S
+        while not self._stop.wait(period):
             try:
                 broker.touch(host.client, host.inflight.snapshot())
                 host.report()
             except redis.RedisError as exc:
-                log.warning("heartbeat failed: %s", exc)
+                if period == HEARTBEAT_S:
+                    log.warning("heartbeat failed: %s", exc)
+                period = outage.RECONNECT_S
+                continue
+            if period != HEARTBEAT_S:
+                log.info("heartbeat: Redis is back")
+            period = HEARTBEAT_S
 
     def stop(self, worker: Any) -> None:
         self._stop.set()
