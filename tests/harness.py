@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 import tritonclient.http as httpclient
 
-from conch.devtools.redis_server import free_port
+from conch.devtools.redis_server import free_port, redis_server_binary, wait_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +25,7 @@ from build_models import reference_mlp  # noqa: E402
 
 __all__ = [
     "ROOT",
+    "DurableRedis",
     "Service",
     "connect",
     "fresh_db",
@@ -77,6 +78,44 @@ class Service:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+class DurableRedis:
+    """A redis-server that logs every write to an append-only file in ``folder``, on a
+    port of its own: SIGKILL it, start it again on the same port from the same file."""
+
+    def __init__(self, folder: Path, *, appendfsync: str = "everysec") -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.appendfsync = appendfsync
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Start it (again) and wait until it answers, its dataset read back."""
+        log = self.folder / "redis.log"
+        self.proc = subprocess.Popen(
+            [
+                redis_server_binary(),
+                *("--port", str(self.port), "--bind", "127.0.0.1", "--save", ""),
+                *("--appendonly", "yes", "--appendfsync", self.appendfsync),
+                *("--dir", str(self.folder), "--logfile", str(log)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_answering(self.proc, self.url, log)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 def conch(*args: str) -> list[str]:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import redis
 
 from conch.core.errors import Internal, Unavailable
 from conch.core.model_config import parse_config
@@ -267,3 +268,51 @@ def test_requests_that_must_not_run_are_answered_or_dropped_without_running() ->
         for t in args[1:]
     }
     assert acked == {m.id for m in (expired_job, expired, cancelled, poison, good)}
+
+
+class FlakyClient(FakeClient):
+    """Redis that cannot be reached for the first ``down`` round trips of the batcher."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+        self.refused = 0
+
+    def run(self, commands: Any) -> list:
+        if self.refused < self.down:
+            self.refused += 1
+            raise redis.ConnectionError(
+                "Error 111 connecting to 127.0.0.1:6379. Connection refused."
+            )
+        return super().run(commands)
+
+
+def test_replies_wait_out_a_redis_outage_and_the_batch_never_runs_again() -> None:
+    drain, sink, client, backend = FakeDrain(), FakeSink(), FlakyClient(down=3), Doubler()
+    msgs = [message(1), message(1)]
+    for m in msgs:
+        drain.put(m)
+    inflight = InFlight()
+    batcher = make(drain, sink, client, backends={1: backend}, inflight=inflight)
+    run_until(batcher, lambda: ("execute", ()) in client.calls)
+    assert client.refused == 3  # tried again until Redis answered
+    assert backend.batches == [2]  # ran once: its replies were held, not given up
+    assert [c for c in client.calls if c[0] == "reply"] == [("reply", (m.id,)) for m in msgs]
+    assert ("hdel", (keys.UNACKED, *[m.id for m in msgs])) in client.calls
+    assert inflight.snapshot() == []
+
+
+def test_a_batcher_that_loses_redis_while_admitting_lets_go_of_what_it_popped() -> None:
+    class Unreachable(FakeSink):
+        def cancelled(self, msgs: Any) -> set[str]:
+            list(msgs)
+            raise redis.ConnectionError("Redis closed the connection")
+
+    drain, client, backend = FakeDrain(), FakeClient(), Doubler()
+    drain.put(message(1))
+    inflight = InFlight()
+    batcher = make(drain, Unreachable(), client, backends={1: backend}, inflight=inflight)
+    run_until(batcher, lambda: drain.taken)
+    # Not held for ever (the heartbeat would keep it from the visibility timeout): let go,
+    # for the visibility timeout to bring back; never run.
+    assert inflight.snapshot() == [] and backend.batches == []

@@ -114,17 +114,23 @@ def start_private(port: int | None = None, *, unix_socket: bool = False) -> Priv
         stderr=subprocess.DEVNULL,
     )
     url = f"unix://{sock}?db=0" if unix_socket else f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 15
+    wait_answering(proc, url, log)
+    return PrivateRedis(url, proc, folder)
+
+
+def wait_answering(proc: subprocess.Popen, url: str, log: Path, timeout: float = 15) -> None:
+    """Wait until the redis-server ``proc`` answers at ``url`` (its dataset loaded)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(
                 f"redis-server exited with {proc.returncode}: {log.read_text() if log.exists() else ''}"
             )
         if answers(url, 0.2):
-            return PrivateRedis(url, proc, folder)
+            return
         time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("redis-server did not answer within 15 s")
+    raise RuntimeError(f"redis-server did not answer within {timeout:.0f} s")
 
 
 def resolve(
