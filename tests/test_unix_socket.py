@@ -44,6 +44,9 @@ def test_every_process_reaches_redis_over_the_socket(stack: str, unix_url: str) 
     # The worker's queue, control and Celery connections and the gateway's: none on TCP.
     assert len(clients) >= 4
     assert {c["laddr"] for c in clients} == {f"{path}:0"}, clients
+    # No password, so no TCP port either: only this user may open the socket.
+    assert redis.Redis(unix_socket_path=path).config_get("port") == {"port": "0"}
+    assert oct(Path(path).stat().st_mode & 0o777) == oct(0o700)
 
 
 def test_infer_a_job_and_a_batch_job_over_a_unix_socket(stack: str, unix_url: str, s3) -> None:

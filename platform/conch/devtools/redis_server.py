@@ -81,12 +81,13 @@ def redis_server_binary() -> str:
 def start_private(port: int | None = None, *, unix_socket: bool = False) -> PrivateRedis:
     """A redis-server on loopback that keeps nothing on disk.
 
-    With ``unix_socket`` its URL is a Unix socket in its private folder (it still
-    listens on the TCP port, for redis-cli and the like): processes on this host then
-    skip the TCP stack on every round trip.
+    With ``unix_socket`` it listens only on a Unix socket in its private folder, which
+    only this user may open (mode 700), and on no TCP port: it has no password, and any
+    user of the host could reach a loopback port. Processes on this host also skip the
+    TCP stack on every round trip.
     """
     binary = redis_server_binary()
-    port = port or free_port()
+    port = 0 if unix_socket else port or free_port()
     folder = tempfile.TemporaryDirectory(prefix="conch-redis-")
     log = Path(folder.name) / "redis.log"
     sock = Path(folder.name) / "redis.sock"
