@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
@@ -33,3 +35,16 @@ def test_a_link_reconnects_as_often_as_it_must_whatever_the_pool_limit(redis_url
         with pytest.raises(redis.ConnectionError):
             link.call("PING")
         assert link.call("PING") == b"PONG"  # a new connection, never MaxConnectionsError
+
+
+def test_a_blocking_command_may_wait_longer_than_the_read_timeout(redis_url: str) -> None:
+    # redis-py 8 reads with a 5 s timeout by default; here 0.3 s, and BLPOP waits 1 s.
+    link = RedisLink(redis.Redis.from_url(redis_url, socket_timeout=0.3))
+    started = time.monotonic()
+    assert link.call("BLPOP", "link.test.empty", 1, wait_s=1) is None
+    assert time.monotonic() - started >= 0.9
+    # The connection keeps its own timeout for what follows: a stuck reply still ends.
+    assert link.call("PING") == b"PONG"
+    assert link._connection()._sock.gettimeout() == 0.3
+    with pytest.raises(redis.ConnectionError):
+        link.call("BLPOP", "link.test.empty", 1)  # blocking, but not said so
