@@ -91,6 +91,11 @@ class ModelMetrics:
     ready: list[int]  # versions a live worker reports READY
     queued: int | None  # requests waiting in its queue; None: an ensemble has no queue
 
+    @property
+    def failures(self) -> dict[int, dict[str, int]]:
+        """version -> failed requests by Triton's reason (REJECTED, CANCELED, ...)."""
+        return {v: statistics.failures_by_reason(c) for v, c in self.counters.items()}
+
 
 class DataPlane:
     """Triton's v2 operations, for any frontend (see the module docstring)."""
@@ -274,7 +279,9 @@ class DataPlane:
                 check=self.view.check_available,
             )
         except ConchError:
-            run.fail, run.fail_ns = 1, int((time.time() - now) * 1e9)
+            # Triton counts a failed ensemble as OTHER whatever failed inside it (the step
+            # model counts its own reason).
+            run.failed(statistics.OTHER, int((time.time() - now) * 1e9))
             statistics.record_now(self._client, entry.name, run)
             raise
         run.success, run.rows = 1, rows
