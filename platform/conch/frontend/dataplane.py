@@ -45,12 +45,15 @@ from conch.wire.messages import InferMessage, WireTensor
 
 log = logging.getLogger(__name__)
 
+# What GET /v2 lists, in Triton's order; conch's own last.
 EXTENSIONS = [
     "classification",
+    "model_repository",  # the index; load and unload in explicit mode, as in Triton
+    "model_repository(unload_dependents)",
+    "schedule_policy",
     "model_configuration",
     "binary_tensor_data",
     "parameters",
-    "schedule_policy",
     "statistics",
     "async_jobs",  # conch's own: /v2/models/<m>/jobs and /v2/jobs/<id> (http.job_routes)
 ]
