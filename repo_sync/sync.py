@@ -26,11 +26,11 @@ from typing import Any
 from conch.core.repository_keys import (
     IGNORED,
     MODEL_FILE,
-    MODEL_NAME,
     READY,
     VERSION_FILE,
     RefusedKey,
     classify,
+    is_model_name,
 )
 
 from . import fsops
@@ -253,7 +253,7 @@ class Syncer:
         for name in list(self.models):
             mdir = self.cache / name
             rec = self.models[name]
-            if not MODEL_NAME.fullmatch(name) or not mdir.is_dir() or mdir.is_symlink():
+            if not is_model_name(name) or not mdir.is_dir() or mdir.is_symlink():
                 del self.models[name]
                 self._dirty = True
                 continue

@@ -49,3 +49,16 @@ def test_a_link_left_idle_finds_its_connection_closed_and_opens_another(redis_ur
     time.sleep(redis_link.IDLE_CHECK_S + 0.05)
     assert link.call("PING") == b"PONG"
     assert link.call("CLIENT", "ID") != own_id
+
+
+def test_a_blocking_command_may_wait_longer_than_the_read_timeout(redis_url: str) -> None:
+    # redis-py 8 reads with a 5 s timeout by default; here 0.3 s, and BLPOP waits 1 s.
+    link = RedisLink(redis.Redis.from_url(redis_url, socket_timeout=0.3))
+    started = time.monotonic()
+    assert link.call("BLPOP", "link.test.empty", 1, wait_s=1) is None
+    assert time.monotonic() - started >= 0.9
+    # The connection keeps its own timeout for what follows: a stuck reply still ends.
+    assert link.call("PING") == b"PONG"
+    assert link._connection()._sock.gettimeout() == 0.3
+    with pytest.raises(redis.ConnectionError):
+        link.call("BLPOP", "link.test.empty", 1)  # blocking, but not said so

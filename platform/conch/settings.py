@@ -299,8 +299,15 @@ def _each(name: str, values: Iterable[str]) -> list[str]:
     return [arg for v in values for arg in (name, v)]
 
 
-def _comma_list(name: str, values: list[str] | None) -> list[str]:
-    return [name, ",".join(values)] if values else []
+def _model_list(text: str) -> list[str] | None:
+    """A comma-separated list of models; ``\\,`` is a comma inside a name (Triton's model
+    names may hold commas; no name holds a backslash or a NUL)."""
+    names = [n.replace("\0", ",") for n in text.replace("\\,", "\0").split(",")]
+    return [n for n in names if n] or None
+
+
+def _model_list_args(name: str, values: list[str] | None) -> list[str]:
+    return [name, ",".join(v.replace(",", "\\,") for v in values)] if values else []
 
 
 def _bool(text: str) -> bool:
@@ -564,9 +571,9 @@ FLAGS: tuple[Flag, ...] = (
         "--models",
         "models",
         WORKER_ROLES,
-        "comma-separated models this worker serves (default: all)",
-        read=lambda text: [m for m in text.split(",") if m] or None,
-        as_args=_comma_list,
+        "comma-separated models this worker serves (default: all); '\\,' is a comma inside a name",
+        read=_model_list,
+        as_args=_model_list_args,
     ),
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conch.frontend.http import infer_head
+from conch.frontend.http import fast_path, infer_head
 
 
 def _parse(head: bytes) -> infer_head.InferHead | None:
@@ -84,3 +84,11 @@ def test_a_head_past_the_limit_given_is_left_to_gunicorn() -> None:
     end = buf.find(b"\r\n\r\n")
     assert infer_head.parse(buf, end, max_head=end) is not None
     assert infer_head.parse(buf, end, max_head=end - 1) is None
+
+
+def test_a_percent_encoded_model_name_is_left_to_gunicorn_and_read_as_utf8() -> None:
+    # "modèle x" as a client sends it: not the plain form ...
+    assert _parse(b"POST /v2/models/mod%C3%A8le%20x/infer HTTP/1.1\r\ncontent-length: 2") is None
+    # ... and from a WSGI path (the URL's bytes as latin-1 text) the name is UTF-8 again.
+    wsgi_path = "/v2/models/mod\xc3\xa8le x,1/infer"
+    assert fast_path.path_model(fast_path.INFER_PATH.fullmatch(wsgi_path)) == "modèle x,1"

@@ -130,6 +130,22 @@ def test_dlpack_with_torch() -> None:
     assert to_torch.tolist() == [1.0, 1.0, 1.0]
 
 
+def test_a_read_only_input_exports_to_dlpack_and_shares_its_memory() -> None:
+    # A request's inputs are read-only views of the message; numpy refuses to export
+    # those, and Triton's to_dlpack works on them.
+    torch = pytest.importorskip("torch")
+    arr = np.arange(4, dtype=np.float32)
+    arr.setflags(write=False)
+    t = pb.Tensor("IN", arr)
+    shared = torch.utils.dlpack.from_dlpack(t.to_dlpack())
+    assert shared.tolist() == [0.0, 1.0, 2.0, 3.0]
+    shared += 1  # the tensor and the torch view are one buffer, as under Triton
+    np.testing.assert_array_equal(t.as_numpy(), [1, 2, 3, 4])
+    assert not arr.flags.writeable and arr[0] == 0  # the message's bytes are untouched
+    strided = pb.Tensor("S", np.arange(8, dtype=np.int64)[::2])  # not contiguous
+    assert torch.utils.dlpack.from_dlpack(strided.to_dlpack()).tolist() == [0, 2, 4, 6]
+
+
 def test_from_dlpack_refuses_what_is_not_dlpack() -> None:
     with pytest.raises(pb.TritonModelException, match="DLPack"):
         pb.Tensor.from_dlpack("X", [1, 2, 3])

@@ -339,14 +339,19 @@ def test_broken_models_do_not_stop_the_others(tmp_path):
 
 def test_repository_root_ignores_files_hidden_and_unsafe_names(tmp_path, caplog):
     write_model(tmp_path, "ok.model-1_a")
+    # Triton serves these, and so does conch.
+    for name in ("a,b", "good name", "semi;colon", "modèle"):
+        write_model(tmp_path, name)
     write_model(tmp_path, ".hidden")
-    write_model(tmp_path, "bad name")
-    write_model(tmp_path, "semi;colon")
+    write_model(tmp_path, "back\\slash")
+    write_model(tmp_path, "tab\there")
     (tmp_path / "README.md").write_text("hi")
     with caplog.at_level(logging.WARNING, logger="conch.core.repository"):
         entries = scan(tmp_path)
-    assert list(entries) == ["ok.model-1_a"]
-    assert "bad name" in caplog.text and "semi;colon" in caplog.text
+    assert sorted(entries) == ["a,b", "good name", "modèle", "ok.model-1_a", "semi;colon"]
+    assert all(entries[n].available for n in entries)
+    assert "'back\\\\slash'" in caplog.text and "'tab\\there'" in caplog.text
+    assert ".hidden" not in caplog.text  # hidden folders are skipped quietly
 
 
 def test_non_numeric_and_zero_prefixed_version_dirs_are_ignored(tmp_path):

@@ -18,6 +18,11 @@ from conch.core.repository_keys import RefusedKey, classify
         ("m/1/sub/.ready", keys.VERSION_FILE, "m", 1, "sub/.ready"),
         ("m/1/modèle.onnx", keys.VERSION_FILE, "m", 1, "modèle.onnx"),
         ("my.model-2_x/3/model.pt", keys.VERSION_FILE, "my.model-2_x", 3, "model.pt"),
+        # Triton takes any folder name that cannot climb out: commas, spaces, letters.
+        ("a,b/1/model.py", keys.VERSION_FILE, "a,b", 1, "model.py"),
+        ("good name/1/model.onnx", keys.VERSION_FILE, "good name", 1, "model.onnx"),
+        ("modèle/config.pbtxt", keys.MODEL_FILE, "modèle", None, "config.pbtxt"),
+        ("m:1/1/model.onnx", keys.VERSION_FILE, "m:1", 1, "model.onnx"),
         ("m/1/", keys.VERSION_DIR, "m", 1, ""),
         ("m/1/.ready", keys.READY, "m", 1, ""),
     ],
@@ -68,9 +73,7 @@ def test_ignored_keys(key):
         ("m/1//x", "empty"),
         ("m/./1/x", "'.'"),
         ("m/1/./x", "'.'"),
-        ("bad name/1/model.onnx", "model name"),
-        ("modèle/1/model.onnx", "model name"),
-        ("m:1/1/model.onnx", "model name"),
+        (" /1/model.onnx", "not a valid model name: it is empty"),
         ("m/1", "version folder"),
         ("m/" + "a" * 256, "255 bytes"),
         ("m/1/" + "x" * 1100, "1024"),
@@ -81,3 +84,27 @@ def test_refused_keys(key, reason):
         classify(key)
     assert reason in caught.value.reason
     assert caught.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("", "empty"),
+        ("  ", "empty"),
+        ("..", "'.'"),
+        (".hidden", "'.'"),
+        ("a/b", "'/'"),
+        ("a\\b", "backslash"),
+        ("a\tb", "U+0009"),
+        ("a\u200bb", "U+200B"),
+        ("é" * 128, "255 bytes"),
+    ],
+)
+def test_model_names_refused(name: str, problem: str) -> None:
+    assert problem in (keys.model_name_problem(name) or "")
+    assert not keys.is_model_name(name)
+
+
+@pytest.mark.parametrize("name", ["a,b", "a b", "modèle", "m:1", "x.y-z_1", "a" * 255, "()[]{}"])
+def test_model_names_taken_as_triton_takes_them(name: str) -> None:
+    assert keys.model_name_problem(name) is None

@@ -294,7 +294,7 @@ def _changed(role: Role, repo: Path) -> Settings:
             strict_readiness=False,
         )
     if role in (Role.SERVE, Role.WORKER):
-        s = dataclasses.replace(s, models=["a", "b"])
+        s = dataclasses.replace(s, models=["a", "b,c"])  # Triton allows "," in names
     return s
 
 
@@ -315,6 +315,14 @@ def test_secrets_reach_children_through_the_environment_not_argv(tmp_path: Path)
     assert Settings.from_env(env).http_restricted_api == s.http_restricted_api
     assert s.child_env(Role.WORKER) == {}
     assert Settings(model_repository=tmp_path).child_env(Role.GATEWAY) == {}
+
+
+def test_models_list_takes_names_that_hold_commas(tmp_path: Path):
+    s = Settings.from_args(
+        parse(Role.WORKER, "--model-repository", str(tmp_path), "--models", "a\\,b,c,,d\\,")
+    )
+    assert s.models == ["a,b", "c", "d,"]
+    assert s.to_args(Role.WORKER)[-2:] == ["--models", "a\\,b,c,d\\,"]
 
 
 def test_to_args_writes_only_the_role_flags(tmp_path: Path):

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from conch.wire.statistics import DURATIONS, model_stats
+from conch.wire.redis_link import Commands
+from conch.wire.statistics import (
+    BACKEND,
+    CANCELED,
+    DURATIONS,
+    FAILURE_REASONS,
+    OTHER,
+    REJECTED,
+    Execution,
+    failures_by_reason,
+    model_stats,
+    record,
+    record_failures,
+)
 
 
 def test_a_version_with_nothing_recorded_has_every_key_at_zero() -> None:
@@ -38,3 +51,29 @@ def test_counters_become_tritons_durations_and_batch_stats() -> None:
     assert s["batch_stats"][1]["compute_infer"] == {"count": 1, "ns": 120}
     assert s["batch_stats"][0]["compute_output"] == {"count": 2, "ns": 0}
     assert s["last_inference"] == 1234
+
+
+def test_failures_by_reason_every_reason_summing_to_fail() -> None:
+    counters = {"fail.count": 7, "fail.REJECTED.count": 2, "fail.OTHER.count": 1}
+    # Four failures recorded before reasons were kept: BACKEND, as reported then.
+    assert failures_by_reason(counters) == {"REJECTED": 2, "CANCELED": 0, "BACKEND": 4, "OTHER": 1}
+    assert failures_by_reason({}) == dict.fromkeys(FAILURE_REASONS, 0)
+
+
+def test_an_execution_and_queue_failures_record_their_reasons() -> None:
+    run = Execution(1, batch_size=3)
+    run.failed(BACKEND, 100)
+    run.failed(OTHER, 50)
+    run.failed(BACKEND, 10)
+    assert (run.fail, run.fail_ns, run.failures) == (3, 160, {BACKEND: 2, OTHER: 1})
+    pipe = Commands()
+    record(pipe, "m", run, 0)
+    record_failures(pipe, "m", 2, REJECTED, [5, 7])
+    record_failures(pipe, "m", 2, CANCELED, [])  # nothing to add: no command
+    assert len(pipe) == 2
+    # EVAL, script, 1, key, version, last inference ms, then field/amount pairs
+    fields = [dict(zip(cmd[6::2], cmd[7::2], strict=True)) for cmd in pipe.queued]
+    assert fields[0]["fail.count"] == 3 and fields[0]["fail.BACKEND.count"] == 2
+    assert fields[0]["fail.OTHER.count"] == 1 and fields[0]["execution_count"] == 1
+    assert fields[1] == {"fail.count": 2, "fail.ns": 12, "fail.REJECTED.count": 2}
+    assert pipe.queued[1][4] == 2  # the version

@@ -118,6 +118,21 @@ def test_unknown_input_lists_expected() -> None:
 def test_missing_required_input() -> None:
     msg = expect_400("missing required input", request(tensor("INPUT0", "FP32", (1, 1, 16))))
     assert "'INPUT1'" in msg and "'OPT'" not in msg and "'bm'" in msg
+    # With optional inputs Triton gives the range it takes.
+    assert "expected number of inputs between 2 and 3 but got 1 inputs" in msg
+    expect_400("expected 1 inputs but got 0 inputs", request(), NON_BATCHING)
+
+
+def test_no_inputs_at_all_when_every_input_is_optional() -> None:
+    cfg = config(
+        """
+        name: "opt"
+        max_batch_size: 4
+        input [ { name: "A" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
+        output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        """
+    )
+    assert validate_request(request(), cfg) == 1
 
 
 def test_datatype_mismatch() -> None:

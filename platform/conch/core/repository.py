@@ -26,7 +26,7 @@ from conch.core.datatypes import config_to_wire
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
 from conch.core.model_config import config_to_json, json_to_config, new_config, parse_config
 from conch.core.model_spec import InstanceSpec, ModelSpec
-from conch.core.repository_keys import MODEL_NAME, VERSION_NAME
+from conch.core.repository_keys import VERSION_NAME, is_model_name, model_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -244,17 +244,18 @@ class ModelRepository:
         for child in sorted(self.root.iterdir()):
             if child.name.startswith(".") or not child.is_dir():
                 continue
-            if not MODEL_NAME.fullmatch(child.name):
+            problem = model_name_problem(child.name)
+            if problem:
                 log.warning(
-                    "model repository %s: skipping '%s': a model name may hold only letters, "
-                    "digits, '_', '-' and '.'",
+                    "model repository %s: skipping %r: not a valid model name: %s",
                     self.root,
                     child.name,
+                    problem,
                 )
                 continue
             entries[child.name] = self.read_model(child.name)
         for name in sorted(self.extra_models() if self.extra_models else ()):
-            if name not in entries and MODEL_NAME.fullmatch(name):
+            if name not in entries and is_model_name(name):
                 entries[name] = self.read_model(name)
         # Ensembles are checked against the models they call, once all are read.
         read = [e for e in entries.values() if e.backend == ensemble_graph.ENSEMBLE and not e.error]
@@ -525,7 +526,6 @@ def _validate(cfg: Any, where: str) -> None:
 __all__ = [
     "CONFIG_FILE",
     "DEFAULT_INSTANCE_COUNT",
-    "MODEL_NAME",
     "Completer",
     "ModelEntry",
     "ModelRepository",

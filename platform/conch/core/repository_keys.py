@@ -17,8 +17,6 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-# Model names become URL segments, Redis keys and queue names: keep them plain.
-MODEL_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 # Version folders as ModelRepository reads them: decimal, no leading zero, int64.
 VERSION_NAME = re.compile(r"[1-9][0-9]{0,17}")
 READY_MARKER = ".ready"
@@ -59,18 +57,53 @@ def _bad_char(ch: str) -> bool:
     return cat[0] == "C" or cat in ("Zl", "Zp")
 
 
+def _bad_chars(text: str) -> str | None:
+    """What ``text`` holds that no key or name may hold (the first one), or None."""
+    for ch in text:
+        if _bad_char(ch):
+            return (
+                "a backslash" if ch == "\\" else f"control or invisible character U+{ord(ch):04X}"
+            )
+    return None
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a model, or None when it can.
+
+    Triton takes any folder name that is not blank and cannot climb out of the
+    repository ('..', '/'): commas, spaces, any letter. conch takes the same, less hidden
+    folders ('.' first: skipped as not part of the repository) and what would confuse a
+    log line, a Redis key or a URL: backslashes, control and invisible characters.
+    Names reach URLs percent-encoded, Redis keys as UTF-8 bytes, metric labels escaped,
+    and ``--models`` lists escaped (``conch.settings``).
+    """
+    if not name.strip():
+        return "it is empty"
+    if name.startswith("."):
+        return "it starts with '.'"
+    if "/" in name:
+        return "it holds '/'"
+    bad = _bad_chars(name)
+    if bad:
+        return f"it holds {bad}"
+    if len(name.encode("utf-8")) > MAX_SEGMENT_BYTES:
+        return f"it is longer than {MAX_SEGMENT_BYTES} bytes"
+    return None
+
+
+def is_model_name(name: str) -> bool:
+    return model_name_problem(name) is None
+
+
 def classify(key: str) -> Place:
     """Check one relative key; raise ``RefusedKey`` if it may not be written."""
     if key == "":
         return Place(IGNORED, why="the repository prefix itself")
     if len(key) > MAX_KEY_CHARS:
         raise RefusedKey(key, f"longer than {MAX_KEY_CHARS} characters")
-    for ch in key:
-        if _bad_char(ch):
-            what = (
-                "a backslash" if ch == "\\" else f"control or invisible character U+{ord(ch):04X}"
-            )
-            raise RefusedKey(key, f"holds {what}")
+    bad = _bad_chars(key)
+    if bad:
+        raise RefusedKey(key, f"holds {bad}")
     if key.startswith("/"):
         raise RefusedKey(key, "is an absolute path")
     is_dir = key.endswith("/")
@@ -87,10 +120,9 @@ def classify(key: str) -> Place:
         return Place(IGNORED, why="not inside a model folder")
     if model.startswith("."):
         return Place(IGNORED, why="hidden folder")
-    if not MODEL_NAME.fullmatch(model):
-        raise RefusedKey(
-            key, f"'{model}' is not a valid model name (letters, digits, '_', '-', '.')"
-        )
+    problem = model_name_problem(model)
+    if problem:
+        raise RefusedKey(key, f"'{model}' is not a valid model name: {problem}")
     second, rest = segments[1], segments[2:]
     if VERSION_NAME.fullmatch(second):
         version = int(second)
@@ -111,7 +143,6 @@ def classify(key: str) -> Place:
 __all__ = [
     "IGNORED",
     "MODEL_FILE",
-    "MODEL_NAME",
     "READY",
     "READY_MARKER",
     "VERSION_DIR",
@@ -119,4 +150,6 @@ __all__ = [
     "Place",
     "RefusedKey",
     "classify",
+    "is_model_name",
+    "model_name_problem",
 ]

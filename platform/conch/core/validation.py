@@ -46,10 +46,16 @@ def validate_request(req: InferRequest, config: Any, *, model_name: str | None =
             )
 
     given = {t.name for t in req.inputs}
-    missing = [n for n, inp in by_name.items() if not inp.optional and n not in given]
+    required = [n for n, inp in by_name.items() if not inp.optional]
+    missing = [n for n in required if n not in given]
     if missing:
+        expected = (
+            f"{len(by_name)} inputs"
+            if len(required) == len(by_name)
+            else f"number of inputs between {len(required)} and {len(by_name)}"
+        )
         raise InvalidArgument(
-            f"{prefix}expected {len(by_name)} inputs but got {len(req.inputs)} inputs for "
+            f"{prefix}expected {expected} but got {len(req.inputs)} inputs for "
             f"model '{model}'. Got input(s) {sorted(given)}, but missing required input(s) "
             f"{missing}. Please provide all required input(s)."
         )

@@ -74,6 +74,7 @@ from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
 from conch.wire import outage
 from conch.wire.messages import MAX_CHAIN, InferMessage
+from conch.wire.redis_client import open_client
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class BlsClient:
         dispatcher: Dispatcher | None = None,
     ) -> None:
         self.settings = settings
-        self.client = client or redis.Redis.from_url(settings.redis_url)
+        self.client = client or open_client(settings.redis_url)
         self.view = ModelView(settings, self.client, repository, config_max_age_s=CONFIG_MAX_AGE_S)
         self._dispatcher = dispatcher
         self._lock = threading.Lock()

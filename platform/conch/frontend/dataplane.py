@@ -44,12 +44,15 @@ from conch.wire.messages import InferMessage, WireTensor
 
 log = logging.getLogger(__name__)
 
+# What GET /v2 lists, in Triton's order; conch's own last.
 EXTENSIONS = [
     "classification",
+    "model_repository",  # the index; load and unload in explicit mode, as in Triton
+    "model_repository(unload_dependents)",
+    "schedule_policy",
     "model_configuration",
     "binary_tensor_data",
     "parameters",
-    "schedule_policy",
     "statistics",
     "async_jobs",  # conch's own: /v2/models/<m>/jobs and /v2/jobs/<id> (http.job_routes)
 ]
@@ -89,6 +92,11 @@ class ModelMetrics:
     counters: dict[int, dict[str, int]]  # version -> statistics counters
     ready: list[int]  # versions a live worker reports READY
     queued: int | None  # requests waiting in its queue; None: an ensemble has no queue
+
+    @property
+    def failures(self) -> dict[int, dict[str, int]]:
+        """version -> failed requests by Triton's reason (REJECTED, CANCELED, ...)."""
+        return {v: statistics.failures_by_reason(c) for v, c in self.counters.items()}
 
 
 @outage.translate_outages
@@ -269,7 +277,9 @@ class DataPlane:
                 check=self.view.check_available,
             )
         except ConchError:
-            run.fail, run.fail_ns = 1, int((time.time() - now) * 1e9)
+            # Triton counts a failed ensemble as OTHER whatever failed inside it (the step
+            # model counts its own reason).
+            run.failed(statistics.OTHER, int((time.time() - now) * 1e9))
             statistics.record_now(self._client, entry.name, run)
             raise
         run.success, run.rows = 1, rows

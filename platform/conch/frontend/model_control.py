@@ -16,7 +16,7 @@ import redis
 from conch.core import ensemble_graph
 from conch.core.errors import InvalidArgument, Unavailable
 from conch.core.model_config import json_to_config
-from conch.core.repository import MODEL_NAME
+from conch.core.repository_keys import model_name_problem
 from conch.settings import Settings
 from conch.wire import control_bus, worker_reports
 from conch.wire.broker import new_id
@@ -71,8 +71,9 @@ def load(
     runs, loads its step models first (as Triton loads an ensemble's composing models).
     """
     require_explicit(settings)
-    if not MODEL_NAME.fullmatch(model) or model.startswith("."):
-        raise InvalidArgument(f"failed to load '{model}': not a valid model name")
+    problem = model_name_problem(model)
+    if problem:
+        raise InvalidArgument(f"failed to load '{model}': not a valid model name: {problem}")
     if _depth > ensemble_graph.MAX_DEPTH:
         raise InvalidArgument(
             f"failed to load '{model}': ensembles nest deeper than {ensemble_graph.MAX_DEPTH}"

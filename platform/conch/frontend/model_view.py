@@ -36,7 +36,7 @@ from conch.core import ensemble_graph
 from conch.core.errors import InvalidArgument, Unavailable
 from conch.core.model_config import output_types
 from conch.core.repository import Completer, ModelEntry, ModelRepository
-from conch.core.repository_keys import MODEL_NAME
+from conch.core.repository_keys import is_model_name
 from conch.settings import Settings
 from conch.wire import control_bus, worker_reports
 
@@ -84,7 +84,7 @@ class _OnDemand:
         cached = self._reads.get(name)
         if cached is not None and now - cached[0] < self.max_age_s:
             return cached[1]
-        if not MODEL_NAME.fullmatch(name) or not self._exists(name):
+        if not is_model_name(name) or not self._exists(name):
             with self._lock:
                 self._reads.pop(name, None)
             return None

@@ -204,8 +204,10 @@ def decode_request(text: bytes, binary: BinaryData | None = None) -> InferReques
     parameters = _request_parameters(doc.get("parameters"))
 
     entries = doc.get("inputs")
-    if not isinstance(entries, list) or not entries:
-        raise InvalidArgument("request 'inputs' must be a non-empty JSON array")
+    if not isinstance(entries, list):
+        # As Triton: "inputs" must be there; it may be empty (every model input optional),
+        # which the model's config decides (``validation.validate_request``).
+        raise InvalidArgument("Unable to parse 'inputs': request 'inputs' must be a JSON array")
 
     inputs: list[InputTensor] = []
     seen: set[str] = set()

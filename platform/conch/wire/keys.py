@@ -3,7 +3,7 @@ r"""Every Redis key, list and channel conch uses: the whole Redis schema on one 
 Each name is defined here once; the wire modules that read and write it, and repo_sync,
 import it from here. The values are the wire contract: Celery, kombu, KEDA triggers and
 conch processes of other versions read the same names, so none may change by a byte.
-``<model>`` is a model name (``conch.core.repository_keys.MODEL_NAME``), ``<job>`` a job id
+``<model>`` is a model name (``conch.core.repository_keys.is_model_name``), ``<job>`` a job id
 (32 hex digits), ``<tag>`` a message's delivery tag (its task id); each constant is in
 brackets under its name.
 

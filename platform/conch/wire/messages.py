@@ -14,6 +14,7 @@ import msgpack
 
 from conch.core.datatypes import WIRE_TYPES
 from conch.core.errors import ConchError, InvalidArgument, from_code
+from conch.core.repository_keys import MAX_SEGMENT_BYTES
 from conch.wire.keys import REPLY_PREFIX
 
 # Tensors travel as [name, datatype, shape, raw bytes].
@@ -27,7 +28,7 @@ MAX_TENSORS = 1024
 # Models a BLS request's chain may name (the models waiting on it); BLS bounds the depth
 # of a call chain far lower, this only bounds what a message may carry.
 MAX_CHAIN = 256
-MAX_MODEL_NAME = 200
+MAX_MODEL_NAME = MAX_SEGMENT_BYTES  # a model is a folder: its name fits in one
 
 
 class BadMessage(ValueError):

@@ -12,6 +12,10 @@ replies with a hiredis reader of its own.
 
 ``Commands`` is what a round trip is put together in: it has redis-py's command methods
 (``rpush``, ``hdel``, ``eval``...) with their exact argument rules, but they only record.
+
+A blocking command (BLPOP) names how long Redis may hold it (``wait_s``): the socket's
+read timeout is stretched past that for the round trip. redis-py 8 gives every
+connection a 5 s read timeout by default, which would otherwise cut a longer wait short.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ class Commands(CoreCommands):
 # What the functions that add commands to a round trip take: a redis-py pipeline, or a
 # ``Commands`` a ``RedisLink`` sends.
 CommandQueue = redis.client.Pipeline | Commands
+
+# How much longer than a blocking command's own timeout its reply may take to arrive:
+# Redis times blocked clients out on its clock tick (100 ms at the default ``hz 10``),
+# and a busy host adds its own delay.
+BLOCKING_GRACE_S = 2.0
 
 
 # A link idle this long checks that Redis has not closed its connection meanwhile (a
@@ -77,19 +86,29 @@ class RedisLink:
             self._reader = hiredis.Reader(replyError=redis.ResponseError)
         return self._conn
 
-    def call(self, *args: Any) -> Any:
-        return self.pipeline([args])[0]
+    def call(self, *args: Any, wait_s: float = 0.0) -> Any:
+        """One command's reply; ``wait_s``: how long Redis may block it (BLPOP's timeout)."""
+        return self.pipeline([args], wait_s=wait_s)[0]
 
     def run(self, commands: Commands) -> list[Any]:
         """Send what ``commands`` queued; the replies, in order (errors as values)."""
         return self.pipeline(commands.queued)
 
-    def pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    def pipeline(self, commands: Sequence[Sequence[Any]], *, wait_s: float = 0.0) -> list[Any]:
         """Send the commands in one write; error replies come back as ResponseError values
         (NoScriptError for a script Redis does not hold). A Redis that cannot be reached,
-        or that is still loading its dataset, raises ConnectionError (BusyLoadingError)."""
+        or that is still loading its dataset, raises ConnectionError (BusyLoadingError).
+
+        ``wait_s`` is the longest a blocking command among them may be held by Redis; the
+        replies are waited for that long and ``BLOCKING_GRACE_S`` more, whatever read
+        timeout the connection has.
+        """
         conn = self._connection()
         sock = conn._sock
+        limit = conn.socket_timeout
+        stretched = wait_s > 0 and limit is not None and limit < wait_s + BLOCKING_GRACE_S
+        if stretched:
+            sock.settimeout(wait_s + BLOCKING_GRACE_S)
         try:
             sock.sendall(b"".join([hiredis.pack_command(tuple(c)) for c in commands]))
             out: list[Any] = []
@@ -110,6 +129,8 @@ class RedisLink:
                         raise redis.BusyLoadingError(str(reply))
                 out.append(reply)
             self._used_at = time.monotonic()
+            if stretched:
+                sock.settimeout(limit)
             return out
         except BaseException as exc:
             conn.disconnect()  # unknown state: the next call reconnects

@@ -5,12 +5,17 @@ already sends the batch's replies (no extra round trip), so every gateway reads 
 same current totals, summed over all workers, with no reporting interval in between.
 Durations follow Triton's accounting: each request in a batch is charged the batch's
 compute time; ``success`` runs from the gateway's enqueue to the worker's reply.
+
+Every failure is also counted under its reason, Triton's ``nv_inference_request_failure``
+labels: ``REJECTED`` (its queue timeout expired before it ran), ``CANCELED`` (cancelled
+while queued), ``BACKEND`` (the model failed it) and ``OTHER`` (anything else: checks
+before execution, an ensemble whose step failed). ``fail`` is their sum.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -30,6 +35,9 @@ DURATIONS = (
     "cache_miss",
 )
 BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
+# Triton's failure reasons (``nv_inference_request_failure``'s ``reason`` label).
+REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
 
 
 # KEYS: the model's hash. ARGV: version, last-inference ms (0: leave it), then field/amount
@@ -61,10 +69,17 @@ class Execution:
     success_ns: int = 0
     fail: int = 0
     fail_ns: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # reason -> requests
     queue_ns: int = 0  # summed over the requests that succeeded
     input_ns: int = 0  # the execution's phases, once
     infer_ns: int = 0
     output_ns: int = 0
+
+    def failed(self, reason: str, took_ns: int) -> None:
+        """One of its requests failed, for ``reason`` (one of ``FAILURE_REASONS``)."""
+        self.fail += 1
+        self.fail_ns += took_ns
+        self.failures[reason] = self.failures.get(reason, 0) + 1
 
 
 def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
@@ -77,6 +92,7 @@ def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
         "success.ns": run.success_ns,
         "fail.count": run.fail,
         "fail.ns": run.fail_ns,
+        **{failure_field(r): n for r, n in run.failures.items()},
         "queue.count": ok,
         "queue.ns": run.queue_ns,
         # Triton charges every request in a batch with the whole batch's phases.
@@ -91,10 +107,44 @@ def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
         f"batch.{run.batch_size}.compute_infer": run.infer_ns,
         f"batch.{run.batch_size}.compute_output": run.output_ns,
     }
-    args: list[str | int] = [run.version, now_ms if ok else 0]
-    for field, amount in increments.items():
+    _add(pipe, model, run.version, now_ms if ok else 0, increments)
+
+
+def record_failures(
+    pipe: CommandQueue, model: str, version: int, reason: str, took_ns: list[int]
+) -> None:
+    """Queue the failures of requests that never reached an execution (rejected or
+    cancelled in the queue, refused before they ran): ``took_ns`` holds each one's time
+    since it was queued."""
+    if took_ns:
+        increments = {
+            "fail.count": len(took_ns),
+            "fail.ns": sum(took_ns),
+            failure_field(reason): len(took_ns),
+        }
+        _add(pipe, model, version, 0, increments)
+
+
+def failure_field(reason: str) -> str:
+    """The counter of failures for ``reason``."""
+    return f"fail.{reason}.count"
+
+
+def failures_by_reason(counters: dict[str, int]) -> dict[str, int]:
+    """Failures per reason, every reason present. Failures recorded before reasons were
+    kept count as ``BACKEND``, the one reason reported then, so the sum is ``fail``."""
+    out = {r: counters.get(failure_field(r), 0) for r in FAILURE_REASONS}
+    out[BACKEND] += max(0, counters.get("fail.count", 0) - sum(out.values()))
+    return out
+
+
+def _add(
+    pipe: CommandQueue, model: str, version: int, last_ms: int, increments: dict[str, int]
+) -> None:
+    args: list[str | int] = [version, last_ms]
+    for name, amount in increments.items():
         if amount:
-            args += [field, amount]
+            args += [name, amount]
     pipe.eval(_RECORD_LUA, 1, key(model), *args)
 
 
@@ -109,8 +159,8 @@ def read(client: redis.Redis, model: str) -> dict[int, dict[str, int]]:
     """version -> its counters, as recorded so far."""
     out: dict[int, dict[str, int]] = {}
     for raw_field, raw_value in client.hgetall(key(model)).items():
-        field = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
-        version, _, name = field.partition("|")
+        text = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
+        version, _, name = text.partition("|")
         if not version.isdigit():
             continue
         out.setdefault(int(version), {})[name] = int(raw_value)
@@ -151,4 +201,19 @@ def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, 
     }
 
 
-__all__ = ["Execution", "key", "model_stats", "read", "record", "record_now"]
+__all__ = [
+    "BACKEND",
+    "CANCELED",
+    "FAILURE_REASONS",
+    "OTHER",
+    "REJECTED",
+    "Execution",
+    "failure_field",
+    "failures_by_reason",
+    "key",
+    "model_stats",
+    "read",
+    "record",
+    "record_failures",
+    "record_now",
+]

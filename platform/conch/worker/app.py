@@ -20,7 +20,6 @@ import socket
 import threading
 from typing import Any
 
-import redis
 from celery import Celery, signals
 from celery.exceptions import Ignore
 
@@ -28,6 +27,7 @@ from conch.backends.completion import complete
 from conch.frontend import batch_job, bls
 from conch.settings import Settings
 from conch.wire import broker, control_bus
+from conch.wire.redis_client import open_client
 from conch.wire.redis_url import celery_url
 from conch.worker import steps
 from conch.worker.host import ModelHost
@@ -68,7 +68,7 @@ def make_celery(settings: Settings) -> Celery:
 
 def _make_host(settings: Settings) -> ModelHost:
     """A ModelHost and its collaborators, in the worker process (from ModelServing)."""
-    client = redis.Redis.from_url(settings.redis_url)
+    client = open_client(settings.redis_url)
     repository = control_bus.open_repository(settings, client, complete=complete)
     # Python models' BLS calls (pb_utils.InferenceRequest.exec) go through this worker,
     # on its view of the repository (overrides included). The host hands the port to
@@ -91,7 +91,7 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
         result_expires=settings.job_ttl_s,
         task_track_started=True,
     )
-    client = redis.Redis.from_url(settings.redis_url)
+    client = open_client(settings.redis_url)
     # The worker's own view, overrides included: a job on a model loaded with a config
     # or file: override reads the model the gateway accepted it for.
     repository = control_bus.open_repository(settings, client, complete=complete)

@@ -299,8 +299,9 @@ class Batcher(threading.Thread):
         now = time.time()
         pipe = self.client.pipeline(transaction=True)  # requeue and ack go together
         done: list[tuple[str, int]] = []
+        failed: list[tuple[str, InferMessage]] = []  # (Triton's reason, request)
         for tag, raw, attempts, ticket in popped:
-            item = self._admit(pipe, now, tag, raw, attempts)
+            item = self._admit(pipe, now, tag, raw, attempts, failed)
             if item is None:
                 done.append((tag, ticket))
             else:
@@ -309,8 +310,10 @@ class Batcher(threading.Thread):
         gone = self.sink.cancelled(i.msg for i in items)
         if gone:  # cancelled while queued: never run
             done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
+            failed += [(statistics.CANCELED, i.msg) for i in items if i.msg.id in gone]
             items = [i for i in items if i.msg.id not in gone]
         if done:
+            self._record_failures(pipe, now, failed)
             ack(pipe, [tag for tag, _ in done])
             pipe.execute()
             self.inflight.discard([tag for tag, _ in done])
@@ -320,9 +323,16 @@ class Batcher(threading.Thread):
         return items
 
     def _admit(
-        self, pipe: redis.client.Pipeline, now: float, tag: str, raw: bytes, attempts: int
+        self,
+        pipe: redis.client.Pipeline,
+        now: float,
+        tag: str,
+        raw: bytes,
+        attempts: int,
+        failed: list[tuple[str, InferMessage]],
     ) -> Item | None:
-        """The popped message as a batch item, or None once it is dealt with here."""
+        """The popped message as a batch item, or None once it is dealt with here (a
+        request that failed here is added to ``failed``, with Triton's reason)."""
         try:
             _, payload, _ = broker.decode(raw)
             msg = InferMessage.from_dict(payload)
@@ -332,6 +342,7 @@ class Batcher(threading.Thread):
             return None
         if msg.deadline and now > msg.deadline:
             log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
+            failed.append((statistics.REJECTED, msg))
             if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
                 error = Unavailable(
                     f"Request timeout expired: the job waited in the queue of model "
@@ -358,6 +369,7 @@ class Batcher(threading.Thread):
                     f"of model '{self.model}' allows"
                 )
                 self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
+                failed.append((statistics.REJECTED, msg))
             return None
         if attempts > self.max_attempts:
             reason = (
@@ -367,9 +379,24 @@ class Batcher(threading.Thread):
             log.error("%s: %s (id %s)", self.name, reason, msg.id)
             dead_letter(pipe, tag, raw, reason)
             self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
+            failed.append((statistics.OTHER, msg))
             return None
         batched = self.policy.max_batch_size > 1 and msg.inputs and msg.inputs[0][2]
         return Item(tag, msg, max(1, msg.inputs[0][2][0]) if batched else 1, attempts)
+
+    def _record_failures(
+        self, pipe: redis.client.Pipeline, now: float, failed: list[tuple[str, InferMessage]]
+    ) -> None:
+        """Count requests that failed before they ran, by version and reason."""
+        latest = max(self.backends) if self.backends else -1
+        groups: dict[tuple[int, str], list[int]] = {}
+        for reason, msg in failed:
+            version = latest if msg.version == -1 else msg.version
+            took = max(0, int((now - msg.enqueued) * 1e9))
+            groups.setdefault((version, reason), []).append(took)
+        for (version, reason), took_ns in groups.items():
+            if version > 0:
+                statistics.record_failures(pipe, self.model, version, reason, took_ns)
 
     def _hand_back(self, items: list[Item]) -> None:
         """Return held, unexecuted requests to the head of their queue (warm shutdown)."""
@@ -449,11 +476,12 @@ class Batcher(threading.Thread):
                 for item in items:
                     replies[item.tag] = Reply(item.msg.id, error=err)
                 continue
-            phases = self._run(backend, items, replies, started)
+            refused: set[str] = set()
+            phases = self._run(backend, items, replies, started, refused)
             for item in items:
                 replies[item.tag].version = used
             if phases is not None:
-                runs.append(self._execution(used, items, replies, phases))
+                runs.append(self._execution(used, items, replies, phases, refused))
 
     def _execution(
         self,
@@ -461,8 +489,10 @@ class Batcher(threading.Thread):
         items: list[Item],
         replies: dict[str, Reply],
         phases: tuple[int, int, int],
+        refused: set[str],
     ) -> statistics.Execution:
-        """The statistics of one execution: its phases, and how its requests ended."""
+        """The statistics of one execution: its phases, and how its requests ended (a
+        request ``refused`` before the model ran fails as OTHER, the others as BACKEND)."""
         now = time.time()
         run = statistics.Execution(version, batch_size=sum(i.rows for i in items))
         run.input_ns, run.infer_ns, run.output_ns = phases
@@ -475,8 +505,8 @@ class Batcher(threading.Thread):
                 run.success_ns += took
                 run.queue_ns += reply.timing.get("queue", 0)
             else:
-                run.fail += 1
-                run.fail_ns += took
+                reason = statistics.OTHER if item.tag in refused else statistics.BACKEND
+                run.failed(reason, took)
         return run
 
     def _send(
@@ -549,10 +579,16 @@ class Batcher(threading.Thread):
             return results
 
     def _run(
-        self, backend: Backend, items: list[Item], replies: dict[str, Reply], started: float
+        self,
+        backend: Backend,
+        items: list[Item],
+        replies: dict[str, Reply],
+        started: float,
+        refused: set[str],
     ) -> tuple[int, int, int] | None:
         """Run ``items`` on ``backend``; the ns spent reading inputs, computing and
-        writing outputs, or None when nothing ran."""
+        writing outputs, or None when nothing ran. Requests whose inputs cannot be read
+        are answered at once and added to ``refused``."""
         t_in = time.perf_counter_ns()
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
@@ -564,11 +600,13 @@ class Batcher(threading.Thread):
                 }
             except ConchError as exc:
                 replies[item.tag] = Reply(item.msg.id, error=exc)
+                refused.add(item.tag)
                 continue
             except Exception as exc:
                 replies[item.tag] = Reply(
                     item.msg.id, error=InvalidArgument(f"bad input tensor: {exc}")
                 )
+                refused.add(item.tag)
                 continue
             requests.append(
                 BackendRequest(

@@ -100,7 +100,8 @@ class Drain:
         fraction of a millisecond and lets the caller pop again.
         """
         if timeout > 2 * REDIS_TICK_S:
-            self._link.call("BLPOP", self.keys[0], round(timeout - REDIS_TICK_S, 3))
+            block = round(timeout - REDIS_TICK_S, 3)
+            self._link.call("BLPOP", self.keys[0], block, wait_s=block)
         elif timeout > 0:
             time.sleep(min(timeout, POLL_S))
 

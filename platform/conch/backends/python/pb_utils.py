@@ -451,12 +451,18 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        """A DLPack capsule sharing this tensor's memory (not for BYTES tensors)."""
+        """A DLPack capsule sharing this tensor's memory (not for BYTES tensors).
+
+        A request's inputs arrive read-only, which numpy will not export (DLPack before
+        1.0 cannot say so); like ``as_numpy`` this makes the tensor's own writable copy
+        once, so the consumer shares memory with the tensor as it does under Triton.
+        """
         if self._array.dtype.kind in "OSU":
             raise TritonModelException(
                 f"tensor '{self._name}' holds BYTES, which DLPack cannot describe"
             )
-        return np.ascontiguousarray(self._array).__dlpack__()
+        self._array = np.ascontiguousarray(self.as_numpy())
+        return self._array.__dlpack__()
 
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:

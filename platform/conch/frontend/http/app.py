@@ -13,7 +13,6 @@ Nothing here handles a request. The pieces, each in its own module:
 
 from __future__ import annotations
 
-import redis
 from flask import Flask
 
 from conch.backends import completion
@@ -24,11 +23,12 @@ from conch.frontend.http.metrics import MetricsPort
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
+from conch.wire.redis_client import open_client
 
 
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
-    client = redis.Redis.from_url(settings.redis_url)
+    client = open_client(settings.redis_url)
     # The one edge from the gateway to backend code: the repository's auto-completer.
     view = ModelView(settings, client, complete=completion.complete)
     plane = DataPlane(settings, view, Dispatcher(client))

@@ -42,6 +42,13 @@ _REASONS = {
 }
 
 
+def path_model(match: re.Match[str]) -> str:
+    """The model an ``INFER_PATH`` match on a WSGI path names. WSGI's PATH_INFO holds the
+    URL's bytes as latin-1 text; a model name is UTF-8 (a client percent-encodes
+    ``modèle`` or ``a,b``), so the bytes are read again as what they are."""
+    return match.group(1).encode("latin-1").decode("utf-8", "replace")
+
+
 def too_large(length: int, limit: int) -> InvalidArgument:
     return InvalidArgument(
         f"request body of {length} bytes exceeds the {limit}-byte limit (--http-max-input-size)"
@@ -133,7 +140,7 @@ class InferFastPath:
             length = 0
         status, headers, payload = serve_infer(
             self.plane,
-            match.group(1),
+            path_model(match),
             match.group(2) or "",
             length=length,
             read=environ["wsgi.input"].read,

@@ -35,7 +35,7 @@ from gunicorn.workers.ggevent import GeventWorker
 
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http import infer_head, routes
-from conch.frontend.http.fast_path import INFER_PATH, serve_infer, status_line
+from conch.frontend.http.fast_path import INFER_PATH, path_model, serve_infer, status_line
 from conch.frontend.http.parse_errors import TritonParseErrors
 
 _READ = 64 * 1024
@@ -255,7 +255,7 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         length = headers.get("CONTENT-LENGTH")
         status, out, payload = serve_infer(
             plane,
-            match.group(1),
+            path_model(match),
             match.group(2) or "",
             length=int(length) if length and length.isdigit() else 0,
             read=req.body.read,

@@ -96,9 +96,10 @@ def render(plane: DataPlane) -> bytes:
         ]
         family(metric, doc, "counter", rows)
     failures = [
-        ({"model": m, "reason": "BACKEND", "version": str(v)}, c.get("fail.count", 0))
-        for m, by_version in counters.items()
-        for v, c in by_version.items()
+        ({"model": m.name, "reason": reason, "version": str(v)}, count)
+        for m in models
+        for v, by_reason in m.failures.items()
+        for reason, count in by_reason.items()
     ]
     family(
         "nv_inference_request_failure", "Number of failed inference requests", "counter", failures
