@@ -146,6 +146,12 @@ REJECTING_CONFIG = (
     + "dynamic_batching { default_queue_policy { timeout_action: REJECT "
     "default_timeout_microseconds: 1000000 } }\n"
 )
+# One request waiting at most (Triton's max_queue_size), behind a 1.5 s one.
+BOUNDED_CONFIG = (
+    IDENTITY_CONFIG.replace("max_batch_size: 0", "max_batch_size: 1").replace("-1 ]", "1 ]")
+    + ONE_INSTANCE
+    + "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n"
+)
 
 ENSEMBLE_OF_FAILING = """
 platform: "ensemble"
@@ -172,6 +178,7 @@ MODELS = (
     "failing",
     "failing_ensemble",
     "rejecting",
+    "bounded",
     "busy",
 )
 
@@ -193,6 +200,7 @@ def build_repository(root: Path) -> Path:
     (root / "failing_ensemble" / "1").mkdir(parents=True)
     (root / "failing_ensemble" / "config.pbtxt").write_text(ENSEMBLE_OF_FAILING)
     python_model(root, "rejecting", REJECTING_CONFIG, SLOW_MODEL.format(seconds=2.5))
+    python_model(root, "bounded", BOUNDED_CONFIG, SLOW_MODEL.format(seconds=1.5))
     python_model(root, "busy", IDENTITY_CONFIG + ONE_INSTANCE, SLOW_MODEL.format(seconds=2))
     return root
 
@@ -324,6 +332,20 @@ def test_failures_are_counted_by_tritons_reasons(url: str, stack: tuple[str, str
     rejected = outcomes.count("rejected")
     assert rejected >= 2, outcomes
 
+    # REJECTED too: the queue is full (one waits while one runs); Triton's core does not
+    # count these, conch does.
+    first = c.async_infer("bounded", [fp32("X", xb)])
+    time.sleep(0.4)  # taken by the worker: the queue is empty again
+    queued = [c.async_infer("bounded", [fp32("X", xb)]) for _ in range(3)]
+    full = 0
+    for p in [first, *queued]:
+        try:
+            p.get_result()
+        except InferenceServerException as exc:
+            assert "Exceeds maximum queue size" in str(exc) and exc.status() == "503"
+            full += 1
+    assert full >= 2, full
+
     # CANCELED: an async job cancelled while it waits behind a 2 s request.
     running = c.async_infer("busy", [fp32("X", x)])
     time.sleep(0.3)
@@ -336,6 +358,7 @@ def test_failures_are_counted_by_tritons_reasons(url: str, stack: tuple[str, str
         "failing": {"REJECTED": 0, "CANCELED": 0, "BACKEND": 3, "OTHER": 0},
         "failing_ensemble": {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 1},
         "rejecting": {"REJECTED": rejected, "CANCELED": 0, "BACKEND": 0, "OTHER": 0},
+        "bounded": {"REJECTED": full, "CANCELED": 0, "BACKEND": 0, "OTHER": 0},
         "busy": {"REJECTED": 0, "CANCELED": 1, "BACKEND": 0, "OTHER": 0},
     }
     wait_until(

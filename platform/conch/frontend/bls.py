@@ -157,7 +157,8 @@ class BlsClient:
                 produced = self._run_ensemble(entry, inputs, msg.outputs, msg, ctx, depth=0)
                 results = [(name, *produced[name]) for name in msg.outputs]
             else:
-                reply = self.dispatcher.call(msg, max_queue_size=max_queue_size)
+                version = entry.latest() if msg.version == calls.LATEST else msg.version
+                reply = self.dispatcher.call(msg, max_queue_size=max_queue_size, version=version)
                 if reply.error is not None:
                     raise reply.error
                 results = list(reply.outputs or ())

@@ -240,7 +240,9 @@ class DataPlane:
             version = call.version
             results = self._run_ensemble(entry, request, msg, version)
         else:
-            reply = self.dispatcher.call(msg, max_queue_size=call.max_queue_size)
+            reply = self.dispatcher.call(
+                msg, max_queue_size=call.max_queue_size, version=call.version
+            )
             if reply.error is not None:
                 raise reply.error
             results = list(reply.outputs or ())
@@ -339,6 +341,7 @@ class DataPlane:
             max_queue_size=limit,
         ):
             self._client.delete(job_store.record_key(msg.id))
+            statistics.record_rejected(self._client, model, call.version)
             raise Unavailable(
                 f"Exceeds maximum queue size: model '{model}' already has {limit} async jobs "
                 "waiting (CONCH_MAX_QUEUED_JOBS); retry later"

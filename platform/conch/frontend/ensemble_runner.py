@@ -189,7 +189,9 @@ def execute(
             )
             return _Done(result)
         call = calls.build(to, request, caller=caller)
-        return _Queued(dispatcher.submit(call.msg, max_queue_size=call.max_queue_size))
+        return _Queued(
+            dispatcher.submit(call.msg, max_queue_size=call.max_queue_size, version=call.version)
+        )
 
     return run(entry, inputs, wanted, start, config_of)
 

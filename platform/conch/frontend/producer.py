@@ -30,7 +30,7 @@ import uuid
 import redis
 
 from conch.core.errors import BrokerUnavailable, ConchError, Unavailable
-from conch.wire import broker, outage
+from conch.wire import broker, outage, statistics
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 from conch.wire.redis_link import RedisLink
 
@@ -95,14 +95,16 @@ class Dispatcher:
         self._pid: int | None = None
         self.reply_key = ""
 
-    def call(self, msg: InferMessage, *, max_queue_size: int = 0) -> Reply:
+    def call(self, msg: InferMessage, *, max_queue_size: int = 0, version: int = 0) -> Reply:
         """Enqueue ``msg`` and block until its reply or its deadline."""
-        return self.submit(msg, max_queue_size=max_queue_size).wait()
+        return self.submit(msg, max_queue_size=max_queue_size, version=version).wait()
 
-    def submit(self, msg: InferMessage, *, max_queue_size: int = 0) -> Pending:
+    def submit(self, msg: InferMessage, *, max_queue_size: int = 0, version: int = 0) -> Pending:
         """Enqueue ``msg`` now; the returned ``Pending`` waits for its reply.
 
         Several requests can be in flight from one caller (an ensemble's parallel steps).
+        A full queue (``max_queue_size``) refuses it with a 503, counted as ``REJECTED``
+        under ``version`` (the one resolved for it: the message may say "latest").
         """
         self._ensure_listener()
         slot = _Slot()
@@ -122,6 +124,7 @@ class Dispatcher:
             raise
         if not queued:
             self._pending.pop(msg.id, None)
+            statistics.record_rejected(self.client, msg.model, version or msg.version)
             raise Unavailable(
                 f"Exceeds maximum queue size: model '{msg.model}' already has "
                 f"{max_queue_size} requests waiting at this priority"

@@ -7,8 +7,9 @@ Durations follow Triton's accounting: each request in a batch is charged the bat
 compute time; ``success`` runs from the gateway's enqueue to the worker's reply.
 
 Every failure is also counted under its reason, Triton's ``nv_inference_request_failure``
-labels: ``REJECTED`` (its queue timeout expired before it ran), ``CANCELED`` (cancelled
-while queued), ``BACKEND`` (the model failed it) and ``OTHER`` (anything else: checks
+labels: ``REJECTED`` (its queue was full, or its queue timeout expired before it ran;
+Triton's core leaves full-queue refusals out, conch counts them: an operator wants to
+see them), ``CANCELED`` (cancelled while queued), ``BACKEND`` (the model failed it) and ``OTHER`` (anything else: checks
 before execution, an ensemble whose step failed). ``fail`` is their sum.
 """
 
@@ -125,6 +126,14 @@ def record_failures(
         _add(pipe, model, version, 0, increments)
 
 
+def record_rejected(client: redis.Redis, model: str, version: int) -> None:
+    """Count one request its full queue refused (``max_queue_size``), as ``REJECTED``, in
+    a round trip of its own: refusals are the exception, and happen at the gateway."""
+    pipe = client.pipeline(transaction=False)
+    record_failures(pipe, model, version, REJECTED, [0])
+    pipe.execute()
+
+
 def failure_field(reason: str) -> str:
     """The counter of failures for ``reason``."""
     return f"fail.{reason}.count"
@@ -216,4 +225,5 @@ __all__ = [
     "record",
     "record_failures",
     "record_now",
+    "record_rejected",
 ]
