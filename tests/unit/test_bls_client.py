@@ -171,7 +171,7 @@ class FakeDispatcher:
         self.sent: list[tuple[InferMessage, int]] = []
         self.reply = reply
 
-    def call(self, msg: InferMessage, *, max_queue_size: int = 0) -> Reply:
+    def call(self, msg: InferMessage, *, max_queue_size: int = 0, version: int = 0) -> Reply:
         self.sent.append((msg, max_queue_size))
         if isinstance(self.reply, Exception):
             raise self.reply
