@@ -58,8 +58,11 @@ def _request(body: bytes, *, version: str = "1.1", headers: str = "") -> bytes:
     ).encode() + body
 
 
-def _read_response(sock: socket.socket, buf: bytearray) -> tuple[str, dict[str, str], bytes]:
-    """One response off the socket; bytes after it stay in ``buf``."""
+def _read_response(
+    sock: socket.socket, buf: bytearray, *, to_head: bool = False
+) -> tuple[str, dict[str, str], bytes]:
+    """One response off the socket (``to_head``: to a HEAD request, so with no body);
+    bytes after it stay in ``buf``."""
     while b"\r\n\r\n" not in buf:
         chunk = sock.recv(65536)
         assert chunk, f"connection closed before a full response: {bytes(buf)!r}"
@@ -70,7 +73,7 @@ def _read_response(sock: socket.socket, buf: bytearray) -> tuple[str, dict[str, 
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", 0))
+    length = 0 if to_head else int(headers.get("content-length", 0))
     while len(rest) < length:
         chunk = sock.recv(65536)
         assert chunk, "connection closed inside a body"
@@ -213,6 +216,26 @@ def test_other_requests_share_a_connection_with_infer_calls(services: dict[str, 
         status, _, body = _read_response(sock, buf)
         assert status == "HTTP/1.1 200 OK", body
         np.testing.assert_allclose(_outputs(body), reference_mlp(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("server", ["gevent", "wsgi"])
+def test_answers_without_a_body_are_sent(services: dict[str, str], server: str) -> None:
+    """HEAD, and OPTIONS (which Flask answers itself), give the app no body to write: the
+    status line and headers still go out, and the connection serves the next request."""
+    with _connect(services[server]) as sock:
+        buf = bytearray()
+        sock.sendall(b"HEAD /v2 HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, headers, _ = _read_response(sock, buf, to_head=True)
+        assert status == "HTTP/1.1 200 OK"
+        assert headers["content-type"] == "application/json"
+        sock.sendall(b"OPTIONS /v2/models/mlp/infer HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, headers, body = _read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK" and body == b""
+        assert {m.strip() for m in headers["allow"].split(",")} == {"OPTIONS", "POST"}
+        sock.sendall(_request(_body(np.ones((1, 64), np.float32))))
+        status, headers, body = _read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK", body
+        assert headers["connection"] == "keep-alive"
 
 
 def test_odd_or_oversized_infer_calls_get_a_clear_400(services: dict[str, str]) -> None:

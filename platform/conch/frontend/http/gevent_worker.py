@@ -60,6 +60,10 @@ class _OneWriteResponse(wsgi.Response):
         super()._emit_body(data)
 
     def close(self) -> None:
+        # An app that yields no body at all (an OPTIONS answer, any answer to HEAD) never
+        # calls write(): the header block is made here, and must go out here too.
+        if not self.headers_sent:
+            self.send_headers()
         if self._held:  # no body was written (empty or HEAD)
             util.write(self.sock, self._held)
             self._held = b""
