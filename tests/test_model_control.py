@@ -72,6 +72,11 @@ def test_explicit_load_unload_and_index(tmp_path: Path, redis_url: str, log_dir:
         ):
             r = requests.post(f"http://{url}/v2/repository/index", data=deep, timeout=10)
             assert r.status_code == 400 and "nesting depth" in r.json()["error"], r.text
+        # A body that is JSON but no object (null, a number, a string) is a 400 too.
+        for scalar in (b"null", b"3", b'"add"', b"true"):
+            for route in ("index", "models/add/load", "models/add/unload"):
+                r = requests.post(f"http://{url}/v2/repository/{route}", data=scalar, timeout=10)
+                assert r.status_code == 400 and "JSON object" in r.json()["error"], (route, r.text)
         with pytest.raises(InferenceServerException, match="no available versions"):
             client.infer("offset", x_input())
 
