@@ -1,0 +1,42 @@
+"""The API's own description: the OpenAPI document and a page to browse it.
+
+``GET /v2/openapi.json`` answers ``openapi.document()``; ``GET /v2/docs`` is Swagger UI
+over it. The page's scripts and style sheets come from the ``flask-swagger-ui`` package
+and are served by the gateway itself, so the page works where the gateway has no way
+out to the internet.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import orjson
+from flask import Blueprint, Flask, Response
+from flask_swagger_ui import get_swaggerui_blueprint
+
+from conch.frontend.http import openapi
+
+bp = Blueprint("openapi", __name__)
+
+
+@cache
+def _encoded() -> bytes:
+    return orjson.dumps(openapi.document())
+
+
+@bp.get(openapi.DOCUMENT_PATH)
+def document() -> Response:
+    return Response(_encoded(), mimetype="application/json")
+
+
+def register(app: Flask) -> None:
+    """The document's route and the docs page (with the files the page loads)."""
+    app.register_blueprint(bp)
+    app.register_blueprint(
+        get_swaggerui_blueprint(
+            openapi.DOCS_PATH,
+            openapi.DOCUMENT_PATH,
+            config={"app_name": openapi.document()["info"]["title"]},
+            blueprint_name="docs_page",
+        )
+    )
