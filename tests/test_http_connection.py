@@ -238,6 +238,23 @@ def test_answers_without_a_body_are_sent(services: dict[str, str], server: str) 
         assert headers["connection"] == "keep-alive"
 
 
+@pytest.mark.parametrize("server", ["gevent", "wsgi"])
+def test_a_file_body_comes_after_its_headers(services: dict[str, str], server: str) -> None:
+    """A file answer (the docs page's style sheet) is sent from its descriptor, not
+    written by the app: its status line and headers still come first, and the connection
+    then serves the next request."""
+    with _connect(services[server]) as sock:
+        buf = bytearray()
+        sock.sendall(b"GET /v2/docs/swagger-ui.css HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, headers, body = _read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK", body[:200]
+        assert headers["content-type"].startswith("text/css")
+        assert len(body) == int(headers["content-length"]) > 1000
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, _, body = _read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK" and json.loads(body)["name"] == "conch"
+
+
 def test_odd_or_oversized_infer_calls_get_a_clear_400(services: dict[str, str]) -> None:
     body = _body(np.ones((1, 64), np.float32))
     # A malformed header line: gunicorn's strict parser answers it.
