@@ -191,7 +191,11 @@ def _conch_error(exc: ConchError) -> Response:
 
 @v2.app_errorhandler(HTTPException)
 def _http_error(exc: HTTPException) -> Response:
-    return _json({"error": exc.name}, exc.code or 500)
+    response = _json({"error": exc.name}, exc.code or 500)
+    for name, value in exc.get_headers():  # a 405's Allow (RFC 9110 requires it)
+        if name.lower() != "content-type":
+            response.headers[name] = value
+    return response
 
 
 @v2.app_errorhandler(Exception)
