@@ -135,8 +135,16 @@ def repository_index() -> Response:
         parsed = _parse(body)
         if not isinstance(parsed, dict):
             raise InvalidArgument("the repository index request must be a JSON object")
-        ready_only = bool(parsed.get("ready", False))
+        ready_only = _flag(parsed, "ready")
     return _json(plane().index(ready_only))
+
+
+def _flag(params: dict[str, Any], key: str) -> bool:
+    """An optional boolean of a request body: false when absent, a 400 when no boolean."""
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"'{key}' must be true or false")
+    return value
 
 
 def _control_params(body: bytes) -> dict[str, Any]:
@@ -179,7 +187,7 @@ def load_model(model: str) -> Response:
 @v2.post("/v2/repository/models/<model>/unload")
 def unload_model(model: str) -> Response:
     params = _control_params(request.get_data(cache=False))
-    plane().unload(model, unload_dependents=bool(params.get("unload_dependents", False)))
+    plane().unload(model, unload_dependents=_flag(params, "unload_dependents"))
     return _empty()
 
 
