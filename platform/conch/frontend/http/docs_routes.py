@@ -40,3 +40,6 @@ def register(app: Flask) -> None:
             blueprint_name="docs_page",
         )
     )
+    # The page's own route is "/v2/docs/"; the document lists "/v2/docs", which without
+    # a rule of its own would be a 404, not a 405, for a method it does not take.
+    app.add_url_rule(openapi.DOCS_PATH, view_func=app.view_functions["docs_page.show"])
