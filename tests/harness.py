@@ -180,11 +180,12 @@ def serving(
     *,
     threads: int = 16,
     worker_env: dict[str, str] | None = None,
+    flags: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, Service, Service]]:
-    """A worker serving ``models`` and a gateway, until every model is ready:
-    (gateway URL, worker, gateway); both are stopped on the way out."""
-    worker = start_worker(repo, db, log_dir, "--models", ",".join(models), env=worker_env)
-    gateway, url = start_gateway(repo, db, log_dir, threads=threads)
+    """A worker serving ``models`` and a gateway (both given ``flags`` too), until every
+    model is ready: (gateway URL, worker, gateway); both are stopped on the way out."""
+    worker = start_worker(repo, db, log_dir, "--models", ",".join(models), *flags, env=worker_env)
+    gateway, url = start_gateway(repo, db, log_dir, *flags, threads=threads)
     try:
         for m in models:
             wait_model_ready(url, m, 90, worker, gateway)

@@ -27,7 +27,7 @@ import tritonclient.http as httpclient
 
 from conch.frontend.http import openapi
 
-from harness import ROOT, Service, fresh_db, start_gateway, start_worker, wait_model_ready
+from harness import ROOT, Service, fresh_db, serving
 from models import add_model, identity_model
 
 MODELS = ("add", "identity", "spare")  # spare: the one the load and unload fuzzing may take away
@@ -43,20 +43,16 @@ def stack(
     add_model(repo / "add")
     identity_model(repo / "identity")
     add_model(repo / "spare")
-    db = fresh_db(redis_url, 15)
-    flags = ["--model-control-mode", "explicit"]
-    for model in MODELS:
-        flags += ["--load-model", model]
-    # Batch jobs the fuzzing starts read and write S3: the local one, never the internet's.
-    worker = start_worker(repo, db, log_dir, *flags, env={"AWS_ENDPOINT_URL": s3_endpoint})
-    gateway, url = start_gateway(repo, db, log_dir, *flags)
-    try:
-        for model in MODELS:
-            wait_model_ready(url, model, 90, worker, gateway)
-        yield url, worker, gateway
-    finally:
-        gateway.stop()
-        worker.stop()
+    with serving(
+        repo,
+        fresh_db(redis_url, 15),
+        log_dir,
+        MODELS,
+        flags=("--model-control-mode", "explicit", "--load-model", "*"),
+        # Batch jobs the fuzzing starts read and write S3: the local one, never the internet's.
+        worker_env={"AWS_ENDPOINT_URL": s3_endpoint},
+    ) as running:
+        yield running
 
 
 def test_the_document_and_its_page_are_served(stack: tuple[str, Service, Service]) -> None:

@@ -56,6 +56,17 @@ def _json(schema: Schema) -> Schema:
     return {"application/json": {"schema": schema}}
 
 
+_STR = {"type": "string"}
+
+
+def _object(properties: Schema, *required: str, **extra: Any) -> Schema:
+    """An object schema: its properties, the names it must have, and anything else."""
+    out: Schema = {"type": "object", "properties": properties, **extra}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
 def _uint(description: str = "") -> Schema:
     out: Schema = {"type": "integer", "minimum": 0}
     if description:
@@ -97,22 +108,16 @@ def _schemas() -> dict[str, Schema]:
     }
     scalar = [{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}]
     return {
-        "Error": {
-            "type": "object",
-            "required": ["error"],
-            "properties": {"error": {"type": "string"}},
-            "description": "Every error answer has this body (Triton's).",
-        },
+        "Error": _object(
+            {"error": _STR}, "error", description="Every error answer has this body (Triton's)."
+        ),
         "Datatype": datatype,
-        "ServerMetadata": {
-            "type": "object",
-            "required": ["name", "version", "extensions"],
-            "properties": {
-                "name": {"type": "string"},
-                "version": {"type": "string"},
-                "extensions": {"type": "array", "items": {"type": "string"}},
-            },
-        },
+        "ServerMetadata": _object(
+            {"name": _STR, "version": _STR, "extensions": {"type": "array", "items": _STR}},
+            "name",
+            "version",
+            "extensions",
+        ),
         "TensorMetadata": tensor_meta,
         "ModelMetadata": {
             "type": "object",
@@ -271,17 +276,18 @@ def _schemas() -> dict[str, Schema]:
                 "data": {"type": "array"},
             },
         },
-        "InferResponse": {
-            "type": "object",
-            "required": ["model_name", "model_version", "outputs"],
-            "properties": {
-                "id": {"type": "string"},
-                "model_name": {"type": "string"},
-                "model_version": {"type": "string"},
+        "InferResponse": _object(
+            {
+                "id": _STR,
+                "model_name": _STR,
+                "model_version": _STR,
                 "parameters": {"type": "object"},
                 "outputs": {"type": "array", "items": _ref("schemas", "InferOutput")},
             },
-        },
+            "model_name",
+            "model_version",
+            "outputs",
+        ),
         "RepositoryIndexRequest": {
             "type": "object",
             "properties": {
@@ -617,20 +623,15 @@ def _server_paths() -> dict[str, Schema]:
         ),
         "/v2/jobs/{job_id}": {
             "parameters": [_ref("parameters", "job_id")],
-            "get": _op(
-                "jobStatus",
-                "jobs",
-                "Where a job stands",
-                {"200": _ref("responses", "Job")},
-                errors=(_NOT_FOUND,),
-            ),
-            "delete": _op(
-                "jobCancel",
-                "jobs",
-                "Cancel a job that has not finished",
-                {"200": _ref("responses", "Job")},
-                errors=(_NOT_FOUND,),
-            ),
+            **{
+                method: _op(
+                    op_id, "jobs", summary, {"200": _ref("responses", "Job")}, errors=(_NOT_FOUND,)
+                )
+                for method, op_id, summary in (
+                    ("get", "jobStatus", "Where a job stands"),
+                    ("delete", "jobCancel", "Cancel a job that has not finished"),
+                )
+            },
         },
         "/v2/jobs/{job_id}/result": _path(
             "get",
@@ -711,6 +712,8 @@ def _server_paths() -> dict[str, Schema]:
 def _model_paths() -> dict[str, Schema]:
     """The routes under /v2/models/{model}, each with its /versions/{version} twin."""
     found = (_NOT_FOUND,)
+    accepted = {"202": _ref("responses", "JobAccepted")}
+    job_errors = (_NOT_FOUND, _UNSUPPORTED)
     stats = _ok("StatisticsResponse", "One entry per version.")
     ops = [
         (
@@ -771,8 +774,8 @@ def _model_paths() -> dict[str, Schema]:
                 "modelJobSubmit",
                 "jobs",
                 "Queue an infer request as an async job (below online requests)",
-                {"202": _ref("responses", "JobAccepted")},
-                errors=(_NOT_FOUND, _UNSUPPORTED),
+                accepted,
+                errors=job_errors,
                 body=_INFER_BODY,
                 params=_INFER_PARAMS[:2],
             ),
@@ -784,8 +787,8 @@ def _model_paths() -> dict[str, Schema]:
                 "modelBatchSubmit",
                 "jobs",
                 "Start an offline batch job: JSONL of requests in S3 in, responses out",
-                {"202": _ref("responses", "JobAccepted")},
-                errors=(_NOT_FOUND, _UNSUPPORTED),
+                accepted,
+                errors=job_errors,
                 body={
                     "required": True,
                     "description": f"At most {MAX_BATCH_SPEC_BYTES} bytes.",
