@@ -222,8 +222,11 @@ def connect(url: str) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=30)
 
 
-def read_response(sock: socket.socket, buf: bytearray) -> tuple[str, dict[str, str], bytes]:
-    """One response off the socket; bytes after it stay in ``buf``."""
+def read_response(
+    sock: socket.socket, buf: bytearray, *, to_head: bool = False
+) -> tuple[str, dict[str, str], bytes]:
+    """One response off the socket (``to_head``: to a HEAD request, so with no body);
+    bytes after it stay in ``buf``."""
     while b"\r\n\r\n" not in buf:
         chunk = sock.recv(65536)
         assert chunk, f"connection closed before a full response: {bytes(buf)!r}"
@@ -234,7 +237,7 @@ def read_response(sock: socket.socket, buf: bytearray) -> tuple[str, dict[str, s
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", 0))
+    length = 0 if to_head else int(headers.get("content-length", 0))
     while len(rest) < length:
         chunk = sock.recv(65536)
         assert chunk, "connection closed inside a body"
@@ -259,11 +262,12 @@ def serving(
     *,
     threads: int = 16,
     worker_env: dict[str, str] | None = None,
+    flags: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, Service, Service]]:
-    """A worker serving ``models`` and a gateway, until every model is ready:
-    (gateway URL, worker, gateway); both are stopped on the way out."""
-    worker = start_worker(repo, db, log_dir, "--models", ",".join(models), env=worker_env)
-    gateway, url = start_gateway(repo, db, log_dir, threads=threads)
+    """A worker serving ``models`` and a gateway (both given ``flags`` too), until every
+    model is ready: (gateway URL, worker, gateway); both are stopped on the way out."""
+    worker = start_worker(repo, db, log_dir, "--models", ",".join(models), *flags, env=worker_env)
+    gateway, url = start_gateway(repo, db, log_dir, *flags, threads=threads)
     try:
         for m in models:
             wait_model_ready(url, m, 90, worker, gateway)

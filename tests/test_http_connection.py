@@ -196,6 +196,43 @@ def test_other_requests_share_a_connection_with_infer_calls(services: dict[str, 
         np.testing.assert_allclose(_outputs(body), reference_mlp(x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("server", ["gevent", "wsgi"])
+def test_answers_without_a_body_are_sent(services: dict[str, str], server: str) -> None:
+    """HEAD, and OPTIONS (which Flask answers itself), give the app no body to write: the
+    status line and headers still go out, and the connection serves the next request."""
+    with connect(services[server]) as sock:
+        buf = bytearray()
+        sock.sendall(b"HEAD /v2 HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, headers, _ = read_response(sock, buf, to_head=True)
+        assert status == "HTTP/1.1 200 OK"
+        assert headers["content-type"] == "application/json"
+        sock.sendall(b"OPTIONS /v2/models/mlp/infer HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, headers, body = read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK" and body == b""
+        assert {m.strip() for m in headers["allow"].split(",")} == {"OPTIONS", "POST"}
+        sock.sendall(_request(_body(np.ones((1, 64), np.float32))))
+        status, headers, body = read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK", body
+        assert headers["connection"] == "keep-alive"
+
+
+@pytest.mark.parametrize("server", ["gevent", "wsgi"])
+def test_a_file_body_comes_after_its_headers(services: dict[str, str], server: str) -> None:
+    """A file answer (the docs page's style sheet) is sent from its descriptor, not
+    written by the app: its status line and headers still come first, and the connection
+    then serves the next request."""
+    with connect(services[server]) as sock:
+        buf = bytearray()
+        sock.sendall(b"GET /v2/docs/swagger-ui.css HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, headers, body = read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK", body[:200]
+        assert headers["content-type"].startswith("text/css")
+        assert len(body) == int(headers["content-length"]) > 1000
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, _, body = read_response(sock, buf)
+        assert status == "HTTP/1.1 200 OK" and json.loads(body)["name"] == "conch"
+
+
 def test_odd_or_oversized_infer_calls_get_a_clear_400(services: dict[str, str]) -> None:
     body = _body(np.ones((1, 64), np.float32))
     # A malformed header line: gunicorn's strict parser answers it.

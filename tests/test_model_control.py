@@ -72,6 +72,21 @@ def test_explicit_load_unload_and_index(tmp_path: Path, redis_url: str, log_dir:
         ):
             r = requests.post(f"http://{url}/v2/repository/index", data=deep, timeout=10)
             assert r.status_code == 400 and "nesting depth" in r.json()["error"], r.text
+        # A body that is JSON but no object (null, a number, a string) is a 400 too.
+        for scalar in (b"null", b"3", b'"add"', b"true"):
+            for route in ("index", "models/add/load", "models/add/unload"):
+                r = requests.post(f"http://{url}/v2/repository/{route}", data=scalar, timeout=10)
+                assert r.status_code == 400 and "JSON object" in r.json()["error"], (route, r.text)
+        # Their flags are booleans, as in Triton: anything else is a 400, not taken as truthy.
+        r = requests.post(f"http://{url}/v2/repository/index", json={"ready": 1}, timeout=10)
+        assert r.status_code == 400 and "'ready' must be true or false" in r.text, r.text
+        r = requests.post(
+            f"http://{url}/v2/repository/models/add/unload",
+            json={"parameters": {"unload_dependents": "yes"}},
+            timeout=10,
+        )
+        assert r.status_code == 400 and "'unload_dependents'" in r.text, r.text
+        assert client.is_model_ready("add")  # refused before anything was unloaded
         with pytest.raises(InferenceServerException, match="no available versions"):
             client.infer("offset", x_input())
 

@@ -475,6 +475,11 @@ def test_unknown_route_and_method(stack: str) -> None:
     assert r.status_code == 404
     r = http(stack, "DELETE", "/v2/models/mlp/infer")
     assert r.status_code == 405 and r.json()["error"]
+    # A 405 says which methods the route takes (RFC 9110's Allow), as well as Triton's body.
+    assert {m.strip() for m in r.headers["Allow"].split(",")} == {"OPTIONS", "POST"}
+    r = http(stack, "TRACE", "/v2")
+    assert r.status_code == 405 and r.headers["Content-Type"] == "application/json"
+    assert {m.strip() for m in r.headers["Allow"].split(",")} == {"GET", "HEAD", "OPTIONS"}
 
 
 def test_metadata_errors(stack: str) -> None:

@@ -276,6 +276,9 @@ def test_json_depth_limit() -> None:
         "nesting depth exceeds 100",
         json_doc({"inputs": [simple_input(shape=[1] * 98, data=[at_limit])]}),
     )
+    # A document that is one scalar has no depth to refuse (its caller refuses a non-object).
+    for scalar in (None, 3, 2.5, "x", True):
+        v2_json.check_depth(scalar)
 
 
 def test_json_the_fast_parser_refuses_is_read_as_the_standard_parser_reads_it() -> None:

@@ -151,6 +151,14 @@ def test_missing_model_file(tmp_path):
     assert "model 'm' version 1" in e.error and "model.onnx" in e.error and "not found" in e.error
 
 
+def test_a_model_with_no_folder_is_an_error_not_a_crash(tmp_path, caplog):
+    (tmp_path / "m").mkdir()
+    with caplog.at_level(logging.ERROR, logger="conch.core.repository"):
+        e = ModelRepository(tmp_path, complete=complete, gpu_count=0).read_model("nope")
+    assert e.error == "model 'nope' is not in the model repository" and e.config is None
+    assert caplog.records == []  # no "unexpected error" and its traceback
+
+
 def test_no_versions(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"')

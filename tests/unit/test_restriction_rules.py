@@ -8,7 +8,7 @@ from flask import Flask
 
 from conch.core.errors import Forbidden
 from conch.core.restricted_apis import ApiGroup, RestrictedApis, Restriction
-from conch.frontend.http import api_groups, job_routes, routes
+from conch.frontend.http import api_groups, docs_routes, job_routes, routes
 
 TRITON_GROUPS = [
     "health",
@@ -127,6 +127,7 @@ def _app() -> Flask:
     app = Flask("t")
     app.register_blueprint(routes.v2)
     app.register_blueprint(job_routes.bp)
+    docs_routes.register(app)
     return app
 
 
@@ -166,6 +167,10 @@ def test_every_route_declares_its_group():
         ("GET", "/v2/jobs/abc", api_groups.BY_JOB_KIND),
         ("DELETE", "/v2/jobs/abc", api_groups.BY_JOB_KIND),
         ("GET", "/v2/jobs/abc/result", api_groups.BY_JOB_KIND),
+        ("GET", "/v2/openapi.json", ApiGroup.METADATA),
+        ("GET", "/v2/docs", ApiGroup.METADATA),
+        ("GET", "/v2/docs/", ApiGroup.METADATA),
+        ("GET", "/v2/docs/swagger-ui.css", ApiGroup.METADATA),
     ],
 )
 def test_the_group_of_each_route(method: str, path: str, group: ApiGroup | str):

@@ -285,6 +285,8 @@ class ModelRepository:
     def _read(self, entry: ModelEntry) -> None:
         name, path = entry.name, entry.path
         config_path = path / CONFIG_FILE
+        if not path.is_dir():  # a name a client made up (an unload, a load's steps)
+            raise ModelLoadError(f"model '{name}' is not in the model repository")
         on_disk = sorted(int(p.name) for p in path.iterdir() if _is_version_dir(p))
         override = self.config_override(name) if self.config_override else None
         if override is not None:

@@ -36,6 +36,8 @@ _ALLOWED_TRITON_KEYS = frozenset({"triton_enable_empty_final_response"})
 
 def check_depth(doc: Any) -> None:
     """Refuse JSON nested deeper than Triton allows (arrays and objects both count)."""
+    if not isinstance(doc, dict | list):
+        return  # a scalar document (null, 3, "x"): its callers refuse it as no object
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         node, depth = stack.pop()

@@ -8,6 +8,7 @@ Nothing here handles a request. The pieces, each in its own module:
 - ``routes`` and ``job_routes``: the other routes, HTTP → DataPlane → HTTP, and the one
   mapping of errors to Triton's body and status;
 - ``api_groups``: ``--http-restricted-api``, each route's group and the header check;
+- ``docs_routes``: the OpenAPI document of all of them (``openapi``) and its docs page;
 - ``metrics``: the metrics port.
 """
 
@@ -17,7 +18,7 @@ from flask import Flask
 
 from conch.backends import completion
 from conch.frontend.dataplane import DataPlane
-from conch.frontend.http import api_groups, job_routes, routes
+from conch.frontend.http import api_groups, docs_routes, job_routes, routes
 from conch.frontend.http.fast_path import InferFastPath
 from conch.frontend.http.metrics import MetricsPort
 from conch.frontend.model_view import ModelView
@@ -32,7 +33,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     # The one edge from the gateway to backend code: the repository's auto-completer.
     view = ModelView(settings, client, complete=completion.complete)
     plane = DataPlane(settings, view, Dispatcher(client))
-    app = Flask("conch")
+    app = Flask("conch", static_folder=None)  # no file route the API does not list
     app.extensions[routes.PLANE] = plane  # the gevent worker takes it from here
     app.url_map.strict_slashes = False
     app.url_map.merge_slashes = False  # "/v2/jobs//result" is a 404, not a redirect page
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(job_routes.bp)
     if settings.http_restricted_api:
         app.before_request(api_groups.checker(settings.http_restricted_api))
+    docs_routes.register(app)
     view.follow()
     app.wsgi_app = InferFastPath(app.wsgi_app, plane)  # type: ignore[method-assign]
     if settings.allow_metrics:

@@ -62,10 +62,24 @@ class _OneWriteResponse(wsgi.Response):
             data, self._held = self._held + data, b""
         super()._emit_body(data)
 
-    def close(self) -> None:
-        if self._held:  # no body was written (empty or HEAD)
+    def _flush(self) -> None:
+        """Send the header block now, on its own."""
+        if not self.headers_sent:
+            self.send_headers()
+        if self._held:
             util.write(self.sock, self._held)
             self._held = b""
+
+    def sendfile(self, respiter: Any) -> bool:
+        # A file body (a docs page asset) goes from its descriptor straight to the
+        # socket, past _emit_body: the header block must be on the wire before it.
+        self._flush()
+        return super().sendfile(respiter)
+
+    def close(self) -> None:
+        # An app that yields no body at all (an OPTIONS answer, any answer to HEAD) never
+        # calls write(): the header block is made here, and must go out here too.
+        self._flush()
         super().close()
 
 

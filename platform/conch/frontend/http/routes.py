@@ -146,8 +146,16 @@ def repository_index() -> Response:
         parsed = _parse(body)
         if not isinstance(parsed, dict):
             raise InvalidArgument("the repository index request must be a JSON object")
-        ready_only = bool(parsed.get("ready", False))
+        ready_only = _flag(parsed, "ready")
     return _json(plane().index(ready_only))
+
+
+def _flag(params: dict[str, Any], key: str) -> bool:
+    """An optional boolean of a request body: false when absent, a 400 when no boolean."""
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"'{key}' must be true or false")
+    return value
 
 
 def _control_params(body: bytes) -> dict[str, Any]:
@@ -192,7 +200,7 @@ def load_model(model: str) -> Response:
 @api_group(ApiGroup.MODEL_REPOSITORY)
 def unload_model(model: str) -> Response:
     params = _control_params(request.get_data(cache=False))
-    plane().unload(model, unload_dependents=bool(params.get("unload_dependents", False)))
+    plane().unload(model, unload_dependents=_flag(params, "unload_dependents"))
     return _empty()
 
 
@@ -205,7 +213,11 @@ def _conch_error(exc: ConchError) -> Response:
 
 @v2.app_errorhandler(HTTPException)
 def _http_error(exc: HTTPException) -> Response:
-    return _json({"error": exc.name}, exc.code or 500)
+    response = _json({"error": exc.name}, exc.code or 500)
+    for name, value in exc.get_headers():  # a 405's Allow (RFC 9110 requires it)
+        if name.lower() != "content-type":
+            response.headers[name] = value
+    return response
 
 
 @v2.app_errorhandler(Exception)
