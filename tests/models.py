@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 
 from harness import ROOT
@@ -58,6 +59,18 @@ def identity_model(path: Path) -> None:
     (path / "config.pbtxt").write_text(
         f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninput [\n{ins}\n]\noutput [\n{outs}\n]\n'
     )
+
+
+def add_inputs(
+    a: np.ndarray, b: np.ndarray | None = None, *, binary: bool = True
+) -> list[httpclient.InferInput]:
+    """The inputs A and B of ``add_model``'s model (B is A when not given)."""
+    inputs = []
+    for name, arr in (("A", a), ("B", a if b is None else b)):
+        i = httpclient.InferInput(name, list(arr.shape), "FP32")
+        i.set_data_from_numpy(arr, binary_data=binary)
+        inputs.append(i)
+    return inputs
 
 
 def add_model(path: Path, *, max_batch_size: int = 8, delay_us: int = 0, extra: str = "") -> None:

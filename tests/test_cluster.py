@@ -30,6 +30,7 @@ from harness import (
     wait_model_ready,
     wait_until,
 )
+from models import add_inputs
 
 
 @pytest.fixture()
@@ -39,15 +40,6 @@ def db(redis_url: str, request: pytest.FixtureRequest) -> str:
     url = redis_url.rsplit("/", 1)[0] + f"/{index}"
     redis.Redis.from_url(url).flushdb()
     return url
-
-
-def add_inputs(a: np.ndarray, b: np.ndarray) -> list[httpclient.InferInput]:
-    out = []
-    for name, arr in (("A", a), ("B", b)):
-        i = httpclient.InferInput(name, list(arr.shape), "FP32")
-        i.set_data_from_numpy(arr)
-        out.append(i)
-    return out
 
 
 def worker_stats(url: str, model: str) -> dict[str, int]:

@@ -23,6 +23,7 @@ from conch.job_client import JobClient, JobPending
 from conch.wire import broker, keys
 
 from harness import fresh_db, serving, start_gateway, wait_until
+from models import add_inputs
 
 MODELS = ("add_batched", "step", "batch_probe", "mlp")
 
@@ -36,15 +37,6 @@ def db(redis_url: str) -> str:
 def stack(model_repo: Path, db: str, log_dir: Path) -> Iterator[str]:
     with serving(model_repo, db, log_dir, MODELS, threads=32) as (url, _, _):
         yield url
-
-
-def add_inputs(a: np.ndarray, *, binary: bool = True) -> list[httpclient.InferInput]:
-    inputs = []
-    for name in ("A", "B"):
-        i = httpclient.InferInput(name, list(a.shape), "FP32")
-        i.set_data_from_numpy(a, binary_data=binary)
-        inputs.append(i)
-    return inputs
 
 
 def submit(url: str, model: str, inputs: list, outputs: list | None = None, **kw) -> str:

@@ -43,7 +43,7 @@ from harness import (
     wait_model_ready,
     wait_until,
 )
-from models import add_model, offset_model
+from models import add_inputs, add_model, offset_model
 
 G = ApiGroup
 KEY = {g: f"key-{g.value}" for g in G}
@@ -220,15 +220,6 @@ def test_groups_left_open_need_no_header(
     assert r.status_code == status, r.text
 
 
-def _add_inputs() -> list[httpclient.InferInput]:
-    inputs = []
-    for name in ("A", "B"):
-        i = httpclient.InferInput(name, [1, 4], "FP32")
-        i.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
-        inputs.append(i)
-    return inputs
-
-
 @pytest.mark.parametrize("server", ["locked", "admin"])
 def test_tritonclient_infers_only_with_the_header(stack: Stack, server: str) -> None:
     """The stock client, with its ``headers`` argument: the gevent worker's keep-alive
@@ -237,11 +228,17 @@ def test_tritonclient_infers_only_with_the_header(stack: Stack, server: str) -> 
     client = httpclient.InferenceServerClient(url)
     expected = next(iter(header))
     with pytest.raises(InferenceServerException, match=f"expecting header '{expected}'") as e:
-        client.infer("add", _add_inputs())
+        client.infer("add", add_inputs(np.arange(4, dtype=np.float32).reshape(1, 4)))
     assert e.value.status() == "403"
     with pytest.raises(InferenceServerException, match="restricted"):
-        client.infer("add", _add_inputs(), headers={expected: "nope"})
-    got = client.infer("add", _add_inputs(), headers=header).as_numpy("OUT")
+        client.infer(
+            "add",
+            add_inputs(np.arange(4, dtype=np.float32).reshape(1, 4)),
+            headers={expected: "nope"},
+        )
+    got = client.infer(
+        "add", add_inputs(np.arange(4, dtype=np.float32).reshape(1, 4)), headers=header
+    ).as_numpy("OUT")
     np.testing.assert_array_equal(got, 2 * np.arange(4, dtype=np.float32).reshape(1, 4))
 
 

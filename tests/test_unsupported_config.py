@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from harness import fresh_db, serving
-from models import add_model
+from models import add_inputs, add_model
 
 PYTHON_MODEL = """
 import triton_python_backend_utils as pb_utils
@@ -51,12 +51,7 @@ def server(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[st
 
 def _add(client: httpclient.InferenceServerClient, model: str) -> np.ndarray:
     a = np.arange(4, dtype=np.float32).reshape(1, 4)
-    inputs = []
-    for name in ("A", "B"):
-        inp = httpclient.InferInput(name, [1, 4], "FP32")
-        inp.set_data_from_numpy(a)
-        inputs.append(inp)
-    return client.infer(model, inputs).as_numpy("OUT")
+    return client.infer(model, add_inputs(a)).as_numpy("OUT")
 
 
 @pytest.mark.parametrize(
