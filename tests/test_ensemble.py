@@ -34,6 +34,7 @@ SERVED = (
     "flat_inc",
     "add_labelled",
     "add_probe",
+    "optional_sum",
 )
 
 
@@ -64,6 +65,35 @@ def increment(path: Path, *, seconds: float, max_batch_size: int = 8) -> None:
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
     )
+
+
+# Y = X (+ Z when the request has it): Z is optional.
+OPTIONAL_SUM = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            y = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            z = pb_utils.get_input_tensor_by_name(r, "Z")
+            if z is not None:
+                y = y + z.as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+"""
+XZ = (
+    'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] }, '
+    '{ name: "Z" data_type: TYPE_FP32 dims: [ 4 ] optional: true } ]'
+)
+Y4 = 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+
+
+def optional_sum(path: Path) -> None:
+    (path / "1").mkdir(parents=True)
+    (path / "1" / "model.py").write_text(OPTIONAL_SUM)
+    (path / "config.pbtxt").write_text(f'backend: "python"\nmax_batch_size: 8\n{XZ}\n{Y4}\n')
 
 
 LABELS = ["north", "east", "south", "west"]
@@ -114,6 +144,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_model(root / "add_probe")
     increment(root / "flat_inc", seconds=0, max_batch_size=0)  # no batch dimension
     add_labelled(root / "add_labelled")
+    optional_sum(root / "optional_sum")
+    ensemble(
+        root,
+        "ens_optional",
+        XZ + "\n" + Y4,
+        [step("optional_sum", {"X": "X", "Z": "Z"}, {"Y": "Y"})],
+    )
     # A non-batching step between batching ones, in a batching and a non-batching ensemble.
     mixed = [
         step("flat_inc", {"X": "IN"}, {"Y": "t"}),
@@ -363,6 +400,16 @@ def test_classification_through_an_ensemble_uses_the_step_models_labels(url: str
         classes.append([v.decode() for v in result.as_numpy("OUT").ravel()])
     assert classes[1] == ["6.000000:1:east", "4.000000:3:west"]
     assert classes[0] == classes[1]  # as the step model itself answers
+
+
+def test_an_optional_input_left_out_is_left_out_of_its_step(url: str) -> None:
+    """As in Triton: the step gets the request without it (its input is optional too)."""
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    c = client(url)
+    only_x = c.infer("ens_optional", [fp32("X", x)]).as_numpy("Y")
+    np.testing.assert_array_equal(only_x, x)
+    both = c.infer("ens_optional", [fp32("X", x), fp32("Z", x * 10)]).as_numpy("Y")
+    np.testing.assert_array_equal(both, x * 11)
 
 
 def statistic(url: str, model: str) -> int:

@@ -88,8 +88,13 @@ def run(
     non-batching models mix as in Triton.
     """
     cfg = entry.config
-    tensors = dict(inputs)
+    # None: a tensor that exists in the graph but holds nothing, as in Triton: an optional
+    # ensemble input the request left out, or an output a step did not return. A step
+    # is sent without it (its model must take it as optional, or refuse the request).
+    tensors: dict[str, Tensor | None] = dict(inputs)
     batch = {name: batch_of(cfg, shape) for name, (_, shape, _) in inputs.items()}
+    for absent in (i.name for i in cfg.input if i.optional and i.name not in inputs):
+        tensors[absent], batch[absent] = None, 0
 
     def publish(step: Step) -> tuple[StepCall, int]:
         """Send the step; the batch its outputs carry (0: none)."""
@@ -98,7 +103,10 @@ def run(
         batching = step_cfg.max_batch_size > 0
         fitted: dict[str, Tensor] = {}
         for name, t in step.inputs.items():
-            dt, shape, raw = tensors[t]
+            tensor = tensors[t]
+            if tensor is None:
+                continue
+            dt, shape, raw = tensor
             fitted[name] = (dt, fit_batch(dims.get(name, ()), batching, batch[t], shape), raw)
         rows = next((batch_of(step_cfg, shape) for _, shape, _ in fitted.values()), 0)
         return start(step, fitted, list(step.outputs)), rows
@@ -116,11 +124,7 @@ def run(
                 step, call, rows = started.pop(0)
                 out = _guard(entry, step, call.wait)
                 for name, tensor in step.outputs.items():
-                    if name not in out:
-                        raise Internal(
-                            f"ensemble '{entry.name}': {step.label} returned no output '{name}'"
-                        )
-                    tensors[tensor], batch[tensor] = out[name], rows
+                    tensors[tensor], batch[tensor] = out.get(name), rows
         except BaseException:
             for _, later, _ in started:  # nobody will wait for these replies now
                 later.cancel()
@@ -130,7 +134,10 @@ def run(
     declared = {o.name: o.dims for o in cfg.output}
     result: dict[str, Tensor] = {}
     for name in wanted:  # as the ensemble declares them: its own batch dimension or none
-        dt, shape, raw = tensors[name]
+        tensor = tensors[name]
+        if tensor is None:  # nothing produced it: the response leaves it out, as Triton's
+            continue
+        dt, shape, raw = tensor
         fitted = fit_batch(declared.get(name, ()), cfg.max_batch_size > 0, batch[name], shape)
         result[name] = (dt, fitted, raw)
     return result
