@@ -15,7 +15,7 @@ Model queues and messages in flight (``conch.wire.broker``)::
       [QUEUE_PREFIX]                        (publish); worker (requeue); gateway /metrics and
     <queue>\x06\x16<step>, 1..9    list     kombu (restore)              KEDA (LLEN)
       [PRIORITY_SEP] kombu's priority sub-lists of a queue, same writers and readers
-    conch.model.<model>.wake       list     publish (a token a message), idle workers (BLPOP)
+    conch.model.<model>/wake       list     publish (a token a message), idle workers (BLPOP)
       [WAKE_SUFFIX]                         pop (reset to what waits)
     conch.jobs (+ sub-lists)       list     gateway (batch job submit),  Celery workers (kombu)
       [JOBS_QUEUE]                          kombu (restore)
@@ -70,7 +70,7 @@ Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
       [LOADED_MODELS]                                                    (explicit mode)
     conch.models.load_ids          hash     model control API: model ->  workers (answer the latest
       [LOAD_IDS]                            id of its latest load        load)
-    conch.override.<model>         string   model control API: a load's  workers, gateways
+    conch.override.config.<model>  string   model control API: a load's  workers, gateways
       [OVERRIDE_PREFIX]                     config JSON                  (explicit mode)
     conch.override.files.<model>   hash     model control API: a load's  workers, gateways (explicit
       [OVERRIDE_FILES_PREFIX]               file: overrides, path->bytes mode; SCANned for models)
@@ -84,7 +84,8 @@ from __future__ import annotations
 # Model queues (a Celery queue each, in kombu's Redis layout).
 QUEUE_PREFIX = "conch.model."
 PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
-WAKE_SUFFIX = ".wake"
+# '/' is in no model name: "x.wake" is a model whose queue must not be model x's wake list.
+WAKE_SUFFIX = "/wake"
 JOBS_QUEUE = "conch.jobs"  # the Celery queue of job tasks (batch jobs), on every worker
 # Messages in flight: kombu's default keys, so its restore_visible sees our messages.
 UNACKED = "unacked"
@@ -110,7 +111,8 @@ REPOSITORY_GENERATION = "conch.repository.generation"  # bumped by every reposit
 CONTROL_COMMANDS = "conch.control"  # {"action": "load"|"unload", "model", ...} from the API
 LOADED_MODELS = "conch.models.loaded"  # explicit mode: the models loaded through the API
 LOAD_IDS = "conch.models.load_ids"  # explicit mode: model -> id of its latest load command
-OVERRIDE_PREFIX = "conch.override."  # explicit load's config override, by model
+# Two prefixes neither of which starts the other: model "files.x" and model x's files.
+OVERRIDE_PREFIX = "conch.override.config."  # explicit load's config override, by model
 OVERRIDE_FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
 
 __all__ = [
