@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -239,6 +240,26 @@ def test_poll_mode_switches_versions_with_no_failed_request(
     # Every answer came from version 1 (X+1) or version 2 (X+2), and says which.
     assert {(v, y) for v, y in answers} <= {("1", 2.0), ("2", 3.0)}
     assert answers[-1] == ("2", 3.0)
+
+
+def test_a_model_removed_in_poll_mode_is_unloaded_once(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    repo = tmp_path / "models"
+    offset_model(repo / "gone", 1, 1.0)
+    offset_model(repo / "stays", 1, 1.0)
+    db = fresh_db(redis_url, 3)
+    worker = start_worker(
+        repo, db, log_dir, "--model-control-mode", "poll", "--repository-poll-secs", "0.3"
+    )
+    try:
+        wait_until(lambda: "model 'gone'" in worker.log(), 60, "gone to load", worker)
+        shutil.rmtree(repo / "gone")
+        wait_until(lambda: "model 'gone' unloaded" in worker.log(), 30, "gone to unload", worker)
+        time.sleep(1.5)  # five more polls that no longer find it
+        assert worker.log().count("model 'gone' unloaded") == 1
+    finally:
+        worker.stop()
 
 
 CONTROLLER_CONFIG = """

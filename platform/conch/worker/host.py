@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 1.5  # how often a worker refreshes its report; the report lives four beats
 
 
+UNLOADED = "unloaded"  # the reason a withdrawn model reports
+
+
 @dataclass
 class LoadedModel:
     name: str
@@ -211,10 +214,13 @@ class ModelHost:
 
     def withdraw(self, name: str) -> None:
         with self._changes:
-            old = self.models.pop(name, None)
+            old = self.models.get(name)
             if old is None:  # never served here (an ensemble, another worker's model)
                 return
-            self.models[name] = LoadedModel(name, reason="unloaded")
+            if old.reason == UNLOADED and not old.versions and not old.batchers:
+                return  # withdrawn already: a later poll or tick says so again
+            del self.models[name]
+            self.models[name] = LoadedModel(name, reason=UNLOADED)
             self.report()
             self._retire(old)
             log.info("model '%s' unloaded", name)
