@@ -42,10 +42,16 @@ def db(redis_url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(model_repo: Path, db: str, log_dir: Path, s3_endpoint: str) -> Iterator[str]:
+def served(model_repo: Path, db: str, log_dir: Path, s3_endpoint: str) -> Iterator[tuple]:
+    """(gateway URL, worker Service)."""
     env = {"AWS_ENDPOINT_URL": s3_endpoint}
-    with serving(model_repo, db, log_dir, MODELS, worker_env=env) as (url, _, _):
-        yield url
+    with serving(model_repo, db, log_dir, MODELS, worker_env=env) as (url, worker, _):
+        yield url, worker
+
+
+@pytest.fixture(scope="module")
+def stack(served: tuple) -> str:
+    return served[0]
 
 
 @pytest.fixture()
@@ -146,12 +152,17 @@ def test_bad_batch_jobs_are_refused_before_anything_is_queued(
     assert len(client.keys("conch.job.*")) == records
 
 
-def test_a_missing_input_object_fails_the_job_and_says_so(stack: str, bucket: str) -> None:
+def test_a_missing_input_object_fails_the_job_and_says_so(served: tuple, bucket: str) -> None:
+    stack, worker = served
     spec = {"input": f"s3://{bucket}/absent.jsonl", "output": f"s3://{bucket}/out.jsonl"}
     r = submit_batch(stack, "mlp", spec)
     assert r.status_code == 202, r.text
     status = wait_done(stack, r.json()["id"], timeout=60)
     assert status["status"] == "FAILURE" and "absent.jsonl" in status["error"], status
+    # The job's own error, not the worker's: Celery logs it as expected, with no traceback.
+    wait_until(lambda: "absent.jsonl" in worker.log(), 10, "the worker to log the failure")
+    failure = [line for line in worker.log().splitlines() if "absent.jsonl" in line]
+    assert not [line for line in failure if "raised unexpected" in line], failure
 
 
 def _probe(value: float) -> list[httpclient.InferInput]:

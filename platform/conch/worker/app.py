@@ -24,6 +24,7 @@ from celery import Celery, signals
 from celery.exceptions import Ignore
 
 from conch.backends.completion import complete
+from conch.core.errors import ConchError
 from conch.frontend import batch_job, bls
 from conch.settings import Settings
 from conch.wire import broker, control_bus
@@ -96,7 +97,9 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
     # or file: override reads the model the gateway accepted it for.
     repository = control_bus.open_repository(settings, client, complete=complete)
 
-    @app.task(name=batch_job.TASK_NAME)
+    # A job's own errors (a bad input object, an unwritable output, a model gone) are
+    # the client's to read in the job's state; Celery logs them without a traceback.
+    @app.task(name=batch_job.TASK_NAME, throws=(ConchError,))
     def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:
         try:
             return batch_job.run_task(settings, client, repository, payload)
