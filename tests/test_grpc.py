@@ -19,7 +19,14 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from harness import fresh_db, start_grpc, start_worker, wait_until
-from models import IDENTITY_TYPES, add_model, identity_model, slow_model, with_config
+from models import (
+    IDENTITY_TYPES,
+    add_model,
+    identity_array,
+    identity_model,
+    slow_model,
+    with_config,
+)
 
 ECHO = """
 import json
@@ -167,23 +174,8 @@ def test_repository_name_is_refused(stack) -> None:
 # -- inference: every datatype, both data forms, parameters, outputs ------------------------
 
 
-def _identity_array(name: str, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    shape = (2, 5)
-    if name == "BYTES":
-        words = np.array([b"", b"alpha", "caf\u00e9".encode(), b"x" * 300, b"\x00t"], object)
-        return rng.choice(words, size=shape).astype(object)
-    if name == "BOOL":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(name)
-    if dtype is not None:
-        return rng.standard_normal(shape).astype(dtype)
-    info = np.iinfo(getattr(np, name.lower()))
-    return rng.integers(info.min, info.max, size=shape, dtype=getattr(np, name.lower()))
-
-
 def test_every_datatype_round_trips_raw(client) -> None:
-    arrays = {name: _identity_array(name, len(name)) for name in IDENTITY_TYPES}
+    arrays = {name: identity_array(name, (2, 5), seed=len(name)) for name in IDENTITY_TYPES}
     inputs = []
     for name, arr in arrays.items():
         inp = grpcclient.InferInput(f"IN_{name}", list(arr.shape), np_to_triton_dtype(arr.dtype))
