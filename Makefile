@@ -5,6 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.conch-installed
 HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: serve test lint format bench install redis-server perf-analyzer mlserver triton clean
@@ -26,12 +27,12 @@ redis-server:
 perf-analyzer:
 	@bench/perf-analyzer-setup >/dev/null
 
-# Serve functions/ on http://127.0.0.1:$(HTTP_PORT): uses $$REDIS_URL, else a Redis answering
+# Serve functions/ on http://127.0.0.1:$(HTTP_PORT) and gRPC 127.0.0.1:$(GRPC_PORT): uses $$REDIS_URL, else a Redis answering
 # on 127.0.0.1:6379, else starts a private redis-server (installing it if needed).
 serve: $(STAMP)
 	@if [ -z "$$REDIS_URL" ] && ! $(BIN)/python -c 'import sys; from conch.devtools.redis_server import answers; from conch.settings import Settings; sys.exit(not answers(Settings.from_env().local_redis_url))'; then \
 	  $(MAKE) --no-print-directory redis-server; fi
-	$(BIN)/conch serve --model-repository functions --http-port $(HTTP_PORT)
+	$(BIN)/conch serve --model-repository functions --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT)
 
 test: $(STAMP) redis-server
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \

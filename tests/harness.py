@@ -33,6 +33,7 @@ __all__ = [
     "reference_mlp",
     "serving",
     "start_gateway",
+    "start_grpc",
     "start_worker",
     "wait_model_ready",
     "wait_until",
@@ -174,6 +175,50 @@ def start_gateway(
     svc.metrics_url = f"127.0.0.1:{metrics_port}"
     url = f"127.0.0.1:{port}"
     wait_until(lambda: _live(url, headers), 60, f"gateway on {url} to go live", svc)
+    return svc, url
+
+
+def start_grpc(
+    repo: Path,
+    redis_url: str,
+    log_dir: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    port: int = 0,
+) -> tuple[Service, str]:
+    """A gRPC server (``conch grpc``) on ``port`` (a free one when 0); its URL once live
+    (so not under a restricted health group)."""
+    import tritonclient.grpc as grpcclient
+
+    port = port or free_port()
+    svc = Service(
+        "grpc",
+        conch(
+            "grpc",
+            "--model-repository",
+            str(repo),
+            "--redis-url",
+            redis_url,
+            "--grpc-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(port),
+            *extra,
+        ),
+        log_dir,
+        env,
+    )
+    url = f"127.0.0.1:{port}"
+    client = grpcclient.InferenceServerClient(url)
+
+    def live() -> bool:
+        try:
+            return client.is_server_live(client_timeout=2)
+        except Exception:
+            return False
+
+    wait_until(live, 60, f"gRPC server on {url} to go live", svc)
+    client.close()
     return svc, url
 
 

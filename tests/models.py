@@ -61,6 +61,25 @@ def identity_model(path: Path) -> None:
     )
 
 
+def identity_array(name: str, shape: tuple[int, int], seed: int) -> np.ndarray:
+    """A test array of datatype ``name`` for ``identity_model`` (BYTES: tricky words)."""
+    rng = np.random.default_rng(seed)
+    if name == "BYTES":
+        words = np.array(
+            [b"", b"alpha", "caf\u00e9 \u2603".encode(), b"x" * 300, b"\x00\x01tail"], dtype=object
+        )
+        return rng.choice(words, size=shape).astype(object)
+    if name == "BOOL":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(name)
+    if dtype is not None:
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(getattr(np, name.lower()))
+    return rng.integers(
+        info.min, info.max, size=shape, dtype=getattr(np, name.lower()), endpoint=True
+    )
+
+
 def add_inputs(
     a: np.ndarray, b: np.ndarray | None = None, *, binary: bool = True
 ) -> list[httpclient.InferInput]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -173,7 +174,8 @@ def test_default_deadline_is_configurable(model_repo: Path, db: str, log_dir: Pa
 
 
 def test_conch_serve_runs_the_whole_stack(model_repo: Path, db: str, log_dir: Path) -> None:
-    port = free_port()
+    """HTTP and gRPC both, over one worker."""
+    port, grpc_port = free_port(), free_port()
     serve = Service(
         "serve",
         conch(
@@ -190,6 +192,10 @@ def test_conch_serve_runs_the_whole_stack(model_repo: Path, db: str, log_dir: Pa
             "1",
             "--metrics-port",
             str(free_port()),
+            "--grpc-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
         ),
         log_dir,
     )
@@ -201,6 +207,20 @@ def test_conch_serve_runs_the_whole_stack(model_repo: Path, db: str, log_dir: Pa
         inp.set_data_from_numpy(x)
         got = httpclient.InferenceServerClient(url).infer("mlp", [inp]).as_numpy("OUTPUT0")
         np.testing.assert_allclose(got, reference_mlp(x), rtol=1e-5, atol=1e-5)
+        grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+
+        def grpc_ready() -> bool:
+            try:
+                return grpc_client.is_model_ready("mlp")
+            except InferenceServerException:
+                return False
+
+        wait_until(grpc_ready, 60, "mlp ready over gRPC", serve)
+        ginp = grpcclient.InferInput("INPUT0", [4, 64], "FP32")
+        ginp.set_data_from_numpy(x)
+        got = grpc_client.infer("mlp", [ginp]).as_numpy("OUTPUT0")
+        np.testing.assert_allclose(got, reference_mlp(x), rtol=1e-5, atol=1e-5)
+        grpc_client.close()
     finally:
         assert serve.stop() == 0, serve.log()[-3000:]
     # Its children are gone with it.
@@ -229,6 +249,7 @@ def test_conch_serve_starts_a_private_redis(
             "1",
             "--metrics-port",
             str(free_port()),
+            "--allow-grpc=false",
         ),
         log_dir,
         env=env,

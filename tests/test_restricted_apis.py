@@ -118,6 +118,7 @@ def stack(
             *("--metrics-port", str(free_port()), "--log-verbose", "1"),
             *MODEL_FLAGS,
             "--allow-model-upload",
+            "--allow-grpc=false",
         ),
         log_dir,
         env={

@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from harness import reference_mlp, start_gateway, start_worker, wait_model_ready
-from models import IDENTITY_TYPES, rng_input
+from models import IDENTITY_TYPES, identity_array, rng_input
 
 
 @pytest.fixture(scope="module")
@@ -126,27 +126,9 @@ def test_explicit_version_and_request_id(client) -> None:
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference_mlp(x), rtol=1e-5, atol=1e-5)
 
 
-def _identity_array(name: str, shape: tuple[int, int], seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if name == "BYTES":
-        words = np.array(
-            [b"", b"alpha", "caf\u00e9 \u2603".encode(), b"x" * 300, b"\x00\x01tail"], dtype=object
-        )
-        return rng.choice(words, size=shape).astype(object)
-    if name == "BOOL":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(name)
-    if dtype is not None:
-        return rng.standard_normal(shape).astype(dtype)
-    info = np.iinfo(getattr(np, name.lower()))
-    return rng.integers(
-        info.min, info.max, size=shape, dtype=getattr(np, name.lower()), endpoint=True
-    )
-
-
 @pytest.mark.parametrize("binary", [True, False])
 def test_every_datatype_round_trips(client, binary: bool) -> None:
-    arrays = {name: _identity_array(name, (2, 5), seed=len(name)) for name in IDENTITY_TYPES}
+    arrays = {name: identity_array(name, (2, 5), seed=len(name)) for name in IDENTITY_TYPES}
     inputs, outputs = [], []
     for name, arr in arrays.items():
         inp = httpclient.InferInput(f"IN_{name}", list(arr.shape), np_to_triton_dtype(arr.dtype))

@@ -429,6 +429,7 @@ def test_conch_serve_runs_a_model_with_more_instances_than_a_redis_pool_holds(
             *("--http-address", "127.0.0.1", "--http-port", str(port)),
             *("--metrics-port", str(free_port()), "--http-thread-count", "512"),
             *("--models", "many,a\\,b"),
+            "--allow-grpc=false",
         ),
         log_dir,
     )

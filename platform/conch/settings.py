@@ -70,13 +70,17 @@ class LogFormat(StrEnum):
 class Role(StrEnum):
     """The subcommands that run a part of the server, each with its own flags."""
 
-    SERVE = "serve"  # Redis if needed, a worker and the gateway
+    SERVE = "serve"  # Redis if needed, a worker, the gateway and the gRPC server
     GATEWAY = "gateway"
+    GRPC = "grpc"  # the gRPC frontend (Triton's GRPCInferenceService)
     WORKER = "worker"
 
 
 GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
 RESTRICTED_API_ENV = "CONCH_HTTP_RESTRICTED_API"
+RESTRICTED_PROTOCOL_ENV = "CONCH_GRPC_RESTRICTED_PROTOCOL"
+# Triton's gRPC metadata key of a restricted protocol: this prefix, then the flag's key.
+GRPC_RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
 MAX_BATCH_SIZE_KEY = "default-max-batch-size"  # the one --backend-config setting conch applies
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -217,6 +221,20 @@ class Settings:
             RESTRICTED_API_ENV, parse=lambda text: RestrictedApis.parse(text.splitlines())
         ),
     )
+    # The gRPC frontend (Triton's GRPCInferenceService) and which frontends serve start.
+    allow_http: bool = True
+    allow_grpc: bool = True
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    grpc_thread_count: int = 64  # RPCs (or streams) the gRPC server runs at once
+    # Triton's --grpc-restricted-protocol: as --http-restricted-api, with gRPC metadata
+    # keys (GRPC_RESTRICTED_HEADER_PREFIX + key); a secret, so handed over in the environment.
+    grpc_restricted_protocol: RestrictedApis = field(
+        default_factory=RestrictedApis,
+        metadata=_env(
+            RESTRICTED_PROTOCOL_ENV, parse=lambda text: _parse_protocols(text.splitlines())
+        ),
+    )
     # Beyond Triton: the load API's file: parameters (model code and weights from the
     # client) are refused unless this is on.
     allow_model_upload: bool = False
@@ -288,6 +306,8 @@ class Settings:
 
 ALL_ROLES = frozenset(Role)
 HTTP_ROLES = frozenset({Role.SERVE, Role.GATEWAY})
+GRPC_ROLES = frozenset({Role.SERVE, Role.GRPC})
+FRONTEND_ROLES = HTTP_ROLES | GRPC_ROLES  # what both frontends apply alike
 WORKER_ROLES = frozenset({Role.SERVE, Role.WORKER})
 
 
@@ -308,6 +328,16 @@ def _model_list(text: str) -> list[str] | None:
 
 def _model_list_args(name: str, values: list[str] | None) -> list[str]:
     return [name, ",".join(v.replace(",", "\\,") for v in values)] if values else []
+
+
+def _parse_protocols(values: Iterable[str]) -> RestrictedApis:
+    """``--grpc-restricted-protocol`` values, with Triton's option name and metadata keys."""
+    return RestrictedApis.parse(
+        values,
+        option="grpc-restricted-protocol",
+        feature="protocol",
+        header_prefix=GRPC_RESTRICTED_HEADER_PREFIX,
+    )
 
 
 def _bool(text: str) -> bool:
@@ -508,7 +538,7 @@ FLAGS: tuple[Flag, ...] = (
     _bool_flag(
         "--strict-readiness",
         "strict_readiness",
-        HTTP_ROLES,
+        FRONTEND_ROLES,
         "/v2/health/ready waits for every model that should be loaded to be served by a "
         "live worker (default true; false: ready once the broker answers)",
     ),
@@ -540,7 +570,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--allow-model-upload",
         "allow_model_upload",
-        HTTP_ROLES,
+        FRONTEND_ROLES,
         "let the load API take model files ('file:' parameters) from the client: "
         "code the workers will run (default false)",
         type=_bool,
@@ -562,10 +592,44 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--http-max-input-size",
         "max_input_bytes",
-        HTTP_ROLES,
+        FRONTEND_ROLES,
+        "the largest request body (and gRPC request message) taken, in bytes (64 MiB)",
         type=int,
         metavar="BYTES",
         read=_given,
+    ),
+    _bool_flag(
+        "--allow-http",
+        "allow_http",
+        frozenset({Role.SERVE}),
+        "serve the HTTP frontend (default true)",
+    ),
+    _bool_flag(
+        "--allow-grpc",
+        "allow_grpc",
+        frozenset({Role.SERVE}),
+        "serve the gRPC frontend (default true)",
+    ),
+    Flag("--grpc-port", "grpc_port", GRPC_ROLES, "the gRPC port (Triton's 8001)", type=int),
+    Flag("--grpc-address", "grpc_address", GRPC_ROLES, read=_given),
+    Flag(
+        "--grpc-thread-count",
+        "grpc_thread_count",
+        GRPC_ROLES,
+        "RPCs (a stream counts as one) the gRPC server runs at once (default 64)",
+        type=int,
+    ),
+    Flag(
+        "--grpc-restricted-protocol",
+        "grpc_restricted_protocol",
+        GRPC_ROLES,
+        "RPCs of these groups need gRPC metadata triton-grpc-protocol-KEY with value "
+        f"VALUE (UNAVAILABLE otherwise); repeatable. Groups: {group_names()}",
+        metavar="PROTOCOL,...:KEY=VALUE",
+        action="append",
+        read=_parse_protocols,
+        as_args=lambda name, rules: _each(name, rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
+        to_env=lambda rules: "\n".join(rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
     ),
     Flag(
         "--models",

@@ -18,12 +18,16 @@ import pytest
 
 HTTP_STACK = ("flask", "werkzeug", "gunicorn", "gevent", "conch.frontend.http")
 RUNTIMES = ("onnxruntime", "torch", "tensorrt")
-# What `conch worker` and `conch gateway` run (conch.cli only picks one and calls it).
+# What `conch worker`, `conch gateway` and `conch grpc` run (conch.cli only picks one).
 WORKER_ENTRY = "conch.worker.app"
-GATEWAY_ENTRIES = ("conch.frontend.http.server", "conch.frontend.http.app")
-# The gateway's composition root hands the repository the auto-completer, which may read a
-# model file's signature; that one edge is the only way the gateway reaches a backend.
-GATEWAY_ROOT_EDGE = ("conch.frontend.http.app", "conch.backends.completion")
+GATEWAY_ENTRIES = (
+    "conch.frontend.http.server",
+    "conch.frontend.http.app",
+    "conch.frontend.grpc.server",
+)
+# The frontends' shared composition hands the repository the auto-completer, which may read
+# a model file's signature; that one edge is the only way a frontend reaches a backend.
+GATEWAY_ROOT_EDGE = ("conch.frontend.composition", "conch.backends.completion")
 
 
 def _under(module: str, prefixes: tuple[str, ...]) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conch.cli import main, parser
-from conch.core.restricted_apis import RestrictedApis
+from conch.core.restricted_apis import ApiGroup, RestrictedApis
 from conch.settings import (
     FLAGS,
     GEVENT_WORKER,
@@ -28,6 +28,15 @@ ENV_NAMES = [name for f in dataclasses.fields(Settings) for name in f.metadata.g
 def _no_settings_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
+
+
+def _protocols(values: list[str]) -> RestrictedApis:
+    return RestrictedApis.parse(
+        values,
+        option="grpc-restricted-protocol",
+        feature="protocol",
+        header_prefix="triton-grpc-protocol-",
+    )
 
 
 def parse(role: Role, *argv: str):
@@ -277,10 +286,23 @@ def _changed(role: Role, repo: Path) -> Settings:
         log_error=False,
         exit_timeout_secs=3,
     )
+    if role in (Role.SERVE, Role.GATEWAY, Role.GRPC):
+        s = dataclasses.replace(
+            s, max_input_bytes=12345, allow_model_upload=True, strict_readiness=False
+        )
+    if role in (Role.SERVE, Role.GRPC):
+        s = dataclasses.replace(
+            s,
+            grpc_address="127.0.0.3",
+            grpc_port=9101,
+            grpc_thread_count=7,
+            grpc_restricted_protocol=_protocols(["inference,health:infer-key=a:b=c"]),
+        )
+    if role is Role.SERVE:
+        s = dataclasses.replace(s, allow_http=False, allow_grpc=False)
     if role in (Role.SERVE, Role.GATEWAY):
         s = dataclasses.replace(
             s,
-            max_input_bytes=12345,
             allow_metrics=False,
             metrics_port=9102,
             http_address="127.0.0.2",
@@ -290,8 +312,6 @@ def _changed(role: Role, repo: Path) -> Settings:
             http_restricted_api=RestrictedApis.parse(
                 ["model-repository,batch:admin-key=a:b=c", "inference:Infer-Key=v"]
             ),
-            allow_model_upload=True,
-            strict_readiness=False,
         )
     if role in (Role.SERVE, Role.WORKER):
         s = dataclasses.replace(s, models=["a", "b,c"])  # Triton allows "," in names
@@ -406,3 +426,51 @@ def test_settings_never_show_a_secret(tmp_path: Path):
         )
     )
     assert "s3cret" not in repr(s) and "s3cret" not in str(s)
+
+
+def test_grpc_restricted_protocol_takes_tritons_form_and_metadata_keys(tmp_path: Path):
+    s = Settings.from_args(
+        parse(
+            Role.GRPC,
+            *("--model-repository", str(tmp_path)),
+            "--grpc-restricted-protocol=inference,model-repository:admin-key=s3cret",
+        )
+    )
+    rule = s.grpc_restricted_protocol.get(ApiGroup.INFERENCE)
+    assert rule is not None and rule.header == "triton-grpc-protocol-admin-key"
+    assert rule.allows("s3cret") and not rule.allows("other")
+    # A secret: it reaches the gRPC child in its environment, never on its command line.
+    assert not any("s3cret" in a for a in s.to_args(Role.GRPC))
+    env = s.child_env(Role.GRPC)
+    assert env == {"CONCH_GRPC_RESTRICTED_PROTOCOL": "inference,model-repository:admin-key=s3cret"}
+    assert Settings.from_env(env).grpc_restricted_protocol == s.grpc_restricted_protocol
+    assert s.child_env(Role.GATEWAY) == {} and s.child_env(Role.WORKER) == {}
+
+
+def test_a_bad_restricted_protocol_stops_the_command_with_tritons_message(tmp_path: Path):
+    with pytest.raises(SystemExit) as exit_:
+        main(["grpc", "--model-repository", str(tmp_path), "--grpc-restricted-protocol", "x:k=v"])
+    assert str(exit_.value.code) == "conch: unknown restricted protocol 'x'"
+    with pytest.raises(SystemExit) as exit_:
+        main(["grpc", "--model-repository", str(tmp_path), "--grpc-restricted-protocol", "health"])
+    assert str(exit_.value.code).startswith(
+        "conch: --grpc-restricted-protocol option format is "
+        "'<protocol>[,<protocol>...]:<key>=<value>'"
+    )
+
+
+def test_grpc_defaults_and_which_role_takes_which_flag(tmp_path: Path):
+    s = Settings(model_repository=tmp_path)
+    assert (s.grpc_address, s.grpc_port, s.allow_grpc, s.allow_http) == (
+        "0.0.0.0",
+        8001,
+        True,
+        True,
+    )
+    changed = _changed(Role.SERVE, tmp_path)
+    grpc_args, gateway_args = changed.to_args(Role.GRPC), changed.to_args(Role.GATEWAY)
+    assert "--grpc-port" in grpc_args and "--http-port" not in grpc_args
+    assert "--grpc-port" not in gateway_args
+    assert "--http-max-input-size" in grpc_args and "--allow-model-upload" in grpc_args
+    assert "--allow-grpc=false" in changed.to_args(Role.SERVE)
+    assert not any(a.startswith("--allow-grpc") for a in grpc_args + gateway_args)

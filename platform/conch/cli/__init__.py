@@ -2,8 +2,9 @@
 
 argv → ``Settings`` → one role. The flags of serve, gateway and worker, their defaults
 and the environment variables behind them are all in ``conch.settings``; this package
-only builds the parser from them and starts the role asked for: ``worker`` and
-``gateway`` here, ``serve`` (``cli/serve.py``) as both in child processes, plus ``batch``
+only builds the parser from them and starts the role asked for: ``worker``,
+``gateway`` and ``grpc`` here, ``serve`` (``cli/serve.py``) as all three in child
+processes, plus ``batch``
 (``cli/batch.py``, a client of a running gateway) and ``sync`` (``repo_sync.cli``). The
 CLI sits above every room, so it is the one place in conch that may import repo_sync.
 
@@ -24,8 +25,9 @@ log = logging.getLogger("conch.cli")
 
 DESCRIPTION = (__doc__ or "").partition("\n")[0]
 _ROLE_HELP = {
-    Role.SERVE: "run Redis (if needed), a worker and the gateway",
+    Role.SERVE: "run Redis (if needed), a worker, the gateway and the gRPC server",
     Role.GATEWAY: "run the HTTP gateway under gunicorn",
+    Role.GRPC: "run the gRPC server (Triton's GRPCInferenceService)",
     Role.WORKER: "run a Celery worker that serves models",
 }
 
@@ -96,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker(settings)
     if args.command == Role.GATEWAY:
         return gateway(settings)
+    if args.command == Role.GRPC:
+        return grpc_server(settings)
     from conch.cli import serve
 
     return serve.run(settings)
@@ -124,4 +128,13 @@ def gateway(settings: Settings) -> int:
         workers=settings.http_workers,
         threads=settings.http_thread_count,
     )
+    return 0
+
+
+def grpc_server(settings: Settings) -> int:
+    from conch.devtools import redis_server
+    from conch.frontend.grpc.server import run
+
+    settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    run(settings)
     return 0

@@ -1,9 +1,10 @@
-"""``conch serve``: the whole stack in one command: Redis if needed, one worker, the gateway.
+"""``conch serve``: the whole stack in one command: Redis if needed, one worker, the
+gateway and the gRPC server (``--allow-http`` / ``--allow-grpc`` leave either out).
 
-The worker and the gateway run as ``python -m conch worker|gateway`` children, started
+The worker and the frontends run as ``python -m conch worker|gateway|grpc`` children, started
 with ``settings.to_args(role)`` (and the secrets in ``settings.child_env(role)``, out of
 the process list): the same settings, the broker URL resolved once here (a private
-redis-server, if this command started one, is shared by both). Settings that have no
+redis-server, if this command started one, is shared by all). Settings that have no
 flag reach them through the environment they inherit.
 """
 
@@ -33,19 +34,30 @@ def run(settings: Settings) -> int:
     )
     log.info("broker: %s%s", url, " (private redis-server)" if private else "")
     settings = dataclasses.replace(settings, redis_url=url)
+    roles = [Role.WORKER]
+    roles += [Role.GATEWAY] if settings.allow_http else []
+    roles += [Role.GRPC] if settings.allow_grpc else []
     children = [
         subprocess.Popen(
             [sys.executable, "-m", "conch", role.value, *settings.to_args(role)],
             env={**os.environ, **settings.child_env(role)},
         )
-        for role in (Role.WORKER, Role.GATEWAY)
+        for role in roles
     ]
-    log.info(
-        "serving %s on http://%s:%d",
-        settings.model_repository,
-        settings.http_address,
-        settings.http_port,
-    )
+    if settings.allow_http:
+        log.info(
+            "serving %s on http://%s:%d",
+            settings.model_repository,
+            settings.http_address,
+            settings.http_port,
+        )
+    if settings.allow_grpc:
+        log.info(
+            "serving %s over gRPC on %s:%d",
+            settings.model_repository,
+            settings.grpc_address,
+            settings.grpc_port,
+        )
 
     stopping = False
 

@@ -23,6 +23,8 @@ RESERVED_PARAMETERS = frozenset(
         "binary_data_output",
     }
 )
+# The one ``triton_`` request parameter a client may send (Triton's frontends set it).
+ALLOWED_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
 
 
 @dataclass

@@ -43,6 +43,15 @@ def element_count(shape: Sequence[int]) -> int:
     return n
 
 
+def check_datatype(datatype: str, name: str) -> None:
+    """Refuse a datatype Triton does not have, naming input ``name``."""
+    if datatype not in WIRE_TYPES:
+        raise InvalidArgument(
+            f"invalid datatype '{datatype}' for input '{name}'; expected one of "
+            f"{', '.join(WIRE_TO_NUMPY)}"
+        )
+
+
 def _bytes_error(raw: bytes | memoryview, count: int, name: str) -> InvalidArgument:
     """The precise reason BYTES data does not hold ``count`` elements (slow path only)."""
     size = len(raw)

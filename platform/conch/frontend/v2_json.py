@@ -21,14 +21,16 @@ import numpy as np
 import orjson
 
 from conch.core import tensors
-from conch.core.datatypes import WIRE_TO_NUMPY, WIRE_TYPES
 from conch.core.errors import Internal, InvalidArgument
-from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput
+from conch.core.inference import (
+    ALLOWED_TRITON_PARAMETERS,
+    InferRequest,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
 
 MAX_JSON_DEPTH = 100  # Triton's limit on JSON nesting (src/common.h)
-
-# The one ``triton_`` key Triton lets through (it is set internally by its frontends).
-_ALLOWED_TRITON_KEYS = frozenset({"triton_enable_empty_final_response"})
 
 
 # --------------------------------------------------------------------------- request
@@ -95,7 +97,7 @@ def _request_parameters(params: Any) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise InvalidArgument("request 'parameters' must be a JSON object")
     for key, value in params.items():
-        if key.startswith("triton_") and key not in _ALLOWED_TRITON_KEYS:
+        if key.startswith("triton_") and key not in ALLOWED_TRITON_PARAMETERS:
             raise InvalidArgument(
                 f"parameter keys starting with 'triton_' are reserved for Triton usage "
                 f"and should not be specified: '{key}'"
@@ -131,11 +133,7 @@ def _input_header(entry: Any, index: int) -> tuple[str, str, tuple[int, ...], di
     datatype = entry.get("datatype")
     if not isinstance(datatype, str):
         raise InvalidArgument(f"input '{name}' must have a string 'datatype'")
-    if datatype not in WIRE_TYPES:
-        raise InvalidArgument(
-            f"invalid datatype '{datatype}' for input '{name}'; expected one of "
-            f"{', '.join(WIRE_TO_NUMPY)}"
-        )
+    tensors.check_datatype(datatype, name)
     shape = entry.get("shape")
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
         raise InvalidArgument(

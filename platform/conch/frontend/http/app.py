@@ -3,7 +3,8 @@
 Nothing here handles a request. The pieces, each in its own module:
 
 - ``DataPlane`` (``conch.frontend.dataplane``): every v2 operation on neutral types,
-  over the model view, the dispatcher and the job store;
+  over the model view, the dispatcher and the job store, built as every frontend builds
+  it (``conch.frontend.composition``);
 - ``fast_path``: infer calls, ahead of Flask (and without WSGI under the gevent worker);
 - ``routes`` and ``job_routes``: the other routes, HTTP → DataPlane → HTTP, and the one
   mapping of errors to Triton's body and status;
@@ -16,23 +17,16 @@ from __future__ import annotations
 
 from flask import Flask
 
-from conch.backends import completion
-from conch.frontend.dataplane import DataPlane
+from conch.frontend.composition import build_dataplane
 from conch.frontend.http import api_groups, docs_routes, job_routes, routes
 from conch.frontend.http.fast_path import InferFastPath
 from conch.frontend.http.metrics import MetricsPort
-from conch.frontend.model_view import ModelView
-from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
-from conch.wire.redis_client import open_client
 
 
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
-    client = open_client(settings.redis_url)
-    # The one edge from the gateway to backend code: the repository's auto-completer.
-    view = ModelView(settings, client, complete=completion.complete)
-    plane = DataPlane(settings, view, Dispatcher(client))
+    plane = build_dataplane(settings)
     app = Flask("conch", static_folder=None)  # no file route the API does not list
     app.extensions[routes.PLANE] = plane  # the gevent worker takes it from here
     app.url_map.strict_slashes = False
@@ -42,7 +36,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     if settings.http_restricted_api:
         app.before_request(api_groups.checker(settings.http_restricted_api))
     docs_routes.register(app)
-    view.follow()
     app.wsgi_app = InferFastPath(app.wsgi_app, plane)  # type: ignore[method-assign]
     if settings.allow_metrics:
         app.wsgi_app = MetricsPort(app.wsgi_app, plane, settings.metrics_port)  # type: ignore[method-assign]

@@ -1,0 +1,25 @@
+"""The data plane's construction, shared by every frontend process.
+
+The HTTP gateway (``frontend.http.app``) and the gRPC server (``frontend.grpc.server``)
+each run one ``DataPlane`` built here, the same way: one Redis client, the model view
+following the repository (with the repository's auto-completer, the one edge from a
+frontend to backend code) and the dispatcher.
+"""
+
+from __future__ import annotations
+
+from conch.backends import completion
+from conch.frontend.dataplane import DataPlane
+from conch.frontend.model_view import ModelView
+from conch.frontend.producer import Dispatcher
+from conch.settings import Settings
+from conch.wire.redis_client import open_client
+
+
+def build_dataplane(settings: Settings) -> DataPlane:
+    """A data plane over ``settings.redis_url``, its model view following the repository."""
+    client = open_client(settings.redis_url)
+    view = ModelView(settings, client, complete=completion.complete)
+    plane = DataPlane(settings, view, Dispatcher(client))
+    view.follow()
+    return plane

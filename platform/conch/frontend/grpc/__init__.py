@@ -1,0 +1,1 @@
+"""The gRPC frontend: Triton's GRPCInferenceService over the data plane (``server``)."""

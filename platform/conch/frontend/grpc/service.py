@@ -1,0 +1,276 @@
+"""Triton's ``GRPCInferenceService``: each RPC decoded, one ``DataPlane`` call, encoded.
+
+The service is the one in the ``.proto`` Triton publishes, compiled into tritonclient's
+``grpc`` package (``service_pb2`` / ``service_pb2_grpc``), so a stock
+``tritonclient.grpc`` client, perf_analyzer and Triton's C++ client speak to it. Nothing
+here validates, dispatches, queues or picks an error's kind: the data plane does, as
+for HTTP, and raises ``ConchError``s; ``STATUS`` maps their Triton code to the gRPC
+status code the way Triton's gRPC frontend does, in this one place.
+
+``--grpc-restricted-protocol``: an RPC of a restricted group needs the metadata key
+``triton-grpc-protocol-<key>`` with the secret, else UNAVAILABLE with Triton's message.
+The RPCs of features conch does not have (shared memory, trace, log settings) answer
+UNIMPLEMENTED, saying so.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from conch.core.errors import ConchError, InvalidArgument, Unsupported
+from conch.core.restricted_apis import ApiGroup, RestrictedApis
+from conch.frontend.dataplane import DataPlane
+from conch.frontend.grpc import codec
+
+log = logging.getLogger(__name__)
+
+# Triton's error codes (``ConchError.code``) as gRPC status codes, as Triton maps them.
+STATUS: dict[str, grpc.StatusCode] = {
+    "UNKNOWN": grpc.StatusCode.UNKNOWN,
+    "INTERNAL": grpc.StatusCode.INTERNAL,
+    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "INVALID_ARG": grpc.StatusCode.INVALID_ARGUMENT,
+    "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "UNSUPPORTED": grpc.StatusCode.UNIMPLEMENTED,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "CANCELLED": grpc.StatusCode.CANCELLED,
+}
+
+
+def status_code(exc: ConchError) -> grpc.StatusCode:
+    """The gRPC status an error answers with (UNKNOWN for a code Triton does not map)."""
+    return STATUS.get(exc.code, grpc.StatusCode.UNKNOWN)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def rpc(group: ApiGroup) -> Callable[[F], F]:
+    """A unary RPC of ``group``: the restriction checked first, and any error answered
+    as its gRPC status with its message."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def handler(self: InferenceService, request: Any, context: grpc.ServicerContext) -> Any:
+            self.check_restriction(group, context)
+            try:
+                return method(self, request, context)
+            except ConchError as exc:
+                context.abort(status_code(exc), exc.message)
+            except Exception as exc:
+                log.exception("%s failed", method.__name__)
+                context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+
+        return handler  # type: ignore[return-value]
+
+    return wrap
+
+
+def _unsupported(group: ApiGroup, feature: str) -> Callable[..., Any]:
+    """An RPC of a feature conch does not have: UNIMPLEMENTED, naming the feature."""
+
+    @rpc(group)
+    def handler(self: InferenceService, request: Any, context: grpc.ServicerContext) -> Any:
+        raise Unsupported(f"conch does not support {feature}")
+
+    return handler
+
+
+def _message(cls: Any, doc: Any) -> Any:
+    """A response message from Triton's JSON form of it (the data plane's answers)."""
+    return json_format.ParseDict(doc, cls(), ignore_unknown_fields=True)
+
+
+def _version(version: str) -> str:
+    """A request's model version ("" = the latest); a non-number is refused as Triton does."""
+    if version and not version.lstrip("-").isdigit():
+        raise InvalidArgument(f"failed to parse model version '{version}'")
+    return version
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The service over one data plane (see the module docstring)."""
+
+    def __init__(self, plane: DataPlane, restricted: RestrictedApis, stream_threads: int) -> None:
+        self.plane = plane
+        self.restricted = restricted
+        # Requests of a stream run here, so that one stream's requests run side by side.
+        self._stream_pool = ThreadPoolExecutor(stream_threads, thread_name_prefix="grpc-stream")
+
+    def check_restriction(self, group: ApiGroup, context: grpc.ServicerContext) -> None:
+        rule = self.restricted.get(group)
+        if rule is None:
+            return
+        key = rule.header.lower()  # gRPC metadata keys are lowercase on the wire
+        supplied = next((v for k, v in context.invocation_metadata() if k == key), None)
+        if not isinstance(supplied, str) or not rule.allows(supplied):
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"This protocol is restricted, expecting header '{rule.header}'",
+            )
+
+    # -- health and metadata -------------------------------------------------------------
+
+    @rpc(ApiGroup.HEALTH)
+    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.ServerLiveResponse(live=self.plane.live())
+
+    @rpc(ApiGroup.HEALTH)
+    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.ServerReadyResponse(ready=self.plane.ready())
+
+    @rpc(ApiGroup.HEALTH)
+    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        ready = self.plane.model_ready(request.name, _version(request.version))
+        return pb.ModelReadyResponse(ready=ready)
+
+    @rpc(ApiGroup.METADATA)
+    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return _message(pb.ServerMetadataResponse, self.plane.server_metadata())
+
+    @rpc(ApiGroup.METADATA)
+    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        doc = self.plane.model_metadata(request.name, _version(request.version))
+        return _message(pb.ModelMetadataResponse, doc)
+
+    @rpc(ApiGroup.MODEL_CONFIG)
+    def ModelConfig(self, request: Any, context: grpc.ServicerContext) -> Any:
+        doc = self.plane.model_config(request.name, _version(request.version))
+        return _message(pb.ModelConfigResponse, {"config": doc})
+
+    @rpc(ApiGroup.STATISTICS)
+    def ModelStatistics(self, request: Any, context: grpc.ServicerContext) -> Any:
+        stats = self.plane.statistics(request.name or None, _version(request.version))
+        return _message(pb.ModelStatisticsResponse, {"model_stats": stats})
+
+    # -- the model repository ------------------------------------------------------------
+
+    @rpc(ApiGroup.MODEL_REPOSITORY)
+    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+        _one_repository(request.repository_name)
+        return _message(pb.RepositoryIndexResponse, {"models": self.plane.index(request.ready)})
+
+    @rpc(ApiGroup.MODEL_REPOSITORY)
+    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+        _one_repository(request.repository_name)
+        name = request.model_name
+        config, files = None, {}
+        for key, param in request.parameters.items():
+            value = codec.parameter_value(param)
+            if key == "config":
+                if not isinstance(value, str):
+                    raise InvalidArgument(
+                        f"failed to load '{name}': parameter 'config' must be a string_param"
+                    )
+                config = value
+            elif key.startswith("file:"):
+                if not isinstance(value, bytes):
+                    raise InvalidArgument(
+                        f"failed to load '{name}': parameter '{key}' must be a bytes_param"
+                    )
+                files[key] = value
+        self.plane.load(name, config=config, files=files)
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc(ApiGroup.MODEL_REPOSITORY)
+    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+        _one_repository(request.repository_name)
+        dependents = False
+        if "unload_dependents" in request.parameters:
+            dependents = codec.parameter_value(request.parameters["unload_dependents"])
+            if not isinstance(dependents, bool):
+                raise InvalidArgument("'unload_dependents' must be a bool_param")
+        self.plane.unload(request.model_name, unload_dependents=dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- inference -----------------------------------------------------------------------
+
+    def _infer(self, request: Any) -> Any:
+        """One infer call: the model's errors first, then the body's, as over HTTP."""
+        to = self.plane.target(request.model_name, _version(request.model_version))
+        outcome = self.plane.infer(to, codec.decode_request(request))
+        return codec.encode_outcome(outcome)
+
+    @rpc(ApiGroup.INFERENCE)
+    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._infer(request)
+
+    def ModelStreamInfer(
+        self, request_iterator: Iterator[Any], context: grpc.ServicerContext
+    ) -> Iterator[Any]:
+        """Each request's response (or its error, with its id) on the stream, as each
+        finishes; an error never closes the stream."""
+        self.check_restriction(ApiGroup.INFERENCE, context)
+        answers: queue.Queue[Any] = queue.Queue()
+        done = object()
+
+        def run(request: Any) -> None:
+            try:
+                answer = pb.ModelStreamInferResponse(infer_response=self._infer(request))
+            except ConchError as exc:
+                answer = _stream_error(request, exc.message)
+            except Exception as exc:
+                log.exception("stream infer failed")
+                answer = _stream_error(request, f"internal error: {exc}")
+            answers.put(answer)
+
+        def read() -> None:
+            count = 0
+            try:
+                for request in request_iterator:
+                    count += 1
+                    self._stream_pool.submit(run, request)
+            except grpc.RpcError:
+                pass  # the client went away: what is in flight still finishes
+            finally:
+                answers.put((done, count))
+
+        threading.Thread(target=read, name="grpc-stream-reader", daemon=True).start()
+        sent, total = 0, None
+        while total is None or sent < total:
+            answer = answers.get()
+            if isinstance(answer, tuple) and answer[0] is done:
+                total = answer[1]
+                continue
+            sent += 1
+            yield answer
+
+    # -- features conch does not have ----------------------------------------------------
+
+    SystemSharedMemoryStatus = _unsupported(ApiGroup.SHARED_MEMORY, "shared memory")
+    SystemSharedMemoryRegister = _unsupported(ApiGroup.SHARED_MEMORY, "shared memory")
+    SystemSharedMemoryUnregister = _unsupported(ApiGroup.SHARED_MEMORY, "shared memory")
+    CudaSharedMemoryStatus = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
+    CudaSharedMemoryRegister = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
+    CudaSharedMemoryUnregister = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
+    TraceSetting = _unsupported(ApiGroup.TRACE, "trace settings")
+    LogSettings = _unsupported(ApiGroup.LOGGING, "log settings")
+
+
+def _stream_error(request: Any, message: str) -> Any:
+    """A failed stream request's answer: the error, with the request's id to match it."""
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(
+            id=request.id, model_name=request.model_name, model_version=request.model_version
+        ),
+    )
+
+
+def _one_repository(name: str) -> None:
+    if name:
+        raise InvalidArgument("'repository_name' specification is not supported")
+
+
+__all__ = ["STATUS", "InferenceService", "status_code"]
