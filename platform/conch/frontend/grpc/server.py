@@ -2,8 +2,8 @@
 
 Process model: grpcio's synchronous server, a thread per RPC in flight from a pool of
 ``--grpc-thread-count`` (and as many for the requests of streams). Each infer call
-waits on the dispatcher's reply (a Redis pub/sub the dispatcher reads on its own
-thread), so a thread is held per call, as the gthread gateway holds one; grpcio's
+waits on the dispatcher's reply (the process's reply list, which the dispatcher's
+listener thread reads), so a thread is held per call, as the gthread gateway holds one; grpcio's
 asyncio server would need an async dispatcher conch does not have, and gevent does not
 mix with grpcio's C core, so this process is never patched. It is its own process (not
 a thread of the gateway) so that the gateway's gevent patching and gunicorn's forking
