@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -371,6 +372,31 @@ def test_deadline_passed_is_unavailable(client) -> None:
         client.infer("slow", [inp], timeout=100_000)  # 0.1 s for a 1 s model
     assert _code(err.value) == "StatusCode.UNAVAILABLE"
     assert "Request timeout expired" in err.value.message()
+
+
+def _successes(client, model: str) -> int:
+    stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    return int(stats["inference_stats"]["success"].get("count", 0))
+
+
+def test_a_grpc_deadline_is_the_requests_deadline_in_the_queue(client) -> None:
+    """A call whose deadline passes while it waits behind another is never run."""
+    x = np.zeros((1, 4), np.float32)
+    inp = grpcclient.InferInput("X", [1, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    before = _successes(client, "step")
+    ahead = []
+    client.async_infer("step", [inp], callback=lambda result, error: ahead.append(error))
+    time.sleep(0.05)  # the first is taken; the next waits 0.3 s behind it
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("step", [inp], client_timeout=0.1)
+    # The client's own timer, or the server's answer at the same deadline, whichever
+    # comes first.
+    assert _code(err.value) in ("StatusCode.DEADLINE_EXCEEDED", "StatusCode.UNAVAILABLE")
+    wait_until(lambda: bool(ahead), 10, "the first call's answer")
+    assert ahead == [None], [str(e) for e in ahead]
+    time.sleep(0.8)  # the worker has long since popped the late one
+    assert _successes(client, "step") == before + 1
 
 
 def test_unimplemented_rpcs_say_so(client) -> None:

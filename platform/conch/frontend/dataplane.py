@@ -231,10 +231,17 @@ class DataPlane:
         """The model and version a call names ("" = the latest): every error about them."""
         return calls.target(self.view.serving(model), version)
 
-    def infer(self, to: calls.Target, request: InferRequest) -> InferOutcome:
+    def infer(
+        self, to: calls.Target, request: InferRequest, *, deadline: float = 0.0
+    ) -> InferOutcome:
         """Check ``request`` against its model, queue it (or run the ensemble's graph)
-        and wait for the outputs."""
-        call = self._prepare(to, request, calls.Lane.ONLINE)
+        and wait for the outputs.
+
+        ``deadline`` (epoch seconds, 0: none) is the caller's own, such as a gRPC
+        deadline: the request is never run past it, nor past its ``timeout``.
+        """
+        caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
+        call = self._prepare(to, request, calls.Lane.ONLINE, caller)
         entry, msg = to.entry, call.msg
         if entry.backend == ensemble_graph.ENSEMBLE:
             version = call.version
@@ -249,12 +256,22 @@ class DataPlane:
             version = reply.version if reply.version > 0 else call.version
         return self._outcome(entry, request, version, results)
 
-    def _prepare(self, to: calls.Target, request: InferRequest, lane: calls.Lane) -> calls.Call:
+    def _prepare(
+        self,
+        to: calls.Target,
+        request: InferRequest,
+        lane: calls.Lane,
+        caller: calls.Caller = calls.CLIENT,
+    ) -> calls.Call:
         """Every 4xx about the request is raised here, before anything is queued."""
         validation.validate_request(request, to.entry.config, model_name=to.entry.name)
         self.view.check_available(to.entry.name)
         return calls.build(
-            to, request, lane=lane, default_timeout_s=self.settings.request_timeout_s
+            to,
+            request,
+            lane=lane,
+            caller=caller,
+            default_timeout_s=self.settings.request_timeout_s,
         )
 
     def _run_ensemble(

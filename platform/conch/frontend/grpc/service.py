@@ -19,6 +19,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -196,15 +197,21 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference -----------------------------------------------------------------------
 
-    def _infer(self, request: Any) -> Any:
-        """One infer call: the model's errors first, then the body's, as over HTTP."""
+    def _infer(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """One infer call: the model's errors first, then the body's, as over HTTP. The
+        call's gRPC deadline is the request's deadline in the queue too: a request still
+        queued when its caller has given up is dropped by the worker, never run."""
         to = self.plane.target(request.model_name, _version(request.model_version))
-        outcome = self.plane.infer(to, codec.decode_request(request))
+        remaining = context.time_remaining()  # huge, not None, when the call has none
+        deadline = (
+            time.time() + remaining if remaining is not None and remaining < _NO_DEADLINE_S else 0.0
+        )
+        outcome = self.plane.infer(to, codec.decode_request(request), deadline=deadline)
         return codec.encode_outcome(outcome)
 
     @rpc(ApiGroup.INFERENCE)
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._infer(request)
+        return self._infer(request, context)
 
     def ModelStreamInfer(
         self, request_iterator: Iterator[Any], context: grpc.ServicerContext
@@ -217,7 +224,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         def run(request: Any) -> None:
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=self._infer(request))
+                answer = pb.ModelStreamInferResponse(infer_response=self._infer(request, context))
             except ConchError as exc:
                 answer = _stream_error(request, exc.message)
             except Exception as exc:
@@ -256,6 +263,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryUnregister = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
     TraceSetting = _unsupported(ApiGroup.TRACE, "trace settings")
     LogSettings = _unsupported(ApiGroup.LOGGING, "log settings")
+
+
+# grpcio reports a call without a deadline as this far off or more.
+_NO_DEADLINE_S = 365 * 86_400.0
 
 
 def _stream_error(request: Any, message: str) -> Any:
