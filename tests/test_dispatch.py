@@ -110,3 +110,15 @@ def test_full_queue_is_refused(redis_url: str) -> None:
     )
     assert broker.queue_depth(client, "m") == 2
     client.delete(broker.queue_name("m"))
+
+
+def test_a_message_still_queued_can_be_withdrawn(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.delete(*broker.priority_keys(broker.queue_name("m")))
+    publisher = broker.Publisher(client)
+    msg = message()
+    raw = publisher.publish("m", msg.to_dict(), task_id="w", priority=0, reply_to=None)
+    assert raw and broker.queue_depth(client, "m") == 1
+    assert broker.withdraw(client, "m", 0, raw)
+    assert broker.queue_depth(client, "m") == 0
+    assert not broker.withdraw(client, "m", 0, raw)  # gone already: a worker took it

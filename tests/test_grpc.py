@@ -399,6 +399,30 @@ def test_a_grpc_deadline_is_the_requests_deadline_in_the_queue(client) -> None:
     assert _successes(client, "step") == before + 1
 
 
+def test_a_cancelled_call_never_runs_its_queued_request(client) -> None:
+    x = np.zeros((1, 4), np.float32)
+    inp = grpcclient.InferInput("X", [1, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    before = _successes(client, "step")
+    answers: dict[str, object] = {}
+    client.async_infer(
+        "step", [inp], callback=lambda result, error: answers.setdefault("ahead", error)
+    )
+    time.sleep(0.05)  # the first is taken; the next waits 0.3 s behind it
+    late = client.async_infer(
+        "step", [inp], callback=lambda result, error: answers.setdefault("late", error)
+    )
+    time.sleep(0.05)
+    late.cancel()
+    wait_until(
+        lambda: "ahead" in answers and "late" in answers, 10, f"both calls to end: {answers}"
+    )
+    assert answers["ahead"] is None
+    assert "CANCELLED" in str(answers["late"])
+    time.sleep(0.8)  # a worker would have run it by now, had it stayed queued
+    assert _successes(client, "step") == before + 1
+
+
 def test_unimplemented_rpcs_say_so(client) -> None:
     for call, what in (
         (client.get_system_shared_memory_status, "shared memory"),

@@ -37,7 +37,7 @@ from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
 from conch.core.repository import ModelEntry
 from conch.frontend import batch_job, calls, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
-from conch.frontend.producer import Dispatcher
+from conch.frontend.producer import Abandonment, Dispatcher
 from conch.settings import Settings
 from conch.wire import broker, job_store, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
@@ -232,13 +232,20 @@ class DataPlane:
         return calls.target(self.view.serving(model), version)
 
     def infer(
-        self, to: calls.Target, request: InferRequest, *, deadline: float = 0.0
+        self,
+        to: calls.Target,
+        request: InferRequest,
+        *,
+        deadline: float = 0.0,
+        abandonment: Abandonment | None = None,
     ) -> InferOutcome:
         """Check ``request`` against its model, queue it (or run the ensemble's graph)
         and wait for the outputs.
 
         ``deadline`` (epoch seconds, 0: none) is the caller's own, such as a gRPC
-        deadline: the request is never run past it, nor past its ``timeout``.
+        deadline: the request is never run past it, nor past its ``timeout``. Through
+        ``abandonment`` the caller's transport may say it went away (a model's request
+        still queued is then never run; an ensemble's steps run on).
         """
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
         call = self._prepare(to, request, calls.Lane.ONLINE, caller)
@@ -248,7 +255,10 @@ class DataPlane:
             results = self._run_ensemble(entry, request, msg, version)
         else:
             reply = self.dispatcher.call(
-                msg, max_queue_size=call.max_queue_size, version=call.version
+                msg,
+                max_queue_size=call.max_queue_size,
+                version=call.version,
+                abandonment=abandonment,
             )
             if reply.error is not None:
                 raise reply.error

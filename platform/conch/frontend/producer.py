@@ -29,7 +29,7 @@ import uuid
 
 import redis
 
-from conch.core.errors import BrokerUnavailable, ConchError, Unavailable
+from conch.core.errors import BrokerUnavailable, Cancelled, ConchError, Unavailable
 from conch.wire import broker, outage, statistics
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 from conch.wire.redis_link import RedisLink
@@ -55,11 +55,14 @@ class Pending:
     later (its caller gave up, or a sibling step failed) is dropped by the listener.
     """
 
-    __slots__ = ("_dispatcher", "_slot", "msg")
+    __slots__ = ("_dispatcher", "_raw", "_slot", "msg")
 
-    def __init__(self, dispatcher: Dispatcher, msg: InferMessage, slot: _Slot) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, msg: InferMessage, slot: _Slot, raw: bytes = b""
+    ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
+        self._raw = raw  # the message as queued
         self.msg = msg
 
     def wait(self) -> Reply:
@@ -83,6 +86,47 @@ class Pending:
         """The caller will not wait after all."""
         self._dispatcher._pending.pop(self.msg.id, None)
 
+    def abandon(self, reason: str) -> bool:
+        """The caller went away (a cancelled gRPC call): take the message back out of its
+        queue if it is still there, so it never runs, and end ``wait()`` at once with
+        ``Cancelled(reason)``. True when the message was still queued."""
+        withdrawn = bool(self._raw) and broker.withdraw(
+            self._dispatcher.client, self.msg.model, self.msg.priority, self._raw
+        )
+        self._slot.error = Cancelled(reason)
+        self._slot.event.set()
+        return withdrawn
+
+
+class Abandonment:
+    """How a transport says its caller went away while the request waits (a cancelled
+    gRPC call): ``abandon`` withdraws the queued message, if no worker has taken it, and
+    ends the wait. Said after the answer (``done``), it costs nothing."""
+
+    __slots__ = ("_gone", "_lock", "_pending")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: Pending | None = None
+        self._gone: str | None = None
+
+    def watch(self, pending: Pending) -> None:
+        with self._lock:
+            if self._gone is None:
+                self._pending = pending
+                return
+        pending.abandon(self._gone)  # gone before the message was even queued
+
+    def done(self) -> None:
+        with self._lock:
+            self._pending = None
+
+    def abandon(self, reason: str) -> None:
+        with self._lock:
+            self._gone, pending, self._pending = reason, self._pending, None
+        if pending is not None:
+            pending.abandon(reason)
+
 
 class Dispatcher:
     """Publishes requests and routes replies to the threads waiting for them."""
@@ -95,9 +139,23 @@ class Dispatcher:
         self._pid: int | None = None
         self.reply_key = ""
 
-    def call(self, msg: InferMessage, *, max_queue_size: int = 0, version: int = 0) -> Reply:
-        """Enqueue ``msg`` and block until its reply or its deadline."""
-        return self.submit(msg, max_queue_size=max_queue_size, version=version).wait()
+    def call(
+        self,
+        msg: InferMessage,
+        *,
+        max_queue_size: int = 0,
+        version: int = 0,
+        abandonment: Abandonment | None = None,
+    ) -> Reply:
+        """Enqueue ``msg`` and block until its reply, its deadline or ``abandonment``."""
+        pending = self.submit(msg, max_queue_size=max_queue_size, version=version)
+        if abandonment is None:
+            return pending.wait()
+        abandonment.watch(pending)
+        try:
+            return pending.wait()
+        finally:
+            abandonment.done()
 
     def submit(self, msg: InferMessage, *, max_queue_size: int = 0, version: int = 0) -> Pending:
         """Enqueue ``msg`` now; the returned ``Pending`` waits for its reply.
@@ -129,7 +187,7 @@ class Dispatcher:
                 f"Exceeds maximum queue size: model '{msg.model}' already has "
                 f"{max_queue_size} requests waiting at this priority"
             )
-        return Pending(self, msg, slot)
+        return Pending(self, msg, slot, queued)
 
     # The listener is per process: gunicorn forks after the app is built, so it is
     # started lazily, and again in a child that inherited a parent's dispatcher.

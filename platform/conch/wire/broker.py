@@ -177,8 +177,9 @@ class Publisher:
         priority: int,
         reply_to: str | None,
         max_queue_size: int = 0,
-    ) -> bool:
-        """Queue one request and wake an idle worker; False when the queue is full.
+    ) -> bytes | None:
+        """Queue one request and wake an idle worker: the message as queued (what
+        ``withdraw`` takes), or None when the queue is full.
 
         The length check and the push are one script, so concurrent gateways cannot
         overfill a bounded queue.
@@ -200,7 +201,7 @@ class Publisher:
         entry.done.wait()
         if entry.error is not None:
             raise entry.error
-        return entry.result
+        return raw if entry.result else None
 
     def _flush(self) -> None:
         while True:
@@ -230,6 +231,13 @@ class Publisher:
                 raise errors[0]
             self.client.script_load(_PUBLISH_LUA)  # Redis restarted or flushed its scripts
         raise AssertionError("unreachable")
+
+
+def withdraw(client: redis.Redis, model: str, priority: int, raw: bytes) -> bool:
+    """Take a message its caller gave up on back out of its queue, if no worker has
+    popped it yet: True when it was still there (it will never run). The wake token it
+    left wakes an idle worker for nothing, once."""
+    return bool(client.lrem(priority_key(queue_name(model), priority), 1, raw))
 
 
 def queue_depth(client: redis.Redis, model: str) -> int:

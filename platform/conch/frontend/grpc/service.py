@@ -33,6 +33,7 @@ from conch.core.errors import ConchError, InvalidArgument, Unsupported
 from conch.core.restricted_apis import ApiGroup, RestrictedApis
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.grpc import codec
+from conch.frontend.producer import Abandonment
 
 log = logging.getLogger(__name__)
 
@@ -197,21 +198,32 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference -----------------------------------------------------------------------
 
-    def _infer(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def _infer(
+        self,
+        request: Any,
+        context: grpc.ServicerContext,
+        abandonment: Abandonment | None = None,
+    ) -> Any:
         """One infer call: the model's errors first, then the body's, as over HTTP. The
         call's gRPC deadline is the request's deadline in the queue too: a request still
         queued when its caller has given up is dropped by the worker, never run."""
         to = self.plane.target(request.model_name, _version(request.model_version))
         remaining = context.time_remaining()  # huge, not None, when the call has none
-        deadline = (
-            time.time() + remaining if remaining is not None and remaining < _NO_DEADLINE_S else 0.0
+        deadline = 0.0
+        if remaining is not None and remaining < _NO_DEADLINE_S:
+            deadline = time.time() + remaining
+        outcome = self.plane.infer(
+            to, codec.decode_request(request), deadline=deadline, abandonment=abandonment
         )
-        outcome = self.plane.infer(to, codec.decode_request(request), deadline=deadline)
         return codec.encode_outcome(outcome)
 
     @rpc(ApiGroup.INFERENCE)
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._infer(request, context)
+        """A call its client cancels stops waiting, and its request, if still queued,
+        is taken back out and never runs."""
+        abandonment = Abandonment()
+        context.add_callback(lambda: abandonment.abandon("the client cancelled the call"))
+        return self._infer(request, context, abandonment)
 
     def ModelStreamInfer(
         self, request_iterator: Iterator[Any], context: grpc.ServicerContext
