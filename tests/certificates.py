@@ -38,62 +38,44 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> Path:
     return path
 
 
-def _certificate(
+def _issue(
     subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: str,
-    issuer_key: ec.EllipticCurvePrivateKey,
-    *extensions: tuple[x509.ExtensionType, bool],
-) -> x509.Certificate:
+    extension: x509.ExtensionType | None = None,
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None = None,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A new key and its certificate, signed by ``issuer`` (self-signed when None)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    issuer_name, issuer_key = (issuer[0].subject, issuer[1]) if issuer else (_name(subject), key)
     now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(subject))
-        .issuer_name(_name(issuer))
+        .issuer_name(issuer_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
     )
-    for extension, critical in extensions:
+    if extension is not None:
+        critical = isinstance(extension, x509.BasicConstraints)
         builder = builder.add_extension(extension, critical=critical)
-    return builder.sign(issuer_key, hashes.SHA256())
+    return builder.sign(issuer_key, hashes.SHA256()), key
 
 
 def make_pki(directory: Path) -> Pki:
     """New keys and certificates under ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _certificate(
-        "conch test CA",
-        ca_key,
-        "conch test CA",
-        ca_key,
-        (x509.BasicConstraints(ca=True, path_length=None), True),
-    )
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server = _certificate(
-        "localhost",
-        server_key,
-        "conch test CA",
-        ca_key,
-        (
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            False,
-        ),
-    )
-    client_key = ec.generate_private_key(ec.SECP256R1())
-    client = _certificate("conch test client", client_key, "conch test CA", ca_key)
+    ca = _issue("conch test CA", x509.BasicConstraints(ca=True, path_length=None))
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    server = _issue("localhost", x509.SubjectAlternativeName(names), issuer=ca)
+    client = _issue("conch test client", issuer=ca)
     pem = serialization.Encoding.PEM
-    (directory / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (directory / "server.pem").write_bytes(server.public_bytes(pem))
-    (directory / "client.pem").write_bytes(client.public_bytes(pem))
+    for name, (cert, _) in (("ca", ca), ("server", server), ("client", client)):
+        (directory / f"{name}.pem").write_bytes(cert.public_bytes(pem))
     return Pki(
         ca=directory / "ca.pem",
         server_cert=directory / "server.pem",
-        server_key=_write_key(server_key, directory / "server.key"),
+        server_key=_write_key(server[1], directory / "server.key"),
         client_cert=directory / "client.pem",
-        client_key=_write_key(client_key, directory / "client.key"),
+        client_key=_write_key(client[1], directory / "client.key"),
     )

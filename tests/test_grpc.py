@@ -525,7 +525,8 @@ def test_tls(stack, tmp_path_factory, redis_url: str, log_dir: Path, mutual: boo
     )
     client = grpcclient.InferenceServerClient(url, **trusted)
     try:
-        assert client.is_server_ready()
+        # ready once this server has seen the worker's models, over TLS like any call
+        wait_until(client.is_server_ready, 60, "TLS server ready", server)
         result = client.infer("add", _add_inputs(np.ones((2, 4), np.float32)))
         np.testing.assert_array_equal(result.as_numpy("OUT"), np.full((2, 4), 2, np.float32))
         assert "UNAVAILABLE" in _code(_refused(url))  # plaintext to a TLS port

@@ -7,20 +7,18 @@ from pathlib import Path
 import grpc
 import pytest
 
+from conch.cli import parser
 from conch.frontend.grpc import transport
 from conch.settings import CompressionLevel, Settings
 
 
-def test_keepalive_and_message_size_flags_become_grpcio_options():
-    s = Settings(
-        max_input_bytes=4096,
-        grpc_keepalive_time_ms=1000,
-        grpc_keepalive_timeout_ms=2000,
-        grpc_keepalive_permit_without_calls=True,
-        grpc_http2_max_pings_without_data=0,
-        grpc_http2_min_recv_ping_interval_without_data_ms=3000,
-        grpc_http2_max_ping_strikes=5,
-    )
+def test_keepalive_and_message_size_flags_become_grpcio_options(tmp_path: Path):
+    flags = """--http-max-input-size 4096 --grpc-keepalive-time 1000
+        --grpc-keepalive-timeout 2000 --grpc-keepalive-permit-without-calls=1
+        --grpc-http2-max-pings-without-data 0
+        --grpc-http2-min-recv-ping-interval-without-data 3000 --grpc-http2-max-ping-strikes 5"""
+    args = parser().parse_args(["grpc", "--model-repository", str(tmp_path), *flags.split()])
+    s = Settings.from_args(args, environ={})
     assert dict(transport.server_options(s)) == {
         "grpc.max_receive_message_length": 4096,
         "grpc.max_send_message_length": 2**31 - 1,
