@@ -185,9 +185,11 @@ def start_grpc(
     *extra: str,
     env: dict[str, str] | None = None,
     port: int = 0,
+    client_options: dict[str, object] | None = None,
 ) -> tuple[Service, str]:
     """A gRPC server (``conch grpc``) on ``port`` (a free one when 0); its URL once live
-    (so not under a restricted health group)."""
+    (so not under a restricted health group), as a client made with ``client_options``
+    (e.g. TLS files) sees it."""
     import tritonclient.grpc as grpcclient
 
     port = port or free_port()
@@ -209,7 +211,7 @@ def start_grpc(
         env,
     )
     url = f"127.0.0.1:{port}"
-    client = grpcclient.InferenceServerClient(url)
+    client = grpcclient.InferenceServerClient(url, **(client_options or {}))
 
     def live() -> bool:
         try:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import grpc
@@ -19,7 +23,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from harness import fresh_db, start_grpc, start_worker, wait_until
+from certificates import Pki, make_pki
+from harness import conch, fresh_db, start_grpc, start_worker, wait_until
 from models import (
     IDENTITY_TYPES,
     add_model,
@@ -526,4 +531,165 @@ def test_message_size_limit(stack, tmp_path_factory, redis_url: str, log_dir: Pa
         assert _code(err.value) == "StatusCode.RESOURCE_EXHAUSTED"
     finally:
         client.close()
+        server.stop()
+
+
+# -- TLS (--grpc-use-ssl, --grpc-use-ssl-mutual) -------------------------------------------
+
+
+def _tls_flags(pki: Pki, *, mutual: bool) -> list[str]:
+    return [
+        "--grpc-use-ssl-mutual=true" if mutual else "--grpc-use-ssl=true",
+        "--grpc-server-cert",
+        str(pki.server_cert),
+        "--grpc-server-key",
+        str(pki.server_key),
+        "--grpc-root-cert",
+        str(pki.ca),
+    ]
+
+
+def _refused(url: str, **options: object) -> InferenceServerException:
+    client = grpcclient.InferenceServerClient(url, **options)
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.is_server_live(client_timeout=5)
+        return err.value
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mutual-tls"])
+def test_tls(stack, tmp_path_factory, redis_url: str, log_dir: Path, mutual: bool) -> None:
+    tmp = tmp_path_factory.mktemp("grpc-tls")
+    pki = make_pki(tmp / "pki")
+    trusted: dict[str, object] = {"ssl": True, "root_certificates": str(pki.ca)}
+    if mutual:
+        trusted.update(private_key=str(pki.client_key), certificate_chain=str(pki.client_cert))
+    server, url = start_grpc(
+        _repo(tmp / "models"),
+        fresh_db(redis_url, 11),
+        log_dir,
+        *_tls_flags(pki, mutual=mutual),
+        client_options=trusted,
+    )
+    client = grpcclient.InferenceServerClient(url, **trusted)
+    try:
+        # ready once this server has seen the worker's models, over TLS like any call
+        wait_until(client.is_server_ready, 60, "TLS server ready", server)
+        result = client.infer("add", _add_inputs(np.ones((2, 4), np.float32)))
+        np.testing.assert_array_equal(result.as_numpy("OUT"), np.full((2, 4), 2, np.float32))
+        assert "UNAVAILABLE" in _code(_refused(url))  # plaintext to a TLS port
+        stranger = make_pki(tmp / "other")  # a CA the client does not trust
+        assert "UNAVAILABLE" in _code(_refused(url, ssl=True, root_certificates=str(stranger.ca)))
+        if mutual:  # no client certificate, or one from another CA
+            assert "UNAVAILABLE" in _code(_refused(url, ssl=True, root_certificates=str(pki.ca)))
+            assert "UNAVAILABLE" in _code(
+                _refused(
+                    url,
+                    ssl=True,
+                    root_certificates=str(pki.ca),
+                    private_key=str(stranger.client_key),
+                    certificate_chain=str(stranger.client_cert),
+                )
+            )
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_tls_without_a_key_file_stops_the_start(tmp_path: Path, redis_url: str) -> None:
+    done = subprocess.run(
+        conch(
+            "grpc",
+            "--model-repository",
+            str(tmp_path),
+            "--redis-url",
+            redis_url,
+            "--grpc-port",
+            "0",
+            "--grpc-use-ssl=true",
+            "--grpc-server-cert",
+            str(tmp_path / "missing.pem"),
+            "--grpc-server-key",
+            str(tmp_path / "missing.key"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "--grpc-server-key" in done.stderr and "No such file" in done.stderr
+
+
+# -- --grpc-infer-response-compression-level -----------------------------------------------
+
+
+@contextmanager
+def _counting_proxy(upstream: str) -> Iterator[tuple[str, list[int]]]:
+    """A TCP proxy to ``upstream``: its URL, and the count of bytes the server sent back
+    through it (what went on the wire, compressed or not)."""
+    host, port = upstream.rsplit(":", 1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    received = [0]
+    lock = threading.Lock()
+
+    def pump(src: socket.socket, dst: socket.socket, count: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if count:
+                    with lock:
+                        received[0] += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        with suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                server = socket.create_connection((host, int(port)))
+                for args in ((conn, server, False), (server, conn, True)):
+                    threading.Thread(target=pump, args=args, daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}", received
+    finally:
+        listener.close()
+
+
+def _bytes_back(url: str, x: np.ndarray) -> int:
+    """Bytes on the wire from the server for one echo of ``x`` (checked to round-trip)."""
+    inp = grpcclient.InferInput("IN", list(x.shape), "BF16")
+    inp.set_data_from_numpy(x)
+    with _counting_proxy(url) as (proxied, received):
+        client = grpcclient.InferenceServerClient(proxied)
+        try:
+            client.is_server_live()
+            before = received[0]
+            result = client.infer("echo", [inp])
+            np.testing.assert_array_equal(result.as_numpy("OUT"), x)
+            return received[0] - before
+        finally:
+            client.close()
+
+
+def test_infer_response_compression(stack, tmp_path_factory, redis_url: str, log_dir: Path) -> None:
+    x = np.zeros(200_000, dtype=ml_dtypes.bfloat16)  # 400 kB that compress to almost nothing
+    assert _bytes_back(stack[0], x) > x.nbytes  # the default: none
+    server, url = start_grpc(
+        _repo(tmp_path_factory.mktemp("grpc-gzip") / "models"),
+        fresh_db(redis_url, 11),
+        log_dir,
+        "--grpc-infer-response-compression-level",
+        "high",
+    )
+    try:
+        assert _bytes_back(url, x) < x.nbytes // 20
+    finally:
         server.stop()

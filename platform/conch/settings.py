@@ -67,6 +67,16 @@ class LogFormat(StrEnum):
     ISO8601 = "ISO8601"  # 2024-03-04T10:22:33Z I <pid> <file>:<line>] ...
 
 
+class CompressionLevel(StrEnum):
+    """Triton's ``--grpc-infer-response-compression-level``: how infer responses are
+    compressed on the wire (``frontend.grpc.transport`` picks the algorithm)."""
+
+    NONE = "none"
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+
+
 class Role(StrEnum):
     """The subcommands that run a part of the server, each with its own flags."""
 
@@ -235,6 +245,21 @@ class Settings:
             RESTRICTED_PROTOCOL_ENV, parse=lambda text: _parse_protocols(text.splitlines())
         ),
     )
+    # Triton's gRPC TLS: --grpc-use-ssl (server cert and key), --grpc-use-ssl-mutual (which
+    # wins, and also asks clients for a certificate signed by the root cert). PEM files.
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""
+    grpc_infer_response_compression_level: CompressionLevel = CompressionLevel.NONE
+    # Triton's gRPC keepalive flags (milliseconds), with Triton's (and gRPC core's) defaults.
+    grpc_keepalive_time_ms: int = 7_200_000
+    grpc_keepalive_timeout_ms: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
     # Beyond Triton: the load API's file: parameters (model code and weights from the
     # client) are refused unless this is on.
     allow_model_upload: bool = False
@@ -362,6 +387,16 @@ def _bool_flag(name: str, setting: str, roles: frozenset[Role], help: str) -> Fl
 def _choice_flag(name: str, setting: str, help: str, choices: type[StrEnum]) -> Flag:
     """A flag whose values are an enum's, for every role."""
     return Flag(name, setting, ALL_ROLES, help, choices=tuple(choices), read=choices)
+
+
+def _file_flag(name: str, setting: str, help: str) -> Flag:
+    """A gRPC TLS file flag (read only when TLS is on)."""
+    return Flag(name, setting, GRPC_ROLES, help, metavar="FILE", read=_given)
+
+
+def _millis_flag(name: str, setting: str, help: str) -> Flag:
+    """A gRPC transport duration, in milliseconds as Triton takes it."""
+    return Flag(name, setting, GRPC_ROLES, help, type=int, metavar="MS")
 
 
 def _seconds(value: int) -> int:
@@ -631,6 +666,70 @@ FLAGS: tuple[Flag, ...] = (
         as_args=lambda name, rules: _each(name, rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
         to_env=lambda rules: "\n".join(rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
     ),
+    _bool_flag(
+        "--grpc-use-ssl",
+        "grpc_use_ssl",
+        GRPC_ROLES,
+        "serve gRPC over TLS with --grpc-server-cert and --grpc-server-key (default false)",
+    ),
+    _bool_flag(
+        "--grpc-use-ssl-mutual",
+        "grpc_use_ssl_mutual",
+        GRPC_ROLES,
+        "TLS that also requires a client certificate signed by --grpc-root-cert; "
+        "wins over --grpc-use-ssl (default false)",
+    ),
+    _file_flag("--grpc-server-cert", "grpc_server_cert", "PEM server certificate"),
+    _file_flag("--grpc-server-key", "grpc_server_key", "PEM server key"),
+    _file_flag(
+        "--grpc-root-cert", "grpc_root_cert", "PEM root certificate that client certificates need"
+    ),
+    Flag(
+        "--grpc-infer-response-compression-level",
+        "grpc_infer_response_compression_level",
+        GRPC_ROLES,
+        "compress infer responses: none (default), low, medium or high",
+        type=str.lower,
+        choices=tuple(CompressionLevel),
+        read=CompressionLevel,
+    ),
+    _millis_flag(
+        "--grpc-keepalive-time",
+        "grpc_keepalive_time_ms",
+        "ping an idle connection after this long (default 7200000)",
+    ),
+    _millis_flag(
+        "--grpc-keepalive-timeout",
+        "grpc_keepalive_timeout_ms",
+        "close the connection when a ping is not answered in this long (default 20000)",
+    ),
+    _bool_flag(
+        "--grpc-keepalive-permit-without-calls",
+        "grpc_keepalive_permit_without_calls",
+        GRPC_ROLES,
+        "keepalive pings also when no call is in flight (default false)",
+    ),
+    Flag(
+        "--grpc-http2-max-pings-without-data",
+        "grpc_http2_max_pings_without_data",
+        GRPC_ROLES,
+        "pings sent with no data frame between them; 0: no limit (default 2)",
+        type=int,
+        metavar="N",
+    ),
+    _millis_flag(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        "grpc_http2_min_recv_ping_interval_without_data_ms",
+        "a client ping sooner than this after the last, with no data, is a strike (default 300000)",
+    ),
+    Flag(
+        "--grpc-http2-max-ping-strikes",
+        "grpc_http2_max_ping_strikes",
+        GRPC_ROLES,
+        "strikes before the connection is closed (GOAWAY); 0: no limit (default 2)",
+        type=int,
+        metavar="N",
+    ),
     Flag(
         "--models",
         "models",
@@ -653,6 +752,7 @@ __all__ = [
     "FLAGS",
     "GEVENT_WORKER",
     "BackendConfig",
+    "CompressionLevel",
     "Flag",
     "LogFormat",
     "ModelControlMode",

@@ -14,6 +14,7 @@ from conch.settings import (
     GEVENT_WORKER,
     LOCAL_REDIS_URL,
     BackendConfig,
+    CompressionLevel,
     LogFormat,
     ModelControlMode,
     Role,
@@ -297,6 +298,18 @@ def _changed(role: Role, repo: Path) -> Settings:
             grpc_port=9101,
             grpc_thread_count=7,
             grpc_restricted_protocol=_protocols(["inference,health:infer-key=a:b=c"]),
+            grpc_use_ssl=True,
+            grpc_use_ssl_mutual=True,
+            grpc_server_cert="/etc/tls/server.crt",
+            grpc_server_key="/etc/tls/server.key",
+            grpc_root_cert="/etc/tls/ca.crt",
+            grpc_infer_response_compression_level=CompressionLevel.MEDIUM,
+            grpc_keepalive_time_ms=1000,
+            grpc_keepalive_timeout_ms=2000,
+            grpc_keepalive_permit_without_calls=True,
+            grpc_http2_max_pings_without_data=0,
+            grpc_http2_min_recv_ping_interval_without_data_ms=3000,
+            grpc_http2_max_ping_strikes=5,
         )
     if role is Role.SERVE:
         s = dataclasses.replace(s, allow_http=False, allow_grpc=False)
@@ -474,3 +487,46 @@ def test_grpc_defaults_and_which_role_takes_which_flag(tmp_path: Path):
     assert "--http-max-input-size" in grpc_args and "--allow-model-upload" in grpc_args
     assert "--allow-grpc=false" in changed.to_args(Role.SERVE)
     assert not any(a.startswith("--allow-grpc") for a in grpc_args + gateway_args)
+
+
+def test_grpc_transport_flags_take_tritons_names_and_defaults(tmp_path: Path, capsys):
+    s = Settings()
+    assert (s.grpc_use_ssl, s.grpc_use_ssl_mutual, s.grpc_infer_response_compression_level) == (
+        False,
+        False,
+        CompressionLevel.NONE,
+    )
+    assert (s.grpc_keepalive_time_ms, s.grpc_keepalive_timeout_ms) == (7_200_000, 20_000)
+    assert s.grpc_keepalive_permit_without_calls is False
+    assert s.grpc_http2_max_pings_without_data == 2
+    assert s.grpc_http2_min_recv_ping_interval_without_data_ms == 300_000
+    assert s.grpc_http2_max_ping_strikes == 2
+    given = Settings.from_args(
+        parse(
+            Role.GRPC,
+            "--model-repository",
+            str(tmp_path),
+            "--grpc-use-ssl=1",
+            "--grpc-server-cert",
+            "c.pem",
+            "--grpc-infer-response-compression-level",
+            "HIGH",  # Triton lower-cases the level
+            "--grpc-keepalive-time",
+            "10000",
+            "--grpc-keepalive-permit-without-calls",
+            "true",
+        )
+    )
+    assert given.grpc_use_ssl and given.grpc_server_cert == "c.pem"
+    assert given.grpc_infer_response_compression_level is CompressionLevel.HIGH
+    assert given.grpc_keepalive_time_ms == 10000 and given.grpc_keepalive_permit_without_calls
+    assert "--grpc-use-ssl" not in " ".join(s.to_args(Role.GATEWAY))
+    with pytest.raises(SystemExit):
+        parse(
+            Role.GRPC,
+            "--model-repository",
+            str(tmp_path),
+            "--grpc-infer-response-compression-level",
+            "max",
+        )
+    assert "invalid choice: 'max'" in capsys.readouterr().err

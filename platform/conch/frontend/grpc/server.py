@@ -25,35 +25,34 @@ from grpc_health.v1 import health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from conch.frontend.composition import build_dataplane
+from conch.frontend.grpc import transport
 from conch.frontend.grpc.health import HealthService
 from conch.frontend.grpc.service import InferenceService
 from conch.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# What Triton allows a message to be; received messages are bounded by
-# --http-max-input-size (one limit for both protocols' requests).
-MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
-
 
 def build(settings: Settings) -> tuple[grpc.Server, int]:
     """The server with both services, bound (not started); and the port it bound."""
     plane = build_dataplane(settings)
     inference = InferenceService(
-        plane, settings.grpc_restricted_protocol, settings.grpc_thread_count
+        plane,
+        settings.grpc_restricted_protocol,
+        settings.grpc_thread_count,
+        transport.infer_compression(settings),
     )
+    tls = transport.credentials(settings)  # before binding: a bad file stops the start
     server = grpc.server(
         ThreadPoolExecutor(settings.grpc_thread_count, thread_name_prefix="grpc"),
-        options=[
-            ("grpc.max_receive_message_length", settings.max_input_bytes),
-            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),  # a port in use is an error, not a second server
-        ],
+        options=transport.server_options(settings),
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(inference), server)
     address = f"{settings.grpc_address}:{settings.grpc_port}"
-    port = server.add_insecure_port(address)
+    port = (
+        server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls)
+    )
     if port == 0:
         raise SystemExit(f"conch grpc: cannot listen on {address}")
     return server, port
@@ -66,9 +65,14 @@ def run(settings: Settings) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     server.start()
-    log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, port)
+    log.info(
+        "Started GRPCInferenceService at %s:%d%s",
+        settings.grpc_address,
+        port,
+        " (TLS)" if settings.grpc_use_ssl or settings.grpc_use_ssl_mutual else "",
+    )
     stop.wait()
     server.stop(grace=settings.exit_timeout_secs).wait()
 
 
-__all__ = ["MAX_GRPC_MESSAGE_BYTES", "build", "run"]
+__all__ = ["build", "run"]

@@ -104,9 +104,17 @@ def _version(version: str) -> str:
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The service over one data plane (see the module docstring)."""
 
-    def __init__(self, plane: DataPlane, restricted: RestrictedApis, stream_threads: int) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        restricted: RestrictedApis,
+        stream_threads: int,
+        compression: grpc.Compression,
+    ) -> None:
         self.plane = plane
         self.restricted = restricted
+        # --grpc-infer-response-compression-level: how infer responses go on the wire.
+        self.compression = compression
         # Requests of a stream run here, so that one stream's requests run side by side.
         self._stream_pool = ThreadPoolExecutor(stream_threads, thread_name_prefix="grpc-stream")
 
@@ -221,6 +229,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
         """A call its client cancels stops waiting, and its request, if still queued,
         is taken back out and never runs."""
+        context.set_compression(self.compression)
         abandonment = Abandonment()
         context.add_callback(lambda: abandonment.abandon("the client cancelled the call"))
         return self._infer(request, context, abandonment)
@@ -231,6 +240,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Each request's response (or its error, with its id) on the stream, as each
         finishes; an error never closes the stream."""
         self.check_restriction(ApiGroup.INFERENCE, context)
+        context.set_compression(self.compression)
         answers: queue.Queue[Any] = queue.Queue()
         done = object()
 

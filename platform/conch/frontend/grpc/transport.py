@@ -1,0 +1,88 @@
+"""How the gRPC server's connections are set up: TLS, keepalive, message sizes and the
+compression of infer responses, from Triton's ``--grpc-*`` flags.
+
+Message sizes: Triton lets a gRPC message be up to 2 GiB - 1 either way; conch bounds
+received messages by ``--http-max-input-size`` instead (one limit for both protocols'
+requests, 64 MiB by default), and sends up to Triton's limit.
+
+Compression: grpcio's Python server sets an algorithm per call, not gRPC core's abstract
+level. Core turns a level into one of the algorithms the peer accepts (gzip first, then
+deflate); every gRPC client accepts both, so ``low`` is gzip and ``medium``/``high``
+deflate, as core would pick them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from conch.settings import CompressionLevel, Settings
+
+# Triton's limit on a gRPC message: the largest signed 32-bit length.
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+
+COMPRESSION: dict[CompressionLevel, grpc.Compression] = {
+    CompressionLevel.NONE: grpc.Compression.NoCompression,
+    CompressionLevel.LOW: grpc.Compression.Gzip,
+    CompressionLevel.MEDIUM: grpc.Compression.Deflate,
+    CompressionLevel.HIGH: grpc.Compression.Deflate,
+}
+
+
+def server_options(settings: Settings) -> list[tuple[str, int]]:
+    """grpcio's channel arguments for the server: message sizes and keepalive."""
+    return [
+        ("grpc.max_receive_message_length", settings.max_input_bytes),
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),  # a port in use is an error, not a second server
+        ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", settings.grpc_http2_max_pings_without_data),
+        (
+            "grpc.http2.min_recv_ping_interval_without_data_ms",
+            settings.grpc_http2_min_recv_ping_interval_without_data_ms,
+        ),
+        ("grpc.http2.max_ping_strikes", settings.grpc_http2_max_ping_strikes),
+    ]
+
+
+def _pem(flag: str, path: str) -> bytes:
+    if not path:
+        raise SystemExit(f"conch grpc: TLS needs --{flag}")
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"conch grpc: --{flag} {path}: {exc.strerror}") from None
+
+
+def credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """The server's TLS credentials; None for plaintext (neither TLS flag on).
+
+    Mutual TLS wins over plain TLS, as in Triton; it needs the root certificate that
+    client certificates must be signed by. Raises SystemExit naming a missing file.
+    """
+    mutual = settings.grpc_use_ssl_mutual
+    if not (mutual or settings.grpc_use_ssl):
+        return None
+    pair = (
+        _pem("grpc-server-key", settings.grpc_server_key),
+        _pem("grpc-server-cert", settings.grpc_server_cert),
+    )
+    root = _pem("grpc-root-cert", settings.grpc_root_cert) if mutual else None
+    return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=mutual)
+
+
+def infer_compression(settings: Settings) -> grpc.Compression:
+    """The algorithm infer responses are sent with (see the module docstring)."""
+    return COMPRESSION[settings.grpc_infer_response_compression_level]
+
+
+__all__ = [
+    "COMPRESSION",
+    "MAX_GRPC_MESSAGE_BYTES",
+    "credentials",
+    "infer_compression",
+    "server_options",
+]

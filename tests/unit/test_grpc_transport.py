@@ -1,0 +1,67 @@
+"""The gRPC server's transport setup from Settings: grpcio's options, TLS, compression."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conch.cli import parser
+from conch.frontend.grpc import transport
+from conch.settings import CompressionLevel, Settings
+
+
+def test_keepalive_and_message_size_flags_become_grpcio_options(tmp_path: Path):
+    flags = """--http-max-input-size 4096 --grpc-keepalive-time 1000
+        --grpc-keepalive-timeout 2000 --grpc-keepalive-permit-without-calls=1
+        --grpc-http2-max-pings-without-data 0
+        --grpc-http2-min-recv-ping-interval-without-data 3000 --grpc-http2-max-ping-strikes 5"""
+    args = parser().parse_args(["grpc", "--model-repository", str(tmp_path), *flags.split()])
+    s = Settings.from_args(args, environ={})
+    assert dict(transport.server_options(s)) == {
+        "grpc.max_receive_message_length": 4096,
+        "grpc.max_send_message_length": 2**31 - 1,
+        "grpc.so_reuseport": 0,
+        "grpc.keepalive_time_ms": 1000,
+        "grpc.keepalive_timeout_ms": 2000,
+        "grpc.keepalive_permit_without_calls": 1,
+        "grpc.http2.max_pings_without_data": 0,
+        "grpc.http2.min_recv_ping_interval_without_data_ms": 3000,
+        "grpc.http2.max_ping_strikes": 5,
+    }
+    defaults = dict(transport.server_options(Settings()))
+    assert defaults["grpc.keepalive_time_ms"] == 7_200_000
+    assert defaults["grpc.keepalive_permit_without_calls"] == 0
+
+
+@pytest.mark.parametrize(
+    ("level", "algorithm"),
+    [
+        (CompressionLevel.NONE, grpc.Compression.NoCompression),
+        (CompressionLevel.LOW, grpc.Compression.Gzip),
+        (CompressionLevel.MEDIUM, grpc.Compression.Deflate),
+        (CompressionLevel.HIGH, grpc.Compression.Deflate),
+    ],
+)
+def test_compression_level_picks_an_algorithm(level, algorithm):
+    s = Settings(grpc_infer_response_compression_level=level)
+    assert transport.infer_compression(s) is algorithm
+
+
+def test_plaintext_unless_a_tls_flag_is_on():
+    assert transport.credentials(Settings(grpc_server_cert="/nonexistent")) is None
+
+
+def test_tls_names_the_missing_or_unreadable_file(tmp_path: Path):
+    with pytest.raises(SystemExit, match="TLS needs --grpc-server-key"):
+        transport.credentials(Settings(grpc_use_ssl=True))
+    with pytest.raises(SystemExit, match=r"--grpc-server-key .*nokey: No such file"):
+        transport.credentials(Settings(grpc_use_ssl=True, grpc_server_key=str(tmp_path / "nokey")))
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    key.write_text("k")
+    cert.write_text("c")
+    with pytest.raises(SystemExit, match="TLS needs --grpc-root-cert"):
+        transport.credentials(
+            Settings(grpc_use_ssl_mutual=True, grpc_server_key=str(key), grpc_server_cert=str(cert))
+        )
