@@ -236,7 +236,9 @@ class Settings:
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
-    grpc_thread_count: int = 64  # RPCs (or streams) the gRPC server runs at once
+    # Triton's --grpc-infer-thread-count, with conch's default: each call holds its thread
+    # while its request waits in the queue, so the pool bounds the calls in flight.
+    grpc_infer_thread_count: int = 64
     # Triton's --grpc-restricted-protocol: as --http-restricted-api, with gRPC metadata
     # keys (GRPC_RESTRICTED_HEADER_PREFIX + key); a secret, so handed over in the environment.
     grpc_restricted_protocol: RestrictedApis = field(
@@ -260,6 +262,13 @@ class Settings:
     grpc_http2_max_pings_without_data: int = 2
     grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
     grpc_http2_max_ping_strikes: int = 2
+    # 0: no limit (Triton's default, "undefined").
+    grpc_max_connection_age_ms: int = 0
+    grpc_max_connection_age_grace_ms: int = 0
+    # Sizes of Triton's own reuse pools of request and response objects: taken so that a
+    # Triton launch line starts, and named as ignored (grpcio keeps its own).
+    grpc_infer_allocation_pool_size: int = 0
+    grpc_max_response_pool_size: int = 0
     # Beyond Triton: the load API's file: parameters (model code and weights from the
     # client) are refused unless this is on.
     allow_model_upload: bool = False
@@ -397,6 +406,30 @@ def _file_flag(name: str, setting: str, help: str) -> Flag:
 def _millis_flag(name: str, setting: str, help: str) -> Flag:
     """A gRPC transport duration, in milliseconds as Triton takes it."""
     return Flag(name, setting, GRPC_ROLES, help, type=int, metavar="MS")
+
+
+# Triton flags that mean nothing here (sizes of Triton's own pools of request and response
+# objects; grpcio keeps its own): taken, so a Triton launch line starts, and named as
+# ignored when given. Each sets the field of its own name.
+IGNORED_GRPC_FLAGS = ("--grpc-infer-allocation-pool-size", "--grpc-max-response-pool-size")
+
+
+def flag_field(name: str) -> str:
+    """The Settings field a flag of that name sets, when it is named after it."""
+    return name.removeprefix("--").replace("-", "_")
+
+
+def _ignored_flag(name: str) -> Flag:
+    return Flag(
+        name,
+        flag_field(name),
+        GRPC_ROLES,
+        "Triton's; ignored (grpcio keeps its own pools)",
+        type=int,
+        metavar="N",
+        read=_given,
+        as_args=lambda flag, n: [flag, str(n)] if n else [],
+    )
 
 
 def _seconds(value: int) -> int:
@@ -648,10 +681,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--grpc-port", "grpc_port", GRPC_ROLES, "the gRPC port (Triton's 8001)", type=int),
     Flag("--grpc-address", "grpc_address", GRPC_ROLES, read=_given),
     Flag(
-        "--grpc-thread-count",
-        "grpc_thread_count",
+        "--grpc-infer-thread-count",
+        "grpc_infer_thread_count",
         GRPC_ROLES,
-        "RPCs (a stream counts as one) the gRPC server runs at once (default 64)",
+        "calls (a stream counts as one) the gRPC server runs at once; each holds its "
+        "thread while its request is queued (default 64; Triton's is 2)",
         type=int,
     ),
     Flag(
@@ -730,6 +764,17 @@ FLAGS: tuple[Flag, ...] = (
         type=int,
         metavar="N",
     ),
+    _millis_flag(
+        "--grpc-max-connection-age",
+        "grpc_max_connection_age_ms",
+        "close a connection this old, gracefully (default: no limit)",
+    ),
+    _millis_flag(
+        "--grpc-max-connection-age-grace",
+        "grpc_max_connection_age_grace_ms",
+        "calls still running on a connection past its age get this long (default: no limit)",
+    ),
+    *(_ignored_flag(name) for name in IGNORED_GRPC_FLAGS),
     Flag(
         "--models",
         "models",
@@ -751,6 +796,7 @@ def add_arguments(parser: argparse.ArgumentParser, role: Role | str) -> None:
 __all__ = [
     "FLAGS",
     "GEVENT_WORKER",
+    "IGNORED_GRPC_FLAGS",
     "BackendConfig",
     "CompressionLevel",
     "Flag",
@@ -759,4 +805,5 @@ __all__ = [
     "Role",
     "Settings",
     "add_arguments",
+    "flag_field",
 ]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import grpc
 import pytest
 
-from conch.cli import parser
+from conch.cli import _warn_ignored, parser
 from conch.frontend.grpc import transport
 from conch.settings import CompressionLevel, Settings
 
@@ -33,6 +34,31 @@ def test_keepalive_and_message_size_flags_become_grpcio_options(tmp_path: Path):
     defaults = dict(transport.server_options(Settings()))
     assert defaults["grpc.keepalive_time_ms"] == 7_200_000
     assert defaults["grpc.keepalive_permit_without_calls"] == 0
+    assert "grpc.max_connection_age_ms" not in defaults  # Triton's "undefined": no limit
+
+
+def test_tritons_other_grpc_flags_are_taken(tmp_path: Path, caplog):
+    """A tritonserver launch line's gRPC flags start conch: the connection age limits
+    apply; Triton's own pool sizes are named as ignored."""
+    flags = """--grpc-infer-thread-count 8 --grpc-max-connection-age 60000
+        --grpc-max-connection-age-grace 5000 --grpc-infer-allocation-pool-size 16
+        --grpc-max-response-pool-size 32"""
+    args = parser().parse_args(["grpc", "--model-repository", str(tmp_path), *flags.split()])
+    s = Settings.from_args(args, environ={})
+    assert s.grpc_infer_thread_count == 8
+    options = dict(transport.server_options(s))
+    assert options["grpc.max_connection_age_ms"] == 60000
+    assert options["grpc.max_connection_age_grace_ms"] == 5000
+    with caplog.at_level(logging.WARNING):
+        _warn_ignored(s)
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "--grpc-infer-allocation-pool-size ignored" in warned
+    assert "--grpc-max-response-pool-size ignored" in warned
+    # and they reach conch serve's gRPC child
+    args = parser().parse_args(["serve", "--model-repository", str(tmp_path), *flags.split()])
+    s = Settings.from_args(args, environ={})
+    child = parser().parse_args(["grpc", *s.to_args("grpc")])
+    assert Settings.from_args(child, environ={}) == s
 
 
 @pytest.mark.parametrize(

@@ -296,7 +296,7 @@ def _changed(role: Role, repo: Path) -> Settings:
             s,
             grpc_address="127.0.0.3",
             grpc_port=9101,
-            grpc_thread_count=7,
+            grpc_infer_thread_count=7,
             grpc_restricted_protocol=_protocols(["inference,health:infer-key=a:b=c"]),
             grpc_use_ssl=True,
             grpc_use_ssl_mutual=True,

@@ -19,7 +19,7 @@ import logging
 
 from conch import __version__, server_log
 from conch.core.backend_table import BACKENDS
-from conch.settings import Role, Settings, add_arguments
+from conch.settings import IGNORED_GRPC_FLAGS, Role, Settings, add_arguments, flag_field
 
 log = logging.getLogger("conch.cli")
 
@@ -65,6 +65,9 @@ def _warn_ignored(settings: Settings) -> None:
     config = settings.backend_config
     for item in config.ignored:
         log.warning("--backend-config %s ignored: conch applies only default-max-batch-size", item)
+    for name in IGNORED_GRPC_FLAGS:
+        if getattr(settings, flag_field(name)):
+            log.warning("%s ignored: grpcio keeps its own pools of requests and responses", name)
     for backend in sorted(set(config.max_batch_sizes) - {"", *BACKENDS}):
         log.warning(
             "--backend-config %s,...: conch has no backend '%s' (it has %s)",

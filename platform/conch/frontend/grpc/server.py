@@ -1,7 +1,7 @@
 """``conch grpc``: Triton's gRPC frontend in a process of its own.
 
 Process model: grpcio's synchronous server, a thread per RPC in flight from a pool of
-``--grpc-thread-count`` (and as many for the requests of streams). Each infer call
+``--grpc-infer-thread-count`` (and as many for the requests of streams). Each infer call
 waits on the dispatcher's reply (the process's reply list, which the dispatcher's
 listener thread reads), so a thread is held per call, as the gthread gateway holds one; grpcio's
 asyncio server would need an async dispatcher conch does not have, and gevent does not
@@ -39,12 +39,12 @@ def build(settings: Settings) -> tuple[grpc.Server, int]:
     inference = InferenceService(
         plane,
         settings.grpc_restricted_protocol,
-        settings.grpc_thread_count,
+        settings.grpc_infer_thread_count,
         transport.infer_compression(settings),
     )
     tls = transport.credentials(settings)  # before binding: a bad file stops the start
     server = grpc.server(
-        ThreadPoolExecutor(settings.grpc_thread_count, thread_name_prefix="grpc"),
+        ThreadPoolExecutor(settings.grpc_infer_thread_count, thread_name_prefix="grpc"),
         options=transport.server_options(settings),
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, server)

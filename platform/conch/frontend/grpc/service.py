@@ -37,6 +37,9 @@ from conch.frontend.producer import Abandonment
 
 log = logging.getLogger(__name__)
 
+# grpcio reports a call without a deadline as this far off or more.
+_NO_DEADLINE_S = 365 * 86_400.0
+
 # Triton's error codes (``ConchError.code``) as gRPC status codes, as Triton maps them.
 STATUS: dict[str, grpc.StatusCode] = {
     "UNKNOWN": grpc.StatusCode.UNKNOWN,
@@ -285,10 +288,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryUnregister = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
     TraceSetting = _unsupported(ApiGroup.TRACE, "trace settings")
     LogSettings = _unsupported(ApiGroup.LOGGING, "log settings")
-
-
-# grpcio reports a call without a deadline as this far off or more.
-_NO_DEADLINE_S = 365 * 86_400.0
 
 
 def _stream_error(request: Any, message: str) -> Any:

@@ -31,8 +31,9 @@ COMPRESSION: dict[CompressionLevel, grpc.Compression] = {
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
-    """grpcio's channel arguments for the server: message sizes and keepalive."""
-    return [
+    """grpcio's channel arguments for the server: message sizes, keepalive, and the
+    connection age limits when set."""
+    options = [
         ("grpc.max_receive_message_length", settings.max_input_bytes),
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),  # a port in use is an error, not a second server
@@ -46,6 +47,13 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ),
         ("grpc.http2.max_ping_strikes", settings.grpc_http2_max_ping_strikes),
     ]
+    if settings.grpc_max_connection_age_ms:  # 0: no limit, gRPC core's own default
+        options.append(("grpc.max_connection_age_ms", settings.grpc_max_connection_age_ms))
+    if settings.grpc_max_connection_age_grace_ms:
+        options.append(
+            ("grpc.max_connection_age_grace_ms", settings.grpc_max_connection_age_grace_ms)
+        )
+    return options
 
 
 def _pem(flag: str, path: str) -> bytes:
