@@ -22,11 +22,13 @@ VENV=${VENV:-$ROOT/.venv}
 # what they require. protobuf and werkzeug too: tritonclient's model_config_pb2 wants
 # protobuf >= 6.33.5, Flask 3.1 wants Werkzeug >= 3.1. gunicorn_h1c is left out (an sdist
 # build here, optional for the gateway); moto too (tests/test_repo_sync*.py need it).
+# flask-swagger-ui: the gateway imports it (GET /v2/docs). grpcio at .venv's version with
+# grpcio-health-checking, which wants a grpcio as new as itself.
 NAMES=(
   celery kombu billiard vine amqp click-didyoumean click-repl click-plugins prompt_toolkit
   wcwidth tzlocal redis hiredis flask itsdangerous blinker werkzeug gunicorn gevent greenlet
   zope.event zope.interface orjson tritonclient geventhttpclient brotli python-rapidjson
-  protobuf boto3 botocore s3transfer jmespath
+  protobuf boto3 botocore s3transfer jmespath flask-swagger-ui grpcio grpcio-health-checking
 )
 
 mkdir -p "$DEST"/{src,whl,bin,lib}

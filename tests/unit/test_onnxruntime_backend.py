@@ -338,7 +338,9 @@ def test_kind_gpu_runs_on_a_gpu(tmp_path):
     assert "CUDAExecutionProvider" in backend.session.get_providers()
     x = np.ones((2, 4), np.float32)
     [res] = backend.execute([BackendRequest({"x": x}, ["y"])])
-    np.testing.assert_allclose(res["y"], mlp_reference(x), rtol=1e-4, atol=1e-4)
+    # onnxruntime's CUDA provider runs FP32 matrix products in TF32 on Ampere and later (its
+    # default, kept as Triton keeps it): about 1e-3 relative, seen 6e-4 on an H100.
+    np.testing.assert_allclose(res["y"], mlp_reference(x), rtol=2e-3, atol=2e-3)
 
 
 def test_auto_complete_reads_a_file_once_until_it_changes(tmp_path, monkeypatch):
