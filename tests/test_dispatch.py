@@ -46,7 +46,7 @@ def play_worker(client: redis.Redis, replies: int) -> threading.Thread:
             reply = Reply(msg.id, outputs=[("Y", "FP32", (1,), bytes([i, 0, 0, 0]))])
             client.rpush(msg.reply_to, reply.pack())
         pipe = client.pipeline()
-        ack(pipe, [tag])
+        ack(pipe, drain.queue, [tag])
         pipe.execute()
 
     t = threading.Thread(target=run, daemon=True)

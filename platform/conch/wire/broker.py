@@ -30,13 +30,14 @@ import msgpack
 import orjson
 import redis
 
-from conch.wire.keys import JOBS_QUEUE as JOBS_QUEUE  # the name its callers know
 from conch.wire.keys import (
+    IN_FLIGHT_SUFFIX,
     PRIORITY_SEP,
     QUEUE_PREFIX,
     UNACKED_INDEX,
     WAKE_SUFFIX,
 )
+from conch.wire.keys import JOBS_QUEUE as JOBS_QUEUE  # the name its callers know
 from conch.wire.messages import BadMessage
 from conch.wire.redis_link import RedisLink
 
@@ -75,6 +76,11 @@ def online_step(level: int) -> int:
 
 def wake_key(queue: str) -> str:
     return queue + WAKE_SUFFIX
+
+
+def in_flight_key(queue: str) -> str:
+    """The set of the queue's tags a worker popped (``conch.wire.work_owed`` counts it)."""
+    return queue + IN_FLIGHT_SUFFIX
 
 
 def envelope(
