@@ -13,6 +13,8 @@ from conch.wire import broker, keys
 from conch.wire.work_owed import ModelWork, work_owed
 from conch.worker.drain import Drain, ack
 
+from harness import fresh_db
+
 
 def publish(client: redis.Redis, model: str, step: int, n: int) -> None:
     pub = broker.Publisher(client)
@@ -22,9 +24,13 @@ def publish(client: redis.Redis, model: str, step: int, n: int) -> None:
 
 
 @pytest.fixture()
-def clean(rclient: redis.Redis) -> redis.Redis:
-    rclient.flushdb()
-    return rclient
+def db(redis_url: str) -> str:
+    return fresh_db(redis_url, 10)
+
+
+@pytest.fixture()
+def clean(db: str) -> redis.Redis:
+    return redis.Redis.from_url(db)
 
 
 def test_waiting_counts_every_priority_step_and_in_flight_what_was_popped(
@@ -55,7 +61,7 @@ def test_waiting_counts_every_priority_step_and_in_flight_what_was_popped(
 
 
 def test_kombu_restoring_expired_messages_moves_them_from_in_flight_to_waiting(
-    clean: redis.Redis, redis_url: str
+    clean: redis.Redis, db: str
 ) -> None:
     """A dead worker's messages: in flight until kombu's sweep puts them back, then
     waiting, never both; the in-flight set forgets them, and counts them again once a
@@ -76,7 +82,7 @@ def test_kombu_restoring_expired_messages_moves_them_from_in_flight_to_waiting(
 
     # The worker's own transport options (``worker.app.make_celery``): conch's steps.
     options = {"visibility_timeout": 1, "priority_steps": list(broker.PRIORITY_STEPS)}
-    with kombu.Connection(redis_url, transport_options=options) as conn:
+    with kombu.Connection(db, transport_options=options) as conn:
         qos = conn.default_channel.qos
         for _ in range(n // 100 + 1):
             qos.restore_visible(num=100, interval=1)
