@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from conch.wire import broker, keys
-from conch.wire.work_owed import ModelWork, work_owed
+from conch.wire.work_owed import ModelWork, queued_models, work_owed
 from conch.worker.drain import Drain, ack
 
 from harness import fresh_db
@@ -121,3 +121,15 @@ def test_a_count_is_one_round_trip_per_64_models_and_holds_for_many(clean: redis
     assert list(w) == names
     assert [x.waiting for x in w.values()] == [1 + i % 3 for i in range(150)]
     assert took < 1.0
+
+
+def test_queued_models_are_found_by_any_key_of_their_queue(clean: redis.Redis) -> None:
+    publish(clean, "a.b", 0, 1)  # the plain list (and its wake list)
+    publish(clean, "c d", broker.PRIORITY_BULK, 1)  # only a priority sub-list
+    publish(clean, "held", 3, 1)
+    Drain(clean, "held").pop(1)  # only its in-flight set (and the emptied wake list)
+    clean.set("conch.modelish", 1)
+    assert queued_models(clean) == ["a.b", "c d", "held"]
+    assert broker.model_of_key(broker.wake_key(broker.queue_name("x"))) == "x"
+    assert broker.model_of_key(broker.priority_key(broker.queue_name("x.y"), 9)) == "x.y"
+    assert broker.model_of_key("conch.jobs") is None
