@@ -10,11 +10,14 @@ from conch.wire import broker, control_bus
 def test_a_model_named_like_another_models_wake_list_has_a_queue_of_its_own() -> None:
     x_keys = {
         broker.wake_key(broker.queue_name("x")),
+        broker.in_flight_key(broker.queue_name("x")),
         *broker.priority_keys(broker.queue_name("x")),
     }
-    other = broker.queue_name("x.wake")
-    assert other not in x_keys
-    assert not x_keys & set(broker.priority_keys(other))
+    for name in ("x.wake", "x.in_flight", "x_in_flight"):
+        other = broker.queue_name(name)
+        assert other not in x_keys
+        assert not x_keys & set(broker.priority_keys(other))
+        assert broker.in_flight_key(other) not in x_keys
 
 
 def test_overrides_of_model_files_x_and_of_model_x_are_apart(rclient: redis.Redis) -> None:

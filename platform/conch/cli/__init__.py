@@ -5,7 +5,8 @@ and the environment variables behind them are all in ``conch.settings``; this pa
 only builds the parser from them and starts the role asked for: ``worker``,
 ``gateway`` and ``grpc`` here, ``serve`` (``cli/serve.py``) as all three in child
 processes, plus ``batch``
-(``cli/batch.py``, a client of a running gateway) and ``sync`` (``repo_sync.cli``). The
+(``cli/batch.py``, a client of a running gateway), ``queue-depth`` (``cli/queue_depth.py``,
+the work owed, read from Redis) and ``sync`` (``repo_sync.cli``). The
 CLI sits above every room, so it is the one place in conch that may import repo_sync.
 
 Imports stay lazy: ``conch gateway`` must patch the process for gevent before redis
@@ -33,7 +34,7 @@ _ROLE_HELP = {
 
 
 def parser() -> argparse.ArgumentParser:
-    from conch.cli import batch
+    from conch.cli import batch, queue_depth
     from repo_sync.cli import add_arguments as sync_arguments
 
     top = argparse.ArgumentParser(prog="conch", description=DESCRIPTION)
@@ -48,6 +49,12 @@ def parser() -> argparse.ArgumentParser:
         sub.add_parser(
             "batch",
             help="run an offline batch job (JSONL of infer requests in S3) and follow it",
+        )
+    )
+    queue_depth.add_arguments(
+        sub.add_parser(
+            "queue-depth",
+            help="show the work each model's workers owe (waiting and in flight), from Redis",
         )
     )
     return top
@@ -89,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
 
         _logging(args.log_verbose)
         return batch.run(args)
+    if args.command == "queue-depth":
+        from conch.cli import queue_depth
+
+        return queue_depth.run(args)
     try:
         settings = Settings.from_args(args)
     except ValueError as exc:

@@ -12,11 +12,14 @@ Model queues and messages in flight (``conch.wire.broker``)::
     name                           type     written by                   read by
     -----------------------------  -------  ---------------------------  ---------------------------
     conch.model.<model>            list     gateway, BLS and batch jobs  worker (the pop script);
-      [QUEUE_PREFIX]                        (publish); worker (requeue); gateway /metrics and
-    <queue>\x06\x16<step>, 1..9    list     kombu (restore)              KEDA (LLEN)
+      [QUEUE_PREFIX]                        (publish); worker (requeue); work_owed (LLEN: /metrics,
+    <queue>\x06\x16<step>, 1..9    list     kombu (restore)              /queue-depth, KEDA)
       [PRIORITY_SEP] kombu's priority sub-lists of a queue, same writers and readers
     conch.model.<model>/wake       list     publish (a token a message), idle workers (BLPOP)
       [WAKE_SUFFIX]                         pop (reset to what waits)
+    conch.model.<model>/in_flight  set      worker pop: the tags it put  work_owed (counts those
+      [IN_FLIGHT_SUFFIX]                    in unacked; ack (SREM)       still in unacked, forgets
+                                                                         the rest): queue-depth
     conch.jobs (+ sub-lists)       list     gateway (batch job submit),  Celery workers (kombu)
       [JOBS_QUEUE]                          kombu (restore)
     unacked                        hash     worker pop: tag -> [message, ack (HDEL); kombu restores
@@ -86,6 +89,7 @@ QUEUE_PREFIX = "conch.model."
 PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
 # '/' is in no model name: "x.wake" is a model whose queue must not be model x's wake list.
 WAKE_SUFFIX = "/wake"
+IN_FLIGHT_SUFFIX = "/in_flight"  # a queue's tags in unacked (conch.wire.work_owed)
 JOBS_QUEUE = "conch.jobs"  # the Celery queue of job tasks (batch jobs), on every worker
 # Messages in flight: kombu's default keys, so its restore_visible sees our messages.
 UNACKED = "unacked"
@@ -121,6 +125,7 @@ __all__ = [
     "CUSTOM_METRICS_PREFIX",
     "DATASET",
     "DEADLETTER",
+    "IN_FLIGHT_SUFFIX",
     "JOBS_QUEUE",
     "JOB_RECORD_PREFIX",
     "JOB_RESULT_PREFIX",

@@ -314,7 +314,7 @@ class Batcher(threading.Thread):
             items = [i for i in items if i.msg.id not in gone]
         if done:
             self._record_failures(pipe, now, failed)
-            ack(pipe, [tag for tag, _ in done])
+            ack(pipe, self.drain.queue, [tag for tag, _ in done])
             pipe.execute()
             self.inflight.discard([tag for tag, _ in done])
             if self.sequencer is not None:
@@ -413,7 +413,7 @@ class Batcher(threading.Thread):
                 reply_to=item.msg.reply_to,
                 head=True,
             )
-        ack(pipe, [i.tag for i in items])
+        ack(pipe, self.drain.queue, [i.tag for i in items])
         pipe.execute()
         self.inflight.discard([i.tag for i in items])
         if self.sequencer is not None:
@@ -530,7 +530,7 @@ class Batcher(threading.Thread):
             self.on_send(pipe)
         self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])
         tags = [i.tag for i in items]
-        ack(pipe, tags)
+        ack(pipe, self.drain.queue, tags)
         if prefetch:
             self.drain.queue_pop(pipe, prefetch)
         try:

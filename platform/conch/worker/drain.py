@@ -20,6 +20,7 @@ import redis
 from conch.wire.broker import (
     WAKE_CAP,
     envelope,
+    in_flight_key,
     priority_key,
     priority_keys,
     queue_name,
@@ -32,14 +33,15 @@ REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
 POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 
-# KEYS: wake, unacked, unacked_index, attempts, then the priority sub-lists in order.
+# KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set, then the
+# priority sub-lists in order.
 # ARGV: max count, now, routing key, wake cap.
 _POP_LUA = """
 local n = tonumber(ARGV[1])
 local out = {}
 local waiting = 0
 local rk = cjson.encode(ARGV[3])
-for i = 5, #KEYS do
+for i = 6, #KEYS do
   local key = KEYS[i]
   if n > 0 then
     local items = redis.call('RPOP', key, n)
@@ -55,6 +57,7 @@ for i = 5, #KEYS do
         if type(tag) ~= 'string' then tag = 'conch-untagged-' .. redis.call('INCR', 'conch.untagged') end
         redis.call('ZADD', KEYS[3], ARGV[2], tag)
         redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
+        redis.call('SADD', KEYS[5], tag)
         out[#out + 1] = tag
         out[#out + 1] = raw
         out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
@@ -86,6 +89,7 @@ class Drain:
             UNACKED,
             UNACKED_INDEX,
             ATTEMPTS,
+            in_flight_key(self.queue),
             *priority_keys(self.queue),
         ]
         self._pop = client.register_script(_POP_LUA)
@@ -165,13 +169,15 @@ def requeue(
     pipe.ltrim(wake_key(queue), 0, WAKE_CAP - 1)
 
 
-def ack(pipe: CommandQueue, tags: Iterable[str]) -> None:
-    """Forget delivered messages: kombu's ack plus our attempt counter."""
+def ack(pipe: CommandQueue, queue: str, tags: Iterable[str]) -> None:
+    """Forget delivered messages of ``queue``: kombu's ack, our attempt counter and the
+    queue's in-flight set (``conch.wire.work_owed``)."""
     tags = list(tags)
     if tags:
         pipe.zrem(UNACKED_INDEX, *tags)
         pipe.hdel(UNACKED, *tags)
         pipe.hdel(ATTEMPTS, *tags)
+        pipe.srem(in_flight_key(queue), *tags)
 
 
 def dead_letter(pipe: CommandQueue, tag: str, raw: bytes | str, reason: str) -> None:

@@ -1,0 +1,206 @@
+"""The work a model's workers owe: the one signal workers are scaled on.
+
+A model's workers owe every message waiting in any priority sub-list of its queue
+(online levels, async jobs, offline lines) plus every message a worker has popped and
+not yet acked, whether it is running or only prefetched. A list length alone is wrong
+twice: kombu keeps each priority step in its own key, and popped work leaves the list,
+so busy workers would look idle and be scaled down mid-batch.
+
+Messages in flight are kombu's ``unacked`` hash, one hash for every queue. Its values
+hold whole messages (tensors included), so counting them by routing key would read
+every byte in flight on every poll. Instead the worker's pop script also adds each tag
+it registers in ``unacked`` to its queue's in-flight set (``broker.in_flight_key``), and
+its ack takes the tag out again; ``work_owed`` counts the tags of that set still in
+``unacked`` (O(messages in flight), no message read) and forgets the others. That
+reconciliation is what keeps the count right when kombu restores an expired message
+(it moves the message from ``unacked`` back to the list, and knows nothing of the set):
+the tag then counts as waiting, not in flight, and is counted in flight again only once
+a worker pops it again. Lists, set and hash are read in one script, so a message moving
+between them is counted once, never twice or not at all.
+
+``desired_workers`` is the scaling formula, shared by the local autoscaler and the
+chart's KEDA trigger (``metrics-api``, ``AverageValue``), which reads ``QUEUE_DEPTH_PATH``
+on the gateway's metrics port.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import redis
+
+from conch.core.repository_keys import is_model_name
+from conch.wire.broker import (
+    ONLINE_STEPS,
+    PRIORITY_ASYNC,
+    PRIORITY_BULK,
+    PRIORITY_STEPS,
+    in_flight_key,
+    model_of_key,
+    priority_keys,
+    queue_name,
+)
+from conch.wire.keys import QUEUE_PREFIX, UNACKED
+
+# The wire contract with KEDA's metrics-api trigger: GET this on the metrics port.
+QUEUE_DEPTH_PATH = "/queue-depth"
+# The waiting work by kind, as the Prometheus gauge labels it (``priority_class``).
+ONLINE, ASYNC, OFFLINE = "online", "async", "offline"
+PRIORITY_CLASSES = (ONLINE, ASYNC, OFFLINE)
+_MODELS_PER_CALL = 64  # models counted by one script run (Redis runs nothing else meanwhile)
+_SREM_CHUNK = 1000  # tags per SREM: Lua's unpack has a stack limit
+
+# KEYS: unacked, then per model its in-flight set and its priority sub-lists in order.
+# ARGV: the number of sub-lists per model. Returns per model each sub-list's length,
+# then the tags of its set still in unacked; tags no longer there are forgotten.
+_COUNT_LUA = """
+local steps = tonumber(ARGV[1])
+local out = {}
+local i = 2
+while i <= #KEYS do
+  local held, gone = 0, {}
+  for _, tag in ipairs(redis.call('SMEMBERS', KEYS[i])) do
+    if redis.call('HEXISTS', KEYS[1], tag) == 1 then
+      held = held + 1
+    else
+      gone[#gone + 1] = tag
+    end
+  end
+  for j = 1, #gone, %d do
+    redis.call('SREM', KEYS[i], unpack(gone, j, math.min(j + %d - 1, #gone)))
+  end
+  for s = 1, steps do
+    out[#out + 1] = redis.call('LLEN', KEYS[i + s])
+  end
+  out[#out + 1] = held
+  i = i + 1 + steps
+end
+return out
+""" % (_SREM_CHUNK, _SREM_CHUNK)  # noqa: UP031 (Lua braces would need escaping in f-strings)
+
+
+@dataclass(frozen=True)
+class ModelWork:
+    """What one model's workers owe, at one instant."""
+
+    model: str
+    waiting: int  # in every priority sub-list of its queue
+    in_flight: int  # popped by a worker (running or prefetched), not acked
+    steps: tuple[int, ...] = ()  # waiting per priority step, 0 (highest) first
+
+    @property
+    def owed(self) -> int:
+        return self.waiting + self.in_flight
+
+    def by_class(self) -> dict[str, int]:
+        """Waiting work as online requests, async jobs and offline (batch job) lines."""
+        steps = self.steps or (0,) * len(PRIORITY_STEPS)
+        return {
+            ONLINE: sum(steps[:ONLINE_STEPS]),
+            ASYNC: steps[PRIORITY_ASYNC],
+            OFFLINE: steps[PRIORITY_BULK],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "owed": self.owed,
+            "waiting": self.waiting,
+            "in_flight": self.in_flight,
+            "waiting_by_class": self.by_class(),
+        }
+
+
+def work_owed(client: redis.Redis, models: Iterable[str]) -> dict[str, ModelWork]:
+    """Each model's work owed, in the order given (a name given twice counts once)."""
+    names = list(dict.fromkeys(models))
+    script = client.register_script(_COUNT_LUA)
+    out: dict[str, ModelWork] = {}
+    for first in range(0, len(names), _MODELS_PER_CALL):
+        chunk = names[first : first + _MODELS_PER_CALL]
+        keys: list[str] = [UNACKED]
+        for name in chunk:
+            queue = queue_name(name)
+            keys += [in_flight_key(queue), *priority_keys(queue)]
+        flat = [int(v) for v in script(keys=keys, args=[len(PRIORITY_STEPS)])]
+        width = len(PRIORITY_STEPS) + 1
+        for k, name in enumerate(chunk):
+            row = flat[k * width : (k + 1) * width]
+            steps = tuple(row[:-1])
+            out[name] = ModelWork(name, sum(steps), row[-1], steps)
+    return out
+
+
+def queued_models(client: redis.Redis) -> list[str]:
+    """Models with any key of their queue in Redis: something waits, or was in flight
+    when last counted. A SCAN of the whole database, for tools run by hand; servers know
+    their models from the repository."""
+    names = set()
+    for key in client.scan_iter(match=QUEUE_PREFIX + "*", count=1000):
+        name = model_of_key(key.decode("utf-8", "replace") if isinstance(key, bytes) else key)
+        if name is not None and is_model_name(name):
+            names.add(name)
+    return sorted(names)
+
+
+def summary(work: Mapping[str, ModelWork]) -> dict[str, Any]:
+    """The JSON of ``GET /queue-depth`` and ``conch queue-depth --json``: totals, by model."""
+    return {
+        "owed": sum(w.owed for w in work.values()),
+        "waiting": sum(w.waiting for w in work.values()),
+        "in_flight": sum(w.in_flight for w in work.values()),
+        "models": {name: w.to_json() for name, w in work.items()},
+    }
+
+
+def desired_workers(
+    owed: int,
+    target_per_worker: float,
+    minimum: int,
+    maximum: int,
+    activation: int = 0,
+) -> int:
+    """Workers for ``owed`` work: ceil(owed / target), within [minimum, maximum].
+
+    With ``minimum`` 0 a group is at zero while the work owed is at most ``activation``,
+    and at least one worker once it is more (KEDA's activation, then its HPA's
+    ``AverageValue``: ceil(metric / target)). The target is taken as the decimal it was
+    written as, so 3 owed at a target of 0.3 is 10 workers, not 11.
+    """
+    if not target_per_worker > 0:
+        raise ValueError(f"target work per worker must be above 0, not {target_per_worker}")
+    if not 0 <= minimum <= maximum:
+        raise ValueError(f"need 0 <= minimum <= maximum, not {minimum} and {maximum}")
+    if owed <= activation and minimum == 0:
+        return 0
+    target = Fraction(target_per_worker).limit_denominator(1_000_000)
+    wanted = math.ceil(Fraction(max(0, owed)) / target)
+    if owed > activation:
+        wanted = max(wanted, 1)
+    return min(max(wanted, minimum), maximum)
+
+
+def queue_depth_url(base: str, models: Iterable[str]) -> str:
+    """``GET /queue-depth`` of the gateway's metrics port at ``base`` (``http://host:8002``)
+    for these models (none: every model the gateway knows), names URL-encoded."""
+    query = urlencode([("model", m) for m in models], quote_via=quote, safe="")
+    return base.rstrip("/") + QUEUE_DEPTH_PATH + (f"?{query}" if query else "")
+
+
+__all__ = [
+    "ASYNC",
+    "OFFLINE",
+    "ONLINE",
+    "PRIORITY_CLASSES",
+    "QUEUE_DEPTH_PATH",
+    "ModelWork",
+    "desired_workers",
+    "queue_depth_url",
+    "queued_models",
+    "summary",
+    "work_owed",
+]
