@@ -11,11 +11,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import redis
 import tritonclient.http as httpclient
 
-from conch.devtools.redis_server import free_port, redis_server_binary, wait_answering
+from conch.devtools.redis_server import answers, free_port, redis_server_binary, wait_answering
+from conch.wire import worker_reports
 from conch.wire.work_owed import work_owed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +27,10 @@ sys.path.insert(0, str(ROOT / "functions"))
 from build_models import reference_mlp  # noqa: E402
 
 __all__ = [
+    "HERE",
     "ROOT",
     "DurableRedis",
+    "Place",
     "Service",
     "connect",
     "fresh_db",
@@ -35,25 +39,66 @@ __all__ = [
     "serving",
     "start_gateway",
     "start_grpc",
+    "start_redis",
     "start_worker",
     "wait_model_ready",
     "wait_until",
+    "worker_requests",
 ]
+
+
+class Place(Protocol):
+    """Where a service runs: this machine (``HERE``), or a host of ``netns.Network``."""
+
+    @property
+    def address(self) -> str:
+        """The address its services listen on, and others reach them at."""
+        ...
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv``, made to run there."""
+        ...
+
+    def env(self) -> dict[str, str]:
+        """What the place adds to a service's environment."""
+        ...
+
+
+class _ThisMachine:
+    address = "127.0.0.1"
+
+    def command(self, argv: list[str]) -> list[str]:
+        return argv
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+
+HERE: Place = _ThisMachine()
 
 
 class Service:
     """A child process whose output goes to a log file the test can read."""
 
     def __init__(
-        self, name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        cmd: list[str],
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        on: Place = HERE,
     ) -> None:
         self.name = name
         self.metrics_url = ""  # gateways: host:port of their metrics port
         self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop)
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **on.env(), **(env or {})}
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+            on.command(cmd),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
         )
 
     @property
@@ -124,14 +169,39 @@ def conch(*args: str) -> list[str]:
     return [sys.executable, "-m", "conch", *args]
 
 
+def start_redis(log_dir: Path, *, on: Place = HERE, port: int = 0) -> tuple[Service, str]:
+    """A redis-server that keeps nothing, on ``on``'s address and ``port`` (a free one
+    when 0); its URL once it answers."""
+    port = port or free_port()
+    svc = Service(
+        "redis",
+        [
+            redis_server_binary(),
+            *("--port", str(port), "--bind", on.address, "--protected-mode", "no"),
+            *("--save", "", "--appendonly", "no"),
+        ],
+        log_dir,
+        on=on,
+    )
+    url = f"redis://{on.address}:{port}/0"
+    wait_until(lambda: answers(url, 0.2), 15, f"redis-server at {url}", svc)
+    return svc, url
+
+
 def start_worker(
-    repo: Path, redis_url: str, log_dir: Path, *extra: str, env: dict[str, str] | None = None
+    repo: Path,
+    redis_url: str,
+    log_dir: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    on: Place = HERE,
 ) -> Service:
     return Service(
         "worker",
         conch("worker", "--model-repository", str(repo), "--redis-url", redis_url, *extra),
         log_dir,
         env,
+        on,
     )
 
 
@@ -146,9 +216,10 @@ def start_gateway(
     headers: dict[str, str] | None = None,
     port: int = 0,
     metrics_port: int = 0,
+    on: Place = HERE,
 ) -> tuple[Service, str]:
-    """A gateway on ``port`` and ``metrics_port`` (free ones when 0); its URL once live
-    (asked with ``headers``: those a restricted health API needs)."""
+    """A gateway on ``on``, at ``port`` and ``metrics_port`` (free ones when 0); its URL
+    once live (asked with ``headers``: those a restricted health API needs)."""
     port, metrics_port = port or free_port(), metrics_port or free_port()
     svc = Service(
         "gateway",
@@ -159,7 +230,7 @@ def start_gateway(
             "--redis-url",
             redis_url,
             "--http-address",
-            "127.0.0.1",
+            on.address,
             "--http-port",
             str(port),
             "--http-workers",
@@ -172,9 +243,10 @@ def start_gateway(
         ),
         log_dir,
         env,
+        on,
     )
-    svc.metrics_url = f"127.0.0.1:{metrics_port}"
-    url = f"127.0.0.1:{port}"
+    svc.metrics_url = f"{on.address}:{metrics_port}"
+    url = f"{on.address}:{port}"
     wait_until(lambda: _live(url, headers), 60, f"gateway on {url} to go live", svc)
     return svc, url
 
@@ -187,8 +259,9 @@ def start_grpc(
     env: dict[str, str] | None = None,
     port: int = 0,
     client_options: dict[str, object] | None = None,
+    on: Place = HERE,
 ) -> tuple[Service, str]:
-    """A gRPC server (``conch grpc``) on ``port`` (a free one when 0); its URL once live
+    """A gRPC server (``conch grpc``) on ``on``, at ``port`` (a free one when 0); its URL once live
     (so not under a restricted health group), as a client made with ``client_options``
     (e.g. TLS files) sees it."""
     import tritonclient.grpc as grpcclient
@@ -203,15 +276,16 @@ def start_grpc(
             "--redis-url",
             redis_url,
             "--grpc-address",
-            "127.0.0.1",
+            on.address,
             "--grpc-port",
             str(port),
             *extra,
         ),
         log_dir,
         env,
+        on,
     )
-    url = f"127.0.0.1:{port}"
+    url = f"{on.address}:{port}"
     client = grpcclient.InferenceServerClient(url, **(client_options or {}))
 
     def live() -> bool:
@@ -263,6 +337,14 @@ def wait_model_ready(
             return False
 
     wait_until(ready, timeout, f"model {model} ready at {url}", *services)
+
+
+def worker_requests(client: redis.Redis, model: str) -> dict[str, int]:
+    """Requests each live worker ran for ``model``, by worker id (as of its last beat)."""
+    return {
+        r["id"]: r.get("stats", {}).get(model, {}).get("requests", 0)
+        for r in worker_reports.snapshot(client)
+    }
 
 
 def connect(url: str) -> socket.socket:

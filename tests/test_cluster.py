@@ -30,6 +30,7 @@ from harness import (
     wait_model_ready,
     wait_until,
     waiting,
+    worker_requests,
 )
 from models import add_inputs
 
@@ -41,12 +42,6 @@ def db(redis_url: str, request: pytest.FixtureRequest) -> str:
     url = redis_url.rsplit("/", 1)[0] + f"/{index}"
     redis.Redis.from_url(url).flushdb()
     return url
-
-
-def worker_stats(url: str, model: str) -> dict[str, int]:
-    """Requests each live worker ran for ``model``, by worker id."""
-    reports = worker_reports.snapshot(redis.Redis.from_url(url))
-    return {r["id"]: r.get("stats", {}).get(model, {}).get("requests", 0) for r in reports}
 
 
 def test_two_workers_share_one_queue(model_repo: Path, db: str, log_dir: Path) -> None:
@@ -83,9 +78,11 @@ def test_two_workers_share_one_queue(model_repo: Path, db: str, log_dir: Path) -
             np.testing.assert_array_equal(got, a + b)
         # Both workers took a share (their counters reach Redis with the next heartbeat).
         wait_until(
-            lambda: sum(worker_stats(db, "add").values()) == 300, 10, "the workers' counters"
+            lambda: sum(worker_requests(redis.Redis.from_url(db), "add").values()) == 300,
+            10,
+            "the workers' counters",
         )
-        shares = worker_stats(db, "add")
+        shares = worker_requests(redis.Redis.from_url(db), "add")
         assert len(shares) == 2 and all(n > 0 for n in shares.values()), shares
     finally:
         gw.stop()
@@ -149,7 +146,7 @@ def test_deadline_expires_and_the_request_never_runs(
                 lambda: "deadline passed" in worker.log(), 10, "the drop to be logged", worker
             )
             time.sleep(2)  # one heartbeat: the counters would show an execution
-            assert sum(worker_stats(db, "add").values()) == 0
+            assert sum(worker_requests(redis.Redis.from_url(db), "add").values()) == 0
             # ...and it still serves requests that are in time.
             wait_model_ready(url, "add", 30, worker)
             np.testing.assert_array_equal(

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from typing import Any
 
 from celery import Celery, signals
@@ -36,9 +37,37 @@ from conch.worker.host import ModelHost
 log = logging.getLogger(__name__)
 
 
-def make_celery(settings: Settings) -> Celery:
-    app = Celery("conch", broker=celery_url(settings.redis_url), set_as_current=False)
+def worker_name() -> str:
+    """This worker's id in Redis (its report, its custom metrics) and its Celery node name.
+
+    Host name and pid say where to look for it; the random part keeps it unique where
+    those two repeat: containers that share a host's name (host networking) each run
+    their worker as the same pid, often 1.
+    """
+    return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+
+
+def transport_options(settings: Settings) -> dict[str, Any]:
+    """kombu's Redis transport options: how held messages of a dead worker come back."""
     vt = settings.visibility_timeout_s
+    return {
+        "visibility_timeout": vt,
+        # kombu sweeps unacked messages every interval * throttle seconds.
+        "unacked_restore_interval": max(1, int(vt / 3)),
+        "unacked_restore_throttle": 1,
+        # The lock one sweep holds (kombu's default: 300 s). A worker whose host dies in
+        # the middle of its sweep never releases it, and until it expires no worker
+        # restores anything: let that cost no more than one visibility timeout. A sweep
+        # takes milliseconds, and two at once are safe (each restore is a transaction).
+        "unacked_mutex_expire": vt,
+        # conch's priority sub-lists, so kombu restores each message to its own.
+        "priority_steps": list(broker.PRIORITY_STEPS),
+    }
+
+
+def make_celery(settings: Settings, name: str) -> Celery:
+    """The worker's Celery app; ``name`` is its id (``worker_name``)."""
+    app = Celery("conch", broker=celery_url(settings.redis_url), set_as_current=False)
     app.conf.update(
         accept_content=["msgpack", "json"],
         result_accept_content=["msgpack", "json"],
@@ -49,25 +78,18 @@ def make_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={
-            "visibility_timeout": vt,
-            # kombu sweeps unacked messages every interval * throttle seconds.
-            "unacked_restore_interval": max(1, int(vt / 3)),
-            "unacked_restore_throttle": 1,
-            # conch's priority sub-lists, so kombu restores each message to its own.
-            "priority_steps": list(broker.PRIORITY_STEPS),
-        },
+        broker_transport_options=transport_options(settings),
     )
     # The steps get the host factory (and the settings through it) bound into their
     # classes here (steps.bound_steps), instead of reading back an attribute set on the
     # app (the old app.conch_settings): Celery builds steps itself, so a class made here
     # is the explicit way to say where what they need comes from.
-    app.steps["worker"].update(steps.bound_steps(lambda: _make_host(settings)))
+    app.steps["worker"].update(steps.bound_steps(lambda: _make_host(settings, name)))
     _register_jobs(app, settings)
     return app
 
 
-def _make_host(settings: Settings) -> ModelHost:
+def _make_host(settings: Settings, name: str) -> ModelHost:
     """A ModelHost and its collaborators, in the worker process (from ModelServing)."""
     client = open_client(settings.redis_url)
     repository = control_bus.open_repository(settings, client, complete=complete)
@@ -77,7 +99,7 @@ def _make_host(settings: Settings) -> ModelHost:
     port = bls.BlsClient(settings, repository, client=client)
     return ModelHost(
         settings,
-        worker_id=f"{socket.gethostname()}.{os.getpid()}",
+        worker_id=name,
         client=client,
         repository=repository,
         bls=port,
@@ -139,7 +161,8 @@ def _keep_logging(**_signal: Any) -> None:
 
 
 def run(settings: Settings, *, loglevel: str = "INFO") -> None:
-    app = make_celery(settings)
+    name = worker_name()
+    app = make_celery(settings, name)
     signals.setup_logging.connect(_keep_logging, weak=False)
     signals.worker_shutting_down.connect(ExitDeadline(settings.exit_timeout_secs).arm, weak=False)
     app.worker_main(
@@ -149,7 +172,7 @@ def run(settings: Settings, *, loglevel: str = "INFO") -> None:
             "--concurrency=1",
             f"--loglevel={loglevel}",
             f"--queues={broker.JOBS_QUEUE}",
-            f"--hostname=conch@{socket.gethostname()}.{os.getpid()}",
+            f"--hostname=conch@{name}",
             "--without-gossip",
             "--without-mingle",
         ]
