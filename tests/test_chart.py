@@ -97,6 +97,17 @@ def _chart() -> helm_python.Chart:
     return helm_python.Chart.load(CHART)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as the API server reads it: a key given twice is an error, not the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        twice = {k for k in keys if keys.count(k) > 1}
+        if twice:
+            raise yaml.constructor.ConstructorError(None, None, f"keys given twice: {twice}")
+        return super().construct_mapping(node, deep=deep)
+
+
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     """Every object the chart renders for ``values``."""
     manifests = _chart().render(values, name=RELEASE, namespace=NAMESPACE)
@@ -104,7 +115,7 @@ def render(values: dict[str, Any]) -> list[dict[str, Any]]:
         doc
         for path, text in sorted(manifests.items())
         if path.endswith(".yaml")
-        for doc in yaml.safe_load_all(text)
+        for doc in yaml.load_all(text, Loader=_StrictLoader)  # a SafeLoader
         if doc
     ]
 
