@@ -30,6 +30,7 @@ from conch.wire import worker_reports
 from harness import Service, conch, start_gateway, start_worker, wait_model_ready, wait_until
 
 SLEEP_S = 0.1  # what one request costs the model: a worker runs about 10 a second
+VISIBILITY_TIMEOUT_S = 30
 SLEEPY = f"""
 import time
 
@@ -108,6 +109,7 @@ class Load:
         self.url = url
         self.ok = 0
         self.errors: list[str] = []
+        self.slowest_s = 0.0
         self._lock = threading.Lock()
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
 
@@ -133,12 +135,14 @@ class Load:
         while not done.is_set():
             value = float(n * 100_000 + k)
             k += 1
+            started = time.monotonic()
             try:
                 got = _infer(client, value)
                 wrong = None if got.tolist() == [2 * value] else f"{value}: got {got}"
             except Exception as exc:  # every failure counts, whatever it is
                 wrong = f"{value}: {type(exc).__name__}: {exc}"
             with self._lock:
+                self.slowest_s = max(self.slowest_s, time.monotonic() - started)
                 if wrong is None:
                     self.ok += 1
                 else:
@@ -159,6 +163,9 @@ def test_workers_follow_the_load_up_and_back_down_and_no_request_fails(
             *("--exit-timeout-secs", "20"),
         ),
         log_dir,
+        # A request a retired worker dropped would come back only after this: it would
+        # not fail, but it would be slow (see slowest_s below).
+        env={"CONCH_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S)},
     )
     load = Load(url)
     try:
@@ -182,10 +189,15 @@ def test_workers_follow_the_load_up_and_back_down_and_no_request_fails(
         load.stop()
         scaler.stop()
         gateway.stop()
+    print(f"autoscale under load: {load.ok} answered, slowest {load.slowest_s:.2f} s")
     assert load.errors == [], f"{len(load.errors)} failed of {load.ok + len(load.errors)}"
     assert load.ok > 50
+    # Retired by SIGTERM, not lost: each finished its batch and handed back what it held
+    # (nothing waited for the visibility timeout), and exited cleanly.
+    assert load.slowest_s < VISIBILITY_TIMEOUT_S / 2, load.slowest_s
     log = scaler.log()
     assert log.count("retiring worker") >= 2 + 1  # two on the way down, the last at exit
+    assert log.count("retired (exit status 0)") >= 2
     assert _workers(db) == 0  # the autoscaler's exit retired its workers
 
 
