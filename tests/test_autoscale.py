@@ -12,6 +12,7 @@ that count every request that fails.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -23,8 +24,11 @@ import redis
 import requests
 import tritonclient.http as httpclient
 
+from conch.backends.completion import complete
+from conch.core.errors import Unavailable
 from conch.devtools.redis_server import free_port, start_private
-from conch.frontend.model_view import SCALED_TO_ZERO
+from conch.frontend.model_view import SCALED_TO_ZERO, ModelView
+from conch.settings import Settings
 from conch.wire import worker_reports
 
 from harness import Service, conch, start_gateway, start_worker, wait_model_ready, wait_until
@@ -286,3 +290,43 @@ def test_scale_to_zero_makes_only_the_models_it_names_ready_without_a_worker(
     finally:
         worker.stop()
         gateway.stop()
+
+
+def test_a_scale_to_zero_model_is_ready_with_no_worker_or_a_loading_one_never_a_failed_one(
+    repo: Path, db: str
+) -> None:
+    """The rule, state by state, on the worker reports real workers publish."""
+    client = redis.Redis.from_url(db)
+    settings = Settings(model_repository=repo, redis_url=db, scale_to_zero=["sleepy"])
+    named = ModelView(settings, client, complete=complete)
+    unnamed = ModelView(dataclasses.replace(settings, scale_to_zero=[]), client, complete=complete)
+
+    def ready() -> tuple[bool, bool]:
+        for view in (named, unnamed):
+            view.refresh()  # no cached worker states
+        return named.version_ready("sleepy", 1), unnamed.version_ready("sleepy", 1)
+
+    def report(versions: dict[str, str], reason: str | None = None) -> None:
+        state = {"versions": versions, "reason": reason, "loading": "LOADING" in versions.values()}
+        worker_reports.publish(client, "w1", {"sleepy": state}, ttl_s=30)
+
+    assert ready() == (True, False)  # at zero
+    assert named.index()[0] == {
+        "name": "sleepy",
+        "version": "1",
+        "state": "READY",
+        "reason": SCALED_TO_ZERO,
+    }
+    assert unnamed.index()[0]["state"] == "UNAVAILABLE"
+    report({"1": "LOADING"})
+    assert ready() == (True, False)  # a worker is starting
+    report({"1": "READY"})
+    assert ready() == (True, True)
+    report({}, "model 'sleepy' failed to load: boom")  # every live worker failed it
+    assert ready() == (False, False)
+    with pytest.raises(Unavailable, match="boom"):
+        named.check_available("sleepy")
+    report({}, "unloaded")
+    assert ready() == (False, False)
+    worker_reports.withdraw(client, "w1")
+    assert ready() == (True, False)  # at zero again
