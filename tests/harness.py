@@ -16,6 +16,7 @@ import redis
 import tritonclient.http as httpclient
 
 from conch.devtools.redis_server import free_port, redis_server_binary, wait_answering
+from conch.wire.work_owed import work_owed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -291,6 +292,11 @@ def read_response(
         rest += chunk
     buf[:] = rest[length:]
     return lines[0], headers, rest[:length]
+
+
+def waiting(redis_url: str, model: str) -> int:
+    """Requests in the model's queue, every priority step (``conch.wire.work_owed``)."""
+    return work_owed(redis.Redis.from_url(redis_url), [model])[model].waiting
 
 
 def fresh_db(redis_url: str, index: int) -> str:

@@ -372,3 +372,63 @@ def batch_probe(path: Path, *, dynamic_batching: bool = True) -> None:
         'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
         + ("dynamic_batching { max_queue_delay_microseconds: 0 }\n" if dynamic_batching else "")
     )
+
+
+GATE = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+ALLOWED = {allowed!r}  # how many executions may finish (a number the test writes)
+STARTED = {started!r}  # how many have started (written here)
+
+
+def allowed():
+    try:
+        with open(ALLOWED) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.started = 0
+
+    def execute(self, requests):
+        self.started += 1
+        with open(STARTED + ".tmp", "w") as f:
+            f.write(str(self.started))
+        os.replace(STARTED + ".tmp", STARTED)
+        while allowed() < self.started:
+            time.sleep(0.01)
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
+def gate_model(path: Path, allowed: Path, started: Path, *, delay_us: int) -> None:
+    """Y = X, a Python model whose executions wait for the test's word: execution n
+    finishes once ``allowed`` holds n or more (``set_gate``); ``started`` counts the
+    executions begun. Batches of up to 4, three priority levels (default 2)."""
+    (path / "1").mkdir(parents=True)
+    (path / "1" / "model.py").write_text(GATE.format(allowed=str(allowed), started=str(started)))
+    (path / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us}\n"
+        "  priority_levels: 3 default_priority_level: 2 }\n"
+    )
+
+
+def set_gate(allowed: Path, executions: int) -> None:
+    """Let ``gate_model``'s executions finish up to number ``executions``."""
+    tmp = allowed.with_suffix(".tmp")
+    tmp.write_text(str(executions))
+    tmp.replace(allowed)

@@ -19,7 +19,6 @@ from tritonclient.utils import InferenceServerException
 
 from conch.devtools.redis_server import free_port
 from conch.wire import worker_reports
-from conch.wire.broker import queue_depth
 
 from harness import (
     ROOT,
@@ -30,6 +29,7 @@ from harness import (
     start_worker,
     wait_model_ready,
     wait_until,
+    waiting,
 )
 from models import add_inputs
 
@@ -135,12 +135,12 @@ def test_deadline_expires_and_the_request_never_runs(
         assert exc.value.status() == "503"
         assert "timeout" in str(exc.value).lower() and "'add'" in str(exc.value)
         assert 0.25 < waited < 5
-        assert queue_depth(redis.Redis.from_url(db), "add") == 1
+        assert waiting(db, "add") == 1
         # A worker that comes later drops the expired request instead of running it.
         worker = start_worker(model_repo, db, log_dir, "--models", "add")
         try:
             wait_until(
-                lambda: queue_depth(redis.Redis.from_url(db), "add") == 0,
+                lambda: waiting(db, "add") == 0,
                 30,
                 "the queue to drain",
                 worker,

@@ -20,9 +20,9 @@ from celery import Celery
 from tritonclient.utils import InferenceServerException
 
 from conch.job_client import JobClient, JobPending
-from conch.wire import broker, keys
+from conch.wire import keys
 
-from harness import fresh_db, serving, start_gateway, wait_until
+from harness import fresh_db, serving, start_gateway, wait_until, waiting
 from models import add_inputs
 
 MODELS = ("add_batched", "step", "batch_probe", "mlp")
@@ -160,7 +160,7 @@ def test_pending_unknown_and_malformed_jobs(stack: str, db: str) -> None:
         assert "error" in r.json()
     # Bad requests are refused before anything is queued or recorded.
     records = len(client.keys("conch.job.*"))
-    depth = broker.queue_depth(client, "add_batched")
+    depth = waiting(db, "add_batched")
     for body, model, want in (
         (b"{not json", "add_batched", "parse"),
         (
@@ -177,7 +177,7 @@ def test_pending_unknown_and_malformed_jobs(stack: str, db: str) -> None:
         r = requests.post(f"http://{stack}/v2/models/{model}/jobs", data=body)
         assert r.status_code == 400 and want in r.json()["error"], (r.status_code, r.text)
     assert len(client.keys("conch.job.*")) == records
-    assert broker.queue_depth(client, "add_batched") == depth
+    assert waiting(db, "add_batched") == depth
     for job in backlog:
         wait_done(stack, job)
 
@@ -236,7 +236,7 @@ def test_a_full_job_queue_refuses_with_503(model_repo: Path, redis_url: str, log
             and "CONCH_MAX_QUEUED_JOBS" in r.json()["error"]
         )
         client = redis.Redis.from_url(db)
-        assert broker.queue_depth(client, "step") == 3
+        assert waiting(db, "step") == 3
         assert len(client.keys("conch.job.*")) == 3  # the refused job left no record
     finally:
         gateway.stop()

@@ -13,9 +13,9 @@ import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch.wire import broker, keys, worker_reports
+from conch.wire import keys, worker_reports
 
-from harness import start_gateway, start_worker, wait_model_ready, wait_until
+from harness import start_gateway, start_worker, wait_model_ready, wait_until, waiting
 
 
 @pytest.fixture()
@@ -162,7 +162,7 @@ def test_redelivered_request_past_its_deadline_is_dropped(
             assert isinstance(result, InferenceServerException) and result.status() == "503"
             # kombu restores it after the visibility timeout; the new worker drops it unrun.
             wait_until(lambda: "deadline passed" in second.log(), 30, "the drop", second)
-            assert in_flight(db) == 0 and broker.queue_depth(redis.Redis.from_url(db), "slow") == 0
+            assert in_flight(db) == 0 and waiting(db, "slow") == 0
             time.sleep(2)  # a heartbeat: an execution would show in the counters
             reports = worker_reports.snapshot(redis.Redis.from_url(db))
             assert all(

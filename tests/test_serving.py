@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from harness import reference_mlp, start_gateway, start_worker, wait_model_ready
+from harness import reference_mlp, start_gateway, start_worker, wait_model_ready, waiting
 from models import IDENTITY_TYPES, identity_array, rng_input
 
 
@@ -307,12 +306,6 @@ def test_repository_index(client) -> None:
 
 
 # -- errors: a clear 4xx in Triton's form, and nothing reaches a worker ------------------
-def _queue_depth(redis_url: str, model: str) -> int:
-    from conch.wire.broker import queue_depth
-
-    return queue_depth(redis.Redis.from_url(redis_url), model)
-
-
 BAD_REQUESTS = [
     # (path, body, headers, status, fragment of the message)
     ("/v2/models/nope/infer", b"{}", {}, 400, "unknown model"),
@@ -441,7 +434,7 @@ def test_bad_requests_get_a_clear_4xx_and_reach_no_worker(
     error = r.json()["error"]
     assert isinstance(error, str) and error
     assert fragment.lower() in error.lower()
-    assert _queue_depth(redis_url, "mlp") == 0
+    assert waiting(redis_url, "mlp") == 0
 
 
 def test_body_size_is_bounded(stack: str) -> None:

@@ -10,8 +10,10 @@ import pytest
 import redis
 
 from conch.wire import broker, keys
-from conch.wire.work_owed import ModelWork, work_owed
+from conch.wire.work_owed import ModelWork, queued_models, work_owed
 from conch.worker.drain import Drain, ack
+
+from harness import fresh_db
 
 
 def publish(client: redis.Redis, model: str, step: int, n: int) -> None:
@@ -22,9 +24,13 @@ def publish(client: redis.Redis, model: str, step: int, n: int) -> None:
 
 
 @pytest.fixture()
-def clean(rclient: redis.Redis) -> redis.Redis:
-    rclient.flushdb()
-    return rclient
+def db(redis_url: str) -> str:
+    return fresh_db(redis_url, 10)
+
+
+@pytest.fixture()
+def clean(db: str) -> redis.Redis:
+    return redis.Redis.from_url(db)
 
 
 def test_waiting_counts_every_priority_step_and_in_flight_what_was_popped(
@@ -55,7 +61,7 @@ def test_waiting_counts_every_priority_step_and_in_flight_what_was_popped(
 
 
 def test_kombu_restoring_expired_messages_moves_them_from_in_flight_to_waiting(
-    clean: redis.Redis, redis_url: str
+    clean: redis.Redis, db: str
 ) -> None:
     """A dead worker's messages: in flight until kombu's sweep puts them back, then
     waiting, never both; the in-flight set forgets them, and counts them again once a
@@ -76,7 +82,7 @@ def test_kombu_restoring_expired_messages_moves_them_from_in_flight_to_waiting(
 
     # The worker's own transport options (``worker.app.make_celery``): conch's steps.
     options = {"visibility_timeout": 1, "priority_steps": list(broker.PRIORITY_STEPS)}
-    with kombu.Connection(redis_url, transport_options=options) as conn:
+    with kombu.Connection(db, transport_options=options) as conn:
         qos = conn.default_channel.qos
         for _ in range(n // 100 + 1):
             qos.restore_visible(num=100, interval=1)
@@ -115,3 +121,15 @@ def test_a_count_is_one_round_trip_per_64_models_and_holds_for_many(clean: redis
     assert list(w) == names
     assert [x.waiting for x in w.values()] == [1 + i % 3 for i in range(150)]
     assert took < 1.0
+
+
+def test_queued_models_are_found_by_any_key_of_their_queue(clean: redis.Redis) -> None:
+    publish(clean, "a.b", 0, 1)  # the plain list (and its wake list)
+    publish(clean, "c d", broker.PRIORITY_BULK, 1)  # only a priority sub-list
+    publish(clean, "held", 3, 1)
+    Drain(clean, "held").pop(1)  # only its in-flight set (and the emptied wake list)
+    clean.set("conch.modelish", 1)
+    assert queued_models(clean) == ["a.b", "c d", "held"]
+    assert broker.model_of_key(broker.wake_key(broker.queue_name("x"))) == "x"
+    assert broker.model_of_key(broker.priority_key(broker.queue_name("x.y"), 9)) == "x.y"
+    assert broker.model_of_key("conch.jobs") is None

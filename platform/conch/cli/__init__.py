@@ -6,7 +6,8 @@ only builds the parser from them and starts the role asked for: ``worker``,
 ``gateway``, ``grpc`` and ``autoscale`` (``conch.autoscale``) here, ``serve``
 (``cli/serve.py``) as the first three (the worker, or an autoscaler of workers) in child
 processes, plus ``batch``
-(``cli/batch.py``, a client of a running gateway) and ``sync`` (``repo_sync.cli``). The
+(``cli/batch.py``, a client of a running gateway), ``queue-depth`` (``cli/queue_depth.py``,
+the work owed, read from Redis) and ``sync`` (``repo_sync.cli``). The
 CLI sits above every room, so it is the one place in conch that may import repo_sync.
 
 Imports stay lazy: ``conch gateway`` must patch the process for gevent before redis
@@ -35,7 +36,7 @@ _ROLE_HELP = {
 
 
 def parser() -> argparse.ArgumentParser:
-    from conch.cli import batch
+    from conch.cli import batch, queue_depth
     from repo_sync.cli import add_arguments as sync_arguments
 
     top = argparse.ArgumentParser(prog="conch", description=DESCRIPTION)
@@ -50,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
         sub.add_parser(
             "batch",
             help="run an offline batch job (JSONL of infer requests in S3) and follow it",
+        )
+    )
+    queue_depth.add_arguments(
+        sub.add_parser(
+            "queue-depth",
+            help="show the work each model's workers owe (waiting and in flight), from Redis",
         )
     )
     return top
@@ -91,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
 
         _logging(args.log_verbose)
         return batch.run(args)
+    if args.command == "queue-depth":
+        from conch.cli import queue_depth
+
+        return queue_depth.run(args)
     try:
         settings = Settings.from_args(args)
     except ValueError as exc:

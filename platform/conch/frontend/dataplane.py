@@ -35,12 +35,14 @@ from conch.core.errors import (
 )
 from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
 from conch.core.repository import ModelEntry
+from conch.core.repository_keys import model_name_problem
 from conch.frontend import batch_job, calls, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher
 from conch.settings import Settings
-from conch.wire import broker, job_store, model_metrics, outage, statistics, worker_reports
+from conch.wire import job_store, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
+from conch.wire.work_owed import ModelWork, work_owed
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ class ModelMetrics:
     name: str
     counters: dict[int, dict[str, int]]  # version -> statistics counters
     ready: list[int]  # versions a live worker reports READY
-    queued: int | None  # requests waiting in its queue; None: an ensemble has no queue
+    work: ModelWork | None  # waiting in its queue and in flight; None: an ensemble's
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -161,13 +163,19 @@ class DataPlane:
         return out
 
     def metrics(self) -> list[ModelMetrics]:
-        """Every loaded model's counters (summed over all workers, ever) and queue."""
+        """Every loaded model's counters (summed over all workers, ever) and work owed."""
         view = self.view
         states = view.states()
+        served = [
+            (name, entry)
+            for name, entry in sorted(view.entries.items())
+            if entry.config is not None and not entry.error and view.is_loaded(name)
+        ]
+        work = work_owed(
+            self._client, [n for n, e in served if e.backend != ensemble_graph.ENSEMBLE]
+        )
         out = []
-        for name, entry in sorted(view.entries.items()):
-            if entry.config is None or entry.error or not view.is_loaded(name):
-                continue
+        for name, entry in served:
             recorded = statistics.read(self._client, name)
             versions = states.get(name, {}).get("versions", {})
             out.append(
@@ -175,12 +183,28 @@ class DataPlane:
                     name,
                     {v: recorded.get(v, {}) for v in sorted({*entry.versions, *recorded})},
                     [int(v) for v, st in versions.items() if st == worker_reports.READY],
-                    None
-                    if entry.backend == ensemble_graph.ENSEMBLE
-                    else broker.queue_depth(self._client, name),
+                    work.get(name),
                 )
             )
         return out
+
+    def queue_depth(self, models: list[str]) -> dict[str, ModelWork]:
+        """The work owed to the workers of each model named (``conch.wire.work_owed``);
+        none named: every model the repository holds but ensembles, which have no queue.
+
+        A name the repository does not hold is a 404, not zeros: a scaler pointed at a
+        misspelled model says so instead of keeping its workers at zero for good.
+        """
+        entries = self.view.entries
+        if not models:
+            models = [n for n, e in sorted(entries.items()) if e.backend != ensemble_graph.ENSEMBLE]
+        for name in models:
+            problem = model_name_problem(name)
+            if problem:
+                raise InvalidArgument(f"'{name}' is not a model name: {problem}")
+            if name not in entries:
+                raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return work_owed(self._client, models)
 
     def custom_metrics(self) -> list[dict[str, Any]]:
         """The metric families models defined (``pb_utils.MetricFamily``), each metric

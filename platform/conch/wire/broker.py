@@ -74,6 +74,16 @@ def online_step(level: int) -> int:
     return min(max(level, 1), ONLINE_STEPS) - 1
 
 
+def model_of_key(key: str) -> str | None:
+    """The model whose queue a key belongs to (its list, a priority sub-list, its wake
+    list or in-flight set), or None for another key. No model name holds ``/`` or a
+    control character, so the name ends where either begins."""
+    if not key.startswith(QUEUE_PREFIX):
+        return None
+    name = key[len(QUEUE_PREFIX) :].partition(PRIORITY_SEP)[0].partition("/")[0]
+    return name or None
+
+
 def wake_key(queue: str) -> str:
     return queue + WAKE_SUFFIX
 
@@ -244,13 +254,6 @@ def withdraw(client: redis.Redis, model: str, priority: int, raw: bytes) -> bool
     popped it yet: True when it was still there (it will never run). The wake token it
     left wakes an idle worker for nothing, once."""
     return bool(client.lrem(priority_key(queue_name(model), priority), 1, raw))
-
-
-def queue_depth(client: redis.Redis, model: str) -> int:
-    pipe = client.pipeline(transaction=False)
-    for key in priority_keys(queue_name(model)):
-        pipe.llen(key)
-    return sum(pipe.execute())
 
 
 def decode(raw: bytes | str) -> tuple[str, dict, bool]:

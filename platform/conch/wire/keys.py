@@ -12,8 +12,8 @@ Model queues and messages in flight (``conch.wire.broker``)::
     name                           type     written by                   read by
     -----------------------------  -------  ---------------------------  ---------------------------
     conch.model.<model>            list     gateway, BLS and batch jobs  worker (the pop script);
-      [QUEUE_PREFIX]                        (publish); worker (requeue); gateway /metrics and
-    <queue>\x06\x16<step>, 1..9    list     kombu (restore)              KEDA (LLEN)
+      [QUEUE_PREFIX]                        (publish); worker (requeue); work_owed (LLEN: /metrics,
+    <queue>\x06\x16<step>, 1..9    list     kombu (restore)              /queue-depth, KEDA)
       [PRIORITY_SEP] kombu's priority sub-lists of a queue, same writers and readers
     conch.model.<model>/wake       list     publish (a token a message), idle workers (BLPOP)
       [WAKE_SUFFIX]                         pop (reset to what waits)

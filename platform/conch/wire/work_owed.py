@@ -34,16 +34,18 @@ from urllib.parse import quote, urlencode
 
 import redis
 
+from conch.core.repository_keys import is_model_name
 from conch.wire.broker import (
     ONLINE_STEPS,
     PRIORITY_ASYNC,
     PRIORITY_BULK,
     PRIORITY_STEPS,
     in_flight_key,
+    model_of_key,
     priority_keys,
     queue_name,
 )
-from conch.wire.keys import UNACKED
+from conch.wire.keys import QUEUE_PREFIX, UNACKED
 
 # The wire contract with KEDA's metrics-api trigger: GET this on the metrics port.
 QUEUE_DEPTH_PATH = "/queue-depth"
@@ -133,6 +135,18 @@ def work_owed(client: redis.Redis, models: Iterable[str]) -> dict[str, ModelWork
     return out
 
 
+def queued_models(client: redis.Redis) -> list[str]:
+    """Models with any key of their queue in Redis: something waits, or was in flight
+    when last counted. A SCAN of the whole database, for tools run by hand; servers know
+    their models from the repository."""
+    names = set()
+    for key in client.scan_iter(match=QUEUE_PREFIX + "*", count=1000):
+        name = model_of_key(key.decode("utf-8", "replace") if isinstance(key, bytes) else key)
+        if name is not None and is_model_name(name):
+            names.add(name)
+    return sorted(names)
+
+
 def summary(work: Mapping[str, ModelWork]) -> dict[str, Any]:
     """The JSON of ``GET /queue-depth`` and ``conch queue-depth --json``: totals, by model."""
     return {
@@ -186,6 +200,7 @@ __all__ = [
     "ModelWork",
     "desired_workers",
     "queue_depth_url",
+    "queued_models",
     "summary",
     "work_owed",
 ]

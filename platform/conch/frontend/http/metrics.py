@@ -3,8 +3,10 @@
 The counters are the statistics extension's (``conch.wire.statistics``): per model version,
 summed over every worker that ever ran it and kept in Redis, so any gateway answers
 the same totals and a worker that goes away takes nothing with it (no false counter
-resets). The queue gauge is the model queue's length in Redis: the number KEDA scales
-on. After them come the families models define (``pb_utils.MetricFamily``), as the live
+resets). The pending gauge is what waits in the model's queue, and conch's two queue
+gauges the work its workers owe (``conch.wire.work_owed``): waiting by kind, and in
+flight. The same count, in JSON, is ``GET /queue-depth``, which KEDA scales on. After
+them come the families models define (``pb_utils.MetricFamily``), as the live
 workers publish them (``DataPlane.custom_metrics``). All of it comes from the
 ``DataPlane``; this module only writes the text.
 """
@@ -12,12 +14,17 @@ workers publish them (``DataPlane.custom_metrics``). All of it comes from the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
 
 from conch.core import custom_metrics
-from conch.core.errors import ConchError
+from conch.core.errors import ConchError, InvalidArgument
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http.fast_path import error_answer, status_line
+from conch.wire import work_owed
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -104,17 +111,36 @@ def render(plane: DataPlane) -> bytes:
     family(
         "nv_inference_request_failure", "Number of failed inference requests", "counter", failures
     )
+    queued = [(m, m.work) for m in models if m.work is not None]  # ensembles have no queue
     pending = [
         # The newest version serving, else the newest counted (1 before any).
-        ({"model": m.name, "version": str(max(m.ready or m.counters or [1]))}, m.queued)
-        for m in models
-        if m.queued is not None
+        ({"model": m.name, "version": str(max(m.ready or m.counters or [1]))}, w.waiting)
+        for m, w in queued
     ]
     family(
         "nv_inference_pending_request_count",
         "Instantaneous number of pending requests awaiting execution per-model.",
         "gauge",
         pending,
+    )
+    # conch's own: the signal workers scale on (conch.wire.work_owed), in its two parts.
+    family(
+        "conch_queue_waiting",
+        "Requests waiting in the model's queue, by kind: online, async (jobs), offline "
+        "(batch job lines).",
+        "gauge",
+        [
+            ({"model": m.name, "priority_class": kind}, n)
+            for m, w in queued
+            for kind, n in w.by_class().items()
+        ],
+    )
+    family(
+        "conch_queue_in_flight",
+        "Requests a worker has taken from the model's queue (running or prefetched) and not "
+        "yet answered.",
+        "gauge",
+        [({"model": m.name}, w.in_flight) for m, w in queued],
     )
     builtin = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
     for custom in plane.custom_metrics():
@@ -147,18 +173,37 @@ def _custom_family(fam: dict[str, Any]) -> list[str]:
     return out
 
 
+def queue_depth(plane: DataPlane, query: str) -> bytes:
+    """``GET /queue-depth?model=a&model=b``: the work owed, as KEDA's metrics-api trigger
+    reads it (``valueLocation: owed``); no model named: every model with a queue."""
+    params = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(params) - {"model"})
+    if unknown:
+        raise InvalidArgument(
+            f"unknown query parameter {unknown[0]!r}: /queue-depth takes only 'model' "
+            "(repeated for more than one)"
+        )
+    return orjson.dumps(work_owed.summary(plane.queue_depth(params.get("model", []))))
+
+
 class MetricsPort:
-    """WSGI middleware: the metrics port answers GET /metrics and nothing else."""
+    """WSGI middleware: the metrics port answers GET /metrics (Prometheus) and
+    GET /queue-depth (the work owed, in JSON), and nothing else."""
 
     def __init__(self, app: Any, plane: DataPlane, port: int) -> None:
         self.app = app
         self.plane = plane
         self.port = str(port)
+        self.routes: dict[str, tuple[str, Callable[[str], bytes]]] = {
+            "/metrics": (CONTENT_TYPE, lambda _query: render(plane)),
+            work_owed.QUEUE_DEPTH_PATH: ("application/json", lambda q: queue_depth(plane, q)),
+        }
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         if environ.get("SERVER_PORT") != self.port:
             return self.app(environ, start_response)
-        if environ.get("PATH_INFO", "").rstrip("/") != "/metrics":
+        route = self.routes.get(environ.get("PATH_INFO", "").rstrip("/"))
+        if route is None:
             status, body, ctype = "404 Not Found", b'{"error":"Not Found"}', "application/json"
         elif environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             status, body, ctype = (
@@ -167,9 +212,10 @@ class MetricsPort:
                 "application/json",
             )
         else:
+            ctype, answer = route
             try:
-                status, body, ctype = "200 OK", render(self.plane), CONTENT_TYPE
-            except ConchError as exc:  # Redis, which holds the counters, is away: a 503
+                status, body = "200 OK", answer(environ.get("QUERY_STRING", ""))
+            except ConchError as exc:  # a bad query; Redis, which holds the counts, away: 503
                 code, headers, body = error_answer(exc)
                 start_response(status_line(code), headers)
                 return [body]

@@ -9,7 +9,8 @@ code (the datatypes, the statistics fields, the job states, the limits), the doc
 takes it from there rather than repeating it.
 
 Prometheus metrics are not here: they are served on the metrics port (``--metrics-port``),
-not under ``/v2``, in Prometheus' text format, as Triton serves them.
+not under ``/v2``, in Prometheus' text format, as Triton serves them; so is conch's
+``GET /queue-depth`` (the work owed, in JSON, for KEDA: ``conch.wire.work_owed``).
 """
 
 from __future__ import annotations
@@ -814,8 +815,9 @@ def document() -> dict[str, Any]:
             "description": "NVIDIA Triton's HTTP/REST protocol (KServe v2 and Triton's "
             "extensions), plus conch's async and offline batch jobs. Every error answer is "
             '`{"error": "..."}` with Triton\'s status code. JSON bodies nest at most '
-            f"{v2_json.MAX_JSON_DEPTH} levels. Prometheus metrics are served on the metrics "
-            "port (`--metrics-port`, GET /metrics), not here.",
+            f"{v2_json.MAX_JSON_DEPTH} levels. Prometheus metrics (GET /metrics) and the work "
+            "owed to each model's workers (GET /queue-depth, JSON) are served on the metrics "
+            "port (`--metrics-port`), not here.",
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },
         "tags": [
