@@ -84,6 +84,7 @@ class Role(StrEnum):
     GATEWAY = "gateway"
     GRPC = "grpc"  # the gRPC frontend (Triton's GRPCInferenceService)
     WORKER = "worker"
+    AUTOSCALE = "autoscale"  # starts and retires workers on the work their models owe
 
 
 GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
@@ -162,6 +163,30 @@ def _backend_setting(item: str) -> tuple[str, str, str]:
     if not equals or not setting or not value:
         raise ValueError(f"--backend-config {item!r}: the form is {form}")
     return backend, setting, value
+
+
+@dataclass(frozen=True)
+class WorkerRange:
+    """``--workers MIN:MAX``: how many worker processes an autoscaler keeps (MIN may be 0:
+    scale to zero)."""
+
+    minimum: int
+    maximum: int
+
+    @classmethod
+    def parse(cls, text: str) -> WorkerRange:
+        """``MIN:MAX``, or ``N`` for a fixed N. Raises ValueError for anything else."""
+        low, colon, high = text.partition(":")
+        try:
+            minimum, maximum = int(low), int(high if colon else low)
+        except ValueError:
+            raise ValueError(f"--workers {text!r}: the form is MIN:MAX (e.g. 1:4)") from None
+        if minimum < 0 or maximum < 1 or minimum > maximum:
+            raise ValueError(f"--workers {text!r}: needs 0 <= MIN <= MAX and MAX >= 1")
+        return cls(minimum, maximum)
+
+    def __str__(self) -> str:
+        return f"{self.minimum}:{self.maximum}"
 
 
 @dataclass
@@ -272,6 +297,18 @@ class Settings:
     # Beyond Triton: the load API's file: parameters (model code and weights from the
     # client) are refused unless this is on.
     allow_model_upload: bool = False
+    # The local autoscaler (conch autoscale, conch serve --workers): how many workers, and
+    # the formula it shares with the chart (conch.wire.work_owed.desired_workers).
+    # None: conch serve runs one worker and no autoscaler.
+    workers: WorkerRange | None = None
+    target_work_per_worker: float = 10.0  # owed work (waiting + in flight) one worker takes
+    activation_work: int = 0  # at MIN 0, the owed work that wakes the first worker
+    scale_down_cooldown_secs: float = 300.0  # fewer workers only once wanted this long
+    scale_poll_secs: float = 2.0  # how often the autoscaler reads the queues
+    # Models whose workers may all be gone by design (scaled to zero): with no live worker
+    # they read as ready and take requests, which wait in the queue for one to start.
+    # ["*"]: every model.
+    scale_to_zero: list[str] = field(default_factory=list)
     # Batch jobs' S3 region; boto3 reads the rest of the AWS settings itself.
     s3_region: str | None = field(default=None, metadata=_env("AWS_DEFAULT_REGION", "AWS_REGION"))
 
@@ -330,6 +367,10 @@ class Settings:
                     env[env_names[flag.field][0]] = text
         return env
 
+    def scales_to_zero(self, model: str) -> bool:
+        """``--scale-to-zero`` names ``model`` (or every model)."""
+        return "*" in self.scale_to_zero or model in self.scale_to_zero
+
     @property
     def http_worker_uses_gevent(self) -> bool:
         """The gateway runs under gevent: the process must be patched before redis loads."""
@@ -342,7 +383,9 @@ ALL_ROLES = frozenset(Role)
 HTTP_ROLES = frozenset({Role.SERVE, Role.GATEWAY})
 GRPC_ROLES = frozenset({Role.SERVE, Role.GRPC})
 FRONTEND_ROLES = HTTP_ROLES | GRPC_ROLES  # what both frontends apply alike
-WORKER_ROLES = frozenset({Role.SERVE, Role.WORKER})
+# Roles that run workers: the autoscaler takes every worker flag, to start its workers with.
+WORKER_ROLES = frozenset({Role.SERVE, Role.WORKER, Role.AUTOSCALE})
+SCALE_ROLES = frozenset({Role.SERVE, Role.AUTOSCALE})
 
 
 def _value(name: str, value: Any) -> list[str]:
@@ -435,6 +478,12 @@ def _ignored_flag(name: str) -> Flag:
 def _seconds(value: int) -> int:
     if value < 0:
         raise ValueError(f"--exit-timeout-secs {value}: must be 0 or more")
+    return value
+
+
+def _at_least(value: Any, low: Any, flag: str, *, inclusive: bool = True) -> Any:
+    if value < low or (value == low and not inclusive):
+        raise ValueError(f"{flag} {value}: must be {'at least' if inclusive else 'above'} {low}")
     return value
 
 
@@ -783,6 +832,66 @@ FLAGS: tuple[Flag, ...] = (
         read=_model_list,
         as_args=_model_list_args,
     ),
+    Flag(
+        "--workers",
+        "workers",
+        SCALE_ROLES,
+        "run MIN to MAX workers, started and retired on the work their models owe "
+        "(conch serve: instead of one worker; MIN 0 scales to zero)",
+        metavar="MIN:MAX",
+        read=WorkerRange.parse,
+        as_args=lambda name, workers: [name, str(workers)] if workers else [],
+    ),
+    Flag(
+        "--target-work-per-worker",
+        "target_work_per_worker",
+        SCALE_ROLES,
+        "workers wanted = ceil(owed work / N), owed work being the group's requests waiting "
+        "plus those in flight on a worker (default 10)",
+        type=float,
+        metavar="N",
+        read=lambda n: _at_least(n, 0.0, "--target-work-per-worker", inclusive=False),
+    ),
+    Flag(
+        "--activation-work",
+        "activation_work",
+        SCALE_ROLES,
+        "with MIN 0: the first worker starts once owed work is above N (default 0)",
+        type=int,
+        metavar="N",
+        read=lambda n: _at_least(n, 0, "--activation-work"),
+    ),
+    Flag(
+        "--scale-down-cooldown-secs",
+        "scale_down_cooldown_secs",
+        SCALE_ROLES,
+        "retire a worker only once fewer have been wanted for this long (default 300)",
+        type=float,
+        metavar="S",
+        read=lambda s: _at_least(s, 0.0, "--scale-down-cooldown-secs"),
+    ),
+    Flag(
+        "--scale-poll-secs",
+        "scale_poll_secs",
+        SCALE_ROLES,
+        "how often the autoscaler reads the queues (default 2)",
+        type=float,
+        metavar="S",
+        read=lambda s: _at_least(s, 0.0, "--scale-poll-secs", inclusive=False),
+    ),
+    Flag(
+        "--scale-to-zero",
+        "scale_to_zero",
+        FRONTEND_ROLES,
+        "these models (all when no list is given) may have no worker by design: with none "
+        "live they read as ready and their requests wait in the queue, within their "
+        "timeout, for an autoscaler to start one; '\\,' is a comma inside a name",
+        metavar="MODEL,...",
+        nargs="?",
+        const="*",
+        read=_model_list,
+        as_args=_model_list_args,
+    ),
 )
 
 
@@ -804,6 +913,7 @@ __all__ = [
     "ModelControlMode",
     "Role",
     "Settings",
+    "WorkerRange",
     "add_arguments",
     "flag_field",
 ]

@@ -19,6 +19,7 @@ from conch.settings import (
     ModelControlMode,
     Role,
     Settings,
+    WorkerRange,
 )
 
 # Every variable Settings reads, so a test's environment is exactly what it says.
@@ -326,8 +327,19 @@ def _changed(role: Role, repo: Path) -> Settings:
                 ["model-repository,batch:admin-key=a:b=c", "inference:Infer-Key=v"]
             ),
         )
-    if role in (Role.SERVE, Role.WORKER):
+    if role in (Role.SERVE, Role.WORKER, Role.AUTOSCALE):
         s = dataclasses.replace(s, models=["a", "b,c"])  # Triton allows "," in names
+    if role in (Role.SERVE, Role.AUTOSCALE):
+        s = dataclasses.replace(
+            s,
+            workers=WorkerRange(0, 7),
+            target_work_per_worker=2.5,
+            activation_work=3,
+            scale_down_cooldown_secs=9.5,
+            scale_poll_secs=0.25,
+        )
+    if role in (Role.SERVE, Role.GATEWAY, Role.GRPC):
+        s = dataclasses.replace(s, scale_to_zero=["a", "b,c"])
     return s
 
 
@@ -530,3 +542,51 @@ def test_grpc_transport_flags_take_tritons_names_and_defaults(tmp_path: Path, ca
             "max",
         )
     assert "invalid choice: 'max'" in capsys.readouterr().err
+
+
+def test_autoscale_flags_and_what_its_workers_are_started_with(tmp_path: Path):
+    s = Settings.from_args(
+        parse(
+            Role.AUTOSCALE,
+            *("--model-repository", str(tmp_path), "--models", "a,b"),
+            *("--workers", "0:3", "--target-work-per-worker", "4", "--exit-timeout-secs", "9"),
+        )
+    )
+    assert s.workers == WorkerRange(0, 3) and s.target_work_per_worker == 4
+    worker = s.to_args(Role.WORKER)  # the autoscaler's workers get every worker flag...
+    assert worker[worker.index("--models") :][:2] == ["--models", "a,b"]
+    assert "--exit-timeout-secs" in worker
+    assert not {"--workers", "--target-work-per-worker"} & set(worker)  # ...and none of its own
+    # A worker takes no scaling flag; the defaults run one worker and scale nothing to zero.
+    with pytest.raises(SystemExit):
+        parse(Role.WORKER, "--model-repository", str(tmp_path), "--workers", "1:2")
+    assert Settings().workers is None and not Settings().scales_to_zero("m")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--workers", "3:1"),
+        ("--target-work-per-worker", "0"),
+        ("--activation-work", "-1"),
+        ("--scale-down-cooldown-secs", "-5"),
+        ("--scale-poll-secs", "0"),
+    ],
+)
+def test_scaling_flags_refuse_values_that_cannot_work(flag: str, value: str, tmp_path: Path):
+    args = parse(Role.AUTOSCALE, "--model-repository", str(tmp_path), flag, value)
+    with pytest.raises(ValueError, match=flag):
+        Settings.from_args(args)
+
+
+def test_scale_to_zero_names_models_or_all_of_them(tmp_path: Path):
+    def scale_to_zero(*flag: str) -> Settings:
+        return Settings.from_args(parse(Role.GATEWAY, "--model-repository", str(tmp_path), *flag))
+
+    named = scale_to_zero("--scale-to-zero", "a,b\\,c")
+    assert named.scale_to_zero == ["a", "b,c"]
+    assert named.scales_to_zero("b,c") and not named.scales_to_zero("d")
+    every = scale_to_zero("--scale-to-zero")
+    assert every.scale_to_zero == ["*"] and every.scales_to_zero("anything")
+    assert every.to_args(Role.GATEWAY)[-2:] == ["--scale-to-zero", "*"]
+    assert not scale_to_zero().scale_to_zero

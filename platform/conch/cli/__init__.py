@@ -3,7 +3,8 @@
 argv → ``Settings`` → one role. The flags of serve, gateway and worker, their defaults
 and the environment variables behind them are all in ``conch.settings``; this package
 only builds the parser from them and starts the role asked for: ``worker``,
-``gateway`` and ``grpc`` here, ``serve`` (``cli/serve.py``) as all three in child
+``gateway``, ``grpc`` and ``autoscale`` (``conch.autoscale``) here, ``serve``
+(``cli/serve.py``) as the first three (the worker, or an autoscaler of workers) in child
 processes, plus ``batch``
 (``cli/batch.py``, a client of a running gateway), ``queue-depth`` (``cli/queue_depth.py``,
 the work owed, read from Redis) and ``sync`` (``repo_sync.cli``). The
@@ -30,6 +31,7 @@ _ROLE_HELP = {
     Role.GATEWAY: "run the HTTP gateway under gunicorn",
     Role.GRPC: "run the gRPC server (Triton's GRPCInferenceService)",
     Role.WORKER: "run a Celery worker that serves models",
+    Role.AUTOSCALE: "run MIN to MAX workers, started and retired on the work their models owe",
 }
 
 
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return gateway(settings)
     if args.command == Role.GRPC:
         return grpc_server(settings)
+    if args.command == Role.AUTOSCALE:
+        return autoscale(settings)
     from conch.cli import serve
 
     return serve.run(settings)
@@ -126,6 +130,16 @@ def worker(settings: Settings) -> int:
     settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
     worker_app.run(settings, loglevel="DEBUG" if settings.log_verbose else "INFO")
     return 0
+
+
+def autoscale(settings: Settings) -> int:
+    from conch.autoscale import loop
+    from conch.devtools import redis_server
+
+    if settings.workers is None:
+        raise SystemExit("conch: autoscale needs --workers MIN:MAX")
+    settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    return loop.run(settings)
 
 
 def gateway(settings: Settings) -> int:

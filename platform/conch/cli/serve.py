@@ -1,7 +1,12 @@
 """``conch serve``: the whole stack in one command: Redis if needed, one worker, the
 gateway and the gRPC server (``--allow-http`` / ``--allow-grpc`` leave either out).
 
-The worker and the frontends run as ``python -m conch worker|gateway|grpc`` children, started
+With ``--workers MIN:MAX`` an autoscaler (``conch autoscale``) runs in the worker's place
+and starts and retires workers on the work owed; with MIN 0 the frontends are told that
+the models may have no worker (``--scale-to-zero``, unless it was given), so they read
+ready and take requests while the group is at zero.
+
+The worker (or autoscaler) and the frontends run as ``python -m conch <role>`` children, started
 with ``settings.to_args(role)`` (and the secrets in ``settings.child_env(role)``, out of
 the process list): the same settings, the broker URL resolved once here (a private
 redis-server, if this command started one, is shared by all). Settings that have no
@@ -18,10 +23,10 @@ import subprocess
 import sys
 import time
 
+from conch.autoscale.pool import EXIT_MARGIN_S, stop_processes
 from conch.settings import Role, Settings
 
 log = logging.getLogger("conch.serve")
-_EXIT_MARGIN_S = 5  # past a child's own exit timeout, before it is killed
 
 
 def run(settings: Settings) -> int:
@@ -34,7 +39,9 @@ def run(settings: Settings) -> int:
     )
     log.info("broker: %s%s", url, " (private redis-server)" if private else "")
     settings = dataclasses.replace(settings, redis_url=url)
-    roles = [Role.WORKER]
+    if settings.workers and settings.workers.minimum == 0 and not settings.scale_to_zero:
+        settings = dataclasses.replace(settings, scale_to_zero=settings.models or ["*"])
+    roles = [Role.AUTOSCALE if settings.workers else Role.WORKER]
     roles += [Role.GATEWAY] if settings.allow_http else []
     roles += [Role.GRPC] if settings.allow_grpc else []
     children = [
@@ -76,14 +83,10 @@ def run(settings: Settings) -> int:
                     stopping, code = True, c.returncode or 1
             time.sleep(0.2)
     finally:
-        for c in children:
-            if c.poll() is None:
-                c.terminate()
-        for c in children:  # each has --exit-timeout-secs to finish its work in flight
-            try:
-                c.wait(timeout=settings.exit_timeout_secs + _EXIT_MARGIN_S)
-            except subprocess.TimeoutExpired:
-                c.kill()
+        # Each has --exit-timeout-secs to finish its work in flight; an autoscaler gives
+        # its workers that and a margin, so it gets a second margin.
+        margins = 2 if settings.workers else 1
+        stop_processes(children, settings.exit_timeout_secs + margins * EXIT_MARGIN_S)
         if private is not None:
             private.stop()
     return code

@@ -41,6 +41,8 @@ from conch.settings import Settings
 from conch.wire import control_bus, worker_reports
 
 STATES_MAX_AGE_S = 1.0  # how stale the workers' reports may be for readiness checks
+# The index's reason for a --scale-to-zero model's version that reads ready with no worker.
+SCALED_TO_ZERO = "no worker yet (scale to zero): requests wait in the queue for one to start"
 
 
 class _Scanned:
@@ -274,7 +276,25 @@ class ModelView:
             )
 
         # A "not ready" from the cache is checked again: a worker may have just come up.
-        return ready(self.states()) or ready(self.states(max_age=0.05))
+        return (
+            ready(self.states())
+            or ready(self.states(max_age=0.05))
+            or self.waits_for_worker(name, version)
+        )
+
+    def waits_for_worker(self, name: str, version: int) -> bool:
+        """A version of a ``--scale-to-zero`` model that no live worker serves yet, and
+        none failed: the group is at zero (no live worker reports on the model) or a
+        worker is loading it (scaling up). Its requests wait in the queue, within their
+        timeout, for that worker, so it reads as ready: a client that waits for
+        readiness before it sends would otherwise never send what starts one.
+
+        Any other model keeps Triton's meaning: ready once a live worker serves it.
+        """
+        if not self.settings.scales_to_zero(name):
+            return False
+        st = self.states().get(name)
+        return st is None or st["versions"].get(str(version)) == worker_reports.LOADING
 
     def not_served(self) -> str | None:
         """Why not every model that should be loaded is served, or None when all are:
@@ -346,13 +366,16 @@ class ModelView:
                         out.append({**row, "reason": why} if why else row)
                     continue
                 state = st.get("versions", {}).get(str(v), "UNAVAILABLE")
-                if ready_only and state != worker_reports.READY:
+                waits = state != worker_reports.READY and self.waits_for_worker(name, v)
+                if ready_only and state != worker_reports.READY and not waits:
                     continue
                 row = {"name": name, "version": str(v), "state": state}
-                if state != worker_reports.READY:
+                if waits:
+                    row["state"], row["reason"] = worker_reports.READY, SCALED_TO_ZERO
+                elif state != worker_reports.READY:
                     row["reason"] = st.get("reason") or "no live worker has loaded this version"
                 out.append(row)
         return out
 
 
-__all__ = ["STATES_MAX_AGE_S", "ModelView"]
+__all__ = ["SCALED_TO_ZERO", "STATES_MAX_AGE_S", "ModelView"]
