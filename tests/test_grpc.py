@@ -146,6 +146,9 @@ def test_health_and_server_metadata(client) -> None:
     assert client.is_server_live()
     assert client.is_server_ready()
     assert client.is_model_ready("add")
+    # As Triton answers: an unknown model or version is not ready, not an error.
+    assert not client.is_model_ready("nope")
+    assert not client.is_model_ready("add", model_version="9")
     meta = client.get_server_metadata()
     assert meta.name == "conch" and "classification" in meta.extensions
 

@@ -29,7 +29,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from conch.core.errors import ConchError, InvalidArgument, Unsupported
+from conch.core.errors import ConchError, InvalidArgument, NotFound, Unsupported
 from conch.core.restricted_apis import ApiGroup, RestrictedApis
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.grpc import codec
@@ -145,7 +145,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc(ApiGroup.HEALTH)
     def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
-        ready = self.plane.model_ready(request.name, _version(request.version))
+        """As Triton's: a model or version that is unknown, unloaded or broken is just
+        not ready (tritonclient's ``is_model_ready`` says False, it does not raise)."""
+        version = _version(request.version)
+        try:
+            ready = self.plane.model_ready(request.name, version)
+        except (InvalidArgument, NotFound):
+            ready = False
         return pb.ModelReadyResponse(ready=ready)
 
     @rpc(ApiGroup.METADATA)
