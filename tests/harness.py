@@ -29,12 +29,15 @@ __all__ = [
     "Service",
     "connect",
     "fresh_db",
+    "perf_analyzer",
     "read_response",
     "reference_mlp",
     "serving",
     "start_gateway",
     "start_grpc",
+    "start_serve",
     "start_worker",
+    "wait_grpc_model_ready",
     "wait_model_ready",
     "wait_until",
 ]
@@ -178,6 +181,51 @@ def start_gateway(
     return svc, url
 
 
+def start_serve(repo: Path, redis_url: str, log_dir: Path, *extra: str) -> tuple[Service, str, str]:
+    """``conch serve`` (what ``make serve`` runs) on free loopback ports: the process, its
+    HTTP URL and its gRPC URL; not yet ready."""
+    port, grpc_port = free_port(), free_port()
+    svc = Service(
+        "serve",
+        conch(
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--redis-url",
+            redis_url,
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            str(port),
+            "--http-workers",
+            "1",
+            "--metrics-port",
+            str(free_port()),
+            "--grpc-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
+            *extra,
+        ),
+        log_dir,
+    )
+    return svc, f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
+
+
+def perf_analyzer() -> str:
+    """The command that runs Triton's perf_analyzer: $PERF_ANALYZER (``make test`` sets
+    it), else what ``bench/perf-analyzer-setup`` makes."""
+    return (
+        os.environ.get("PERF_ANALYZER")
+        or subprocess.run(
+            [str(ROOT / "bench" / "perf-analyzer-setup")],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+
+
 def start_grpc(
     repo: Path,
     redis_url: str,
@@ -262,6 +310,24 @@ def wait_model_ready(
             return False
 
     wait_until(ready, timeout, f"model {model} ready at {url}", *services)
+
+
+def wait_grpc_model_ready(url: str, model: str, timeout: float = 60, *services: Service) -> None:
+    """Until the gRPC server at ``url`` says ``model`` is ready."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+
+    def ready() -> bool:
+        try:
+            return client.is_model_ready(model)
+        except Exception:
+            return False
+
+    try:
+        wait_until(ready, timeout, f"model {model} ready over gRPC at {url}", *services)
+    finally:
+        client.close()
 
 
 def connect(url: str) -> socket.socket:

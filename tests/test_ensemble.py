@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from conch.wire import worker_reports
 
-from harness import ROOT, start_gateway, start_worker, wait_model_ready, wait_until
+from harness import ROOT, perf_analyzer, start_gateway, start_worker, wait_model_ready, wait_until
 from models import add_model, ensemble, ensemble_step
 
 PIPELINE = ("preprocessing", "classifier", "postprocessing", "sentiment")
@@ -468,17 +468,7 @@ def test_the_outer_deadline_bounds_every_step(url: str) -> None:
 
 
 def test_perf_analyzer_runs_the_sentiment_ensemble(url: str, tmp_path: Path) -> None:
-    import os
-
-    pa = (
-        os.environ.get("PERF_ANALYZER")
-        or subprocess.run(
-            [str(ROOT / "bench" / "perf-analyzer-setup")],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
+    pa = perf_analyzer()
     data = tmp_path / "text.json"
     data.write_text('{"data": [{"TEXT": ["a great film"]}, {"TEXT": ["awful service"]}]}')
     proc = subprocess.run(

@@ -3,13 +3,14 @@ driven by stock ``tritonclient.grpc`` (sync, async_infer and streams)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
@@ -27,7 +29,15 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from conch.wire import broker, statistics
 
 from certificates import Pki, make_pki
-from harness import Service, conch, fresh_db, start_grpc, start_worker, wait_until
+from harness import (
+    Service,
+    conch,
+    fresh_db,
+    start_grpc,
+    start_worker,
+    wait_grpc_model_ready,
+    wait_until,
+)
 from models import (
     IDENTITY_TYPES,
     add_model,
@@ -97,22 +107,13 @@ def stack(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[str
     db = fresh_db(redis_url, 11)
     worker = start_worker(repo, db, log_dir, "--models", ",".join(SERVED))
     server, url = start_grpc(repo, db, log_dir)
-    client = grpcclient.InferenceServerClient(url)
     try:
         for m in MODELS:
-            wait_until(lambda m=m: _ready(client, m), 120, f"{m} ready", worker, server)
+            wait_grpc_model_ready(url, m, 120, worker, server)
         yield url, server, db
     finally:
-        client.close()
         server.stop()
         worker.stop()
-
-
-def _ready(client: grpcclient.InferenceServerClient, model: str) -> bool:
-    try:
-        return client.is_model_ready(model)
-    except InferenceServerException:
-        return False
 
 
 @pytest.fixture()
@@ -191,6 +192,42 @@ def test_load_and_unload_need_explicit_mode(client) -> None:
             call("add")
         assert _code(err.value) == "StatusCode.INVALID_ARGUMENT"
         assert "explicit" in err.value.message()
+
+
+def test_explicit_load_and_unload(stack, tmp_path_factory, redis_url: str, log_dir: Path) -> None:
+    """In explicit mode: RepositoryModelLoad, with a config override too, and
+    RepositoryModelUnload; a call to a model not loaded is refused as Triton refuses it."""
+    repo = tmp_path_factory.mktemp("grpc-explicit") / "models"
+    add_model(repo / "add")
+    db = fresh_db(redis_url, 12)
+    flags = ("--model-control-mode", "explicit")
+    worker = start_worker(repo, db, log_dir, *flags)
+    server, url = start_grpc(repo, db, log_dir, *flags)
+    client = grpcclient.InferenceServerClient(url)
+    a = np.ones((1, 4), np.float32)
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("add", _add_inputs(a))
+        assert _code(err.value) == "StatusCode.INVALID_ARGUMENT"
+        assert "'add' has no available versions" in err.value.message()
+        client.load_model("add")  # returns once a worker has it loaded
+        assert client.is_model_ready("add")
+        np.testing.assert_array_equal(client.infer("add", _add_inputs(a)).as_numpy("OUT"), a + a)
+        config = client.get_model_config("add", as_json=True)["config"]
+        assert config["max_batch_size"] == 8
+        client.load_model("add", config=json.dumps({**config, "max_batch_size": 2}))
+        assert client.get_model_config("add").config.max_batch_size == 2
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("add", _add_inputs(np.ones((3, 4), np.float32)))
+        assert _code(err.value) == "StatusCode.INVALID_ARGUMENT"  # 3 rows past the new limit
+        client.unload_model("add")
+        assert not client.is_model_ready("add")
+        index = {m.name: m for m in client.get_model_repository_index().models}
+        assert index["add"].state == "UNAVAILABLE"
+    finally:
+        client.close()
+        server.stop()
+        worker.stop()
 
 
 def test_repository_name_is_refused(stack) -> None:
@@ -289,6 +326,39 @@ def test_async_infer(client) -> None:
     result, error = done.get(timeout=60)
     assert error is None
     np.testing.assert_array_equal(result.as_numpy("OUT"), a + a)
+
+
+def test_the_asyncio_client(stack) -> None:
+    """tritonclient.grpc.aio (the client of asyncio code): unary calls, an error's code,
+    and a stream whose answers carry their ids, ended when its requests are."""
+    a = np.ones((1, 4), np.float32)
+
+    async def calls() -> None:
+        client = aioclient.InferenceServerClient(stack[0])
+        try:
+            assert await client.is_server_ready() and await client.is_model_ready("add")
+            assert (await client.get_model_metadata("add")).name == "add"
+            result = await client.infer("add", _add_inputs(a), request_id="aio")
+            assert result.get_response().id == "aio"
+            np.testing.assert_array_equal(result.as_numpy("OUT"), a + a)
+            with pytest.raises(InferenceServerException) as err:
+                await client.get_model_metadata("add", model_version="9")
+            assert _code(err.value) == "StatusCode.NOT_FOUND"
+
+            async def requests() -> AsyncIterator[dict]:
+                for k in range(3):
+                    yield {"model_name": "add", "inputs": _add_inputs(a * k), "request_id": f"q{k}"}
+
+            got = {}
+            async for result, error in client.stream_infer(requests()):
+                assert error is None, error
+                got[result.get_response().id] = result.as_numpy("OUT")
+            assert sorted(got) == ["q0", "q1", "q2"]
+            np.testing.assert_array_equal(got["q2"], a * 4)
+        finally:
+            await client.close()
+
+    asyncio.run(calls())
 
 
 # -- bad requests: INVALID_ARGUMENT with the shared message, never queued ----------------
@@ -396,6 +466,16 @@ def test_queue_full_is_unavailable(client) -> None:
     assert refused, "a queue of one took six requests"
     assert all(_code(e) == "StatusCode.UNAVAILABLE" for e in refused)
     assert "Exceeds maximum queue size" in refused[0].message()
+
+
+def test_a_model_failure_is_internal(client) -> None:
+    """A model that raises fails its request with INTERNAL, as Triton's python backend."""
+    inp = grpcclient.InferInput("IN", [1], "BF16")
+    inp.set_data_from_numpy(np.ones(1, dtype=ml_dtypes.bfloat16))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("echo", [inp], parameters={"fail": True})
+    assert _code(err.value) == "StatusCode.INTERNAL"
+    assert "the echo was asked to fail" in err.value.message()
 
 
 def test_deadline_passed_is_unavailable(client) -> None:
