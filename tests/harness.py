@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,9 +30,9 @@ __all__ = [
     "Service",
     "connect",
     "fresh_db",
-    "perf_analyzer",
     "read_response",
     "reference_mlp",
+    "run_perf_analyzer",
     "serving",
     "start_gateway",
     "start_grpc",
@@ -212,10 +213,15 @@ def start_serve(repo: Path, redis_url: str, log_dir: Path, *extra: str) -> tuple
     return svc, f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
 
-def perf_analyzer() -> str:
-    """The command that runs Triton's perf_analyzer: $PERF_ANALYZER (``make test`` sets
-    it), else what ``bench/perf-analyzer-setup`` makes."""
-    return (
+def run_perf_analyzer(*args: str) -> tuple[str, list[float]]:
+    """Triton's perf_analyzer ($PERF_ANALYZER, which ``make test`` sets, else what
+    ``bench/perf-analyzer-setup`` makes) with 1 s windows: its output, and the throughput
+    of each concurrency it measured (from its CSV); the test fails if it fails.
+
+    These tests check that it runs, not how steadily: at 200% any three windows count
+    as stable (none can be more than 3x their mean), so a shared, busy machine never
+    fails them for instability."""
+    command = (
         os.environ.get("PERF_ANALYZER")
         or subprocess.run(
             [str(ROOT / "bench" / "perf-analyzer-setup")],
@@ -224,6 +230,27 @@ def perf_analyzer() -> str:
             text=True,
         ).stdout.strip()
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = Path(tmp) / "pa.csv"  # an ensemble's steps get CSVs of their own beside it
+        proc = subprocess.run(
+            [
+                command,
+                *args,
+                "--measurement-interval",
+                "1000",
+                "--stability-percentage",
+                "200",
+                "-f",
+                str(csv),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        rows = csv.read_text().splitlines()
+    assert rows[0].startswith("Concurrency"), rows
+    return proc.stdout, [float(r.split(",")[1]) for r in rows[1:]]
 
 
 def start_grpc(

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,8 +24,8 @@ from harness import (
     ROOT,
     Service,
     conch,
-    perf_analyzer,
     reference_mlp,
+    run_perf_analyzer,
     start_gateway,
     start_serve,
     start_worker,
@@ -236,76 +234,23 @@ def test_conch_serve_starts_a_private_redis(
         assert serve.stop() == 0
 
 
-def test_perf_analyzer_runs_against_the_server(
-    model_repo: Path, db: str, log_dir: Path, tmp_path: Path
-) -> None:
-    pa = perf_analyzer()
+def test_perf_analyzer_runs_against_the_server(model_repo: Path, db: str, log_dir: Path) -> None:
     worker = start_worker(model_repo, db, log_dir, "--models", "mlp")
     gw, url = start_gateway(model_repo, db, log_dir, workers=2, threads=16)
     try:
         wait_model_ready(url, "mlp", 60, worker, gw)
-        csv = tmp_path / "pa.csv"
-        proc = subprocess.run(
-            [
-                pa,
-                "-m",
-                "mlp",
-                "-u",
-                url,
-                "-i",
-                "http",
-                "--concurrency-range",
-                "1:4:3",
-                "--measurement-interval",
-                "1000",
-                "--stability-percentage",
-                "100",
-                "-f",
-                str(csv),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
+        out, throughputs = run_perf_analyzer(
+            "-m", "mlp", "-u", url, "-i", "http", "--concurrency-range", "1:4:3"
         )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         # "statistics" is advertised: perf_analyzer reads them around every window and
         # prints the server's side (queue, compute) next to its own.
-        assert "Server: " in proc.stdout and "compute infer" in proc.stdout, proc.stdout[-3000:]
-        counts = [int(n) for n in re.findall(r"Inference count: (\d+)", proc.stdout)]
-        assert counts and all(n > 0 for n in counts), proc.stdout[-3000:]
-        rows = csv.read_text().splitlines()
-        assert rows[0].startswith("Concurrency")
-        throughputs = [float(r.split(",")[1]) for r in rows[1:]]
+        assert "Server: " in out and "compute infer" in out, out[-3000:]
+        counts = [int(n) for n in re.findall(r"Inference count: (\d+)", out)]
+        assert counts and all(n > 0 for n in counts), out[-3000:]
         assert len(throughputs) == 2 and all(t > 0 for t in throughputs)
     finally:
         gw.stop()
         worker.stop()
-
-
-def _run_perf_analyzer(*args: str) -> tuple[str, list[float]]:
-    """perf_analyzer with short windows: its output, and the throughput of each
-    concurrency it measured (from its CSV); fails the test if it fails."""
-    with tempfile.TemporaryDirectory() as tmp:
-        csv = Path(tmp) / "pa.csv"
-        proc = subprocess.run(
-            [
-                perf_analyzer(),
-                *args,
-                "--measurement-interval",
-                "1000",
-                "--stability-percentage",
-                "100",
-                "-f",
-                str(csv),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        rows = csv.read_text().splitlines()
-    assert rows[0].startswith("Concurrency"), rows
-    return proc.stdout, [float(r.split(",")[1]) for r in rows[1:]]
 
 
 def test_perf_analyzer_over_grpc_against_conch_serve(db: str, log_dir: Path) -> None:
@@ -321,11 +266,11 @@ def test_perf_analyzer_over_grpc_against_conch_serve(db: str, log_dir: Path) -> 
             ("--concurrency-range", "1:4:3"),
             ("--concurrency-range", "4", "--streaming"),
         ):
-            out, throughputs = _run_perf_analyzer("-m", "mlp", *common, *extra)
+            out, throughputs = run_perf_analyzer("-m", "mlp", *common, *extra)
             assert throughputs and all(t > 0 for t in throughputs), out[-3000:]
             # The server's side, from the statistics RPC around every window.
             assert "Server: " in out and "compute infer" in out, out[-3000:]
-        out, throughputs = _run_perf_analyzer(
+        out, throughputs = run_perf_analyzer(
             "-m", "sentiment", *common, "--concurrency-range", "2", "--string-data", "a great film"
         )
         assert len(throughputs) == 1 and throughputs[0] > 0, out[-3000:]

@@ -4,7 +4,6 @@ with direct traffic, load-time validation, and error and deadline propagation.""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,14 @@ from tritonclient.utils import InferenceServerException
 
 from conch.wire import worker_reports
 
-from harness import ROOT, perf_analyzer, start_gateway, start_worker, wait_model_ready, wait_until
+from harness import (
+    ROOT,
+    run_perf_analyzer,
+    start_gateway,
+    start_worker,
+    wait_model_ready,
+    wait_until,
+)
 from models import add_model, ensemble, ensemble_step
 
 PIPELINE = ("preprocessing", "classifier", "postprocessing", "sentiment")
@@ -468,32 +474,20 @@ def test_the_outer_deadline_bounds_every_step(url: str) -> None:
 
 
 def test_perf_analyzer_runs_the_sentiment_ensemble(url: str, tmp_path: Path) -> None:
-    pa = perf_analyzer()
     data = tmp_path / "text.json"
     data.write_text('{"data": [{"TEXT": ["a great film"]}, {"TEXT": ["awful service"]}]}')
-    proc = subprocess.run(
-        [
-            pa,
-            "-m",
-            "sentiment",
-            "-u",
-            url,
-            "-i",
-            "http",
-            "--concurrency-range",
-            "2",
-            "--measurement-interval",
-            "1000",
-            "--stability-percentage",
-            "100",
-            "--input-data",
-            str(data),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
+    out, throughputs = run_perf_analyzer(
+        "-m",
+        "sentiment",
+        "-u",
+        url,
+        "-i",
+        "http",
+        "--concurrency-range",
+        "2",
+        "--input-data",
+        str(data),
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Throughput" in proc.stdout
+    assert throughputs and throughputs[0] > 0, out[-3000:]
     # With statistics advertised, perf_analyzer reads the ensemble's and its steps' stats.
-    assert "Server: " in proc.stdout and "Composing models:" in proc.stdout, proc.stdout[-3000:]
+    assert "Server: " in out and "Composing models:" in out, out[-3000:]
