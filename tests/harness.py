@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,11 +37,14 @@ __all__ = [
     "fresh_db",
     "read_response",
     "reference_mlp",
+    "run_perf_analyzer",
     "serving",
     "start_gateway",
     "start_grpc",
     "start_redis",
+    "start_serve",
     "start_worker",
+    "wait_grpc_model_ready",
     "wait_model_ready",
     "wait_until",
     "worker_requests",
@@ -251,6 +255,77 @@ def start_gateway(
     return svc, url
 
 
+def start_serve(repo: Path, redis_url: str, log_dir: Path, *extra: str) -> tuple[Service, str, str]:
+    """``conch serve`` (what ``make serve`` runs) on free loopback ports: the process, its
+    HTTP URL and its gRPC URL; not yet ready."""
+    port, grpc_port = free_port(), free_port()
+    svc = Service(
+        "serve",
+        conch(
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--redis-url",
+            redis_url,
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            str(port),
+            "--http-workers",
+            "1",
+            "--metrics-port",
+            str(free_port()),
+            "--grpc-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
+            *extra,
+        ),
+        log_dir,
+    )
+    return svc, f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
+
+
+def run_perf_analyzer(*args: str) -> tuple[str, list[float]]:
+    """Triton's perf_analyzer ($PERF_ANALYZER, which ``make test`` sets, else what
+    ``bench/perf-analyzer-setup`` makes) with 1 s windows: its output, and the throughput
+    of each concurrency it measured (from its CSV); the test fails if it fails.
+
+    These tests check that it runs, not how steadily: at 200% any three windows count
+    as stable (none can be more than 3x their mean), so a shared, busy machine never
+    fails them for instability."""
+    command = (
+        os.environ.get("PERF_ANALYZER")
+        or subprocess.run(
+            [str(ROOT / "bench" / "perf-analyzer-setup")],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = Path(tmp) / "pa.csv"  # an ensemble's steps get CSVs of their own beside it
+        proc = subprocess.run(
+            [
+                command,
+                *args,
+                "--measurement-interval",
+                "1000",
+                "--stability-percentage",
+                "200",
+                "-f",
+                str(csv),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        rows = csv.read_text().splitlines()
+    assert rows[0].startswith("Concurrency"), rows
+    return proc.stdout, [float(r.split(",")[1]) for r in rows[1:]]
+
+
 def start_grpc(
     repo: Path,
     redis_url: str,
@@ -345,6 +420,24 @@ def worker_requests(client: redis.Redis, model: str) -> dict[str, int]:
         r["id"]: r.get("stats", {}).get(model, {}).get("requests", 0)
         for r in worker_reports.snapshot(client)
     }
+
+
+def wait_grpc_model_ready(url: str, model: str, timeout: float = 60, *services: Service) -> None:
+    """Until the gRPC server at ``url`` says ``model`` is ready."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+
+    def ready() -> bool:
+        try:
+            return client.is_model_ready(model)
+        except Exception:
+            return False
+
+    try:
+        wait_until(ready, timeout, f"model {model} ready over gRPC at {url}", *services)
+    finally:
+        client.close()
 
 
 def connect(url: str) -> socket.socket:

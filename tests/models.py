@@ -253,6 +253,23 @@ def _slow_graph(path: Path, matmuls: int, *, max_batch_size: int, delay_us: int)
     )
 
 
+def ensemble_step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    """One step of an ensemble's ``ensemble_scheduling``: the model's latest version, its
+    inputs and outputs mapped to the ensemble's tensors."""
+    ins = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
+    outs = " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
+    return f'{{ model_name: "{model}" model_version: -1 {ins} {outs} }}'
+
+
+def ensemble(root: Path, name: str, io: str, steps: list[str], max_batch_size: int = 8) -> None:
+    """An ensemble model ``name`` in ``root``: ``io`` its inputs and outputs, then its steps."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(
+        f'platform: "ensemble"\nmax_batch_size: {max_batch_size}\n{io}\n'
+        f"ensemble_scheduling {{ step [ {', '.join(steps)} ] }}\n"
+    )
+
+
 def with_config(src: Path, dst: Path, extra: str) -> None:
     """A copy of a test model under a new name, with more config lines."""
     shutil.copytree(src, dst)

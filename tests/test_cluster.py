@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,8 +24,11 @@ from harness import (
     Service,
     conch,
     reference_mlp,
+    run_perf_analyzer,
     start_gateway,
+    start_serve,
     start_worker,
+    wait_grpc_model_ready,
     wait_model_ready,
     wait_until,
     waiting,
@@ -172,31 +174,7 @@ def test_default_deadline_is_configurable(model_repo: Path, db: str, log_dir: Pa
 
 def test_conch_serve_runs_the_whole_stack(model_repo: Path, db: str, log_dir: Path) -> None:
     """HTTP and gRPC both, over one worker."""
-    port, grpc_port = free_port(), free_port()
-    serve = Service(
-        "serve",
-        conch(
-            "serve",
-            "--model-repository",
-            str(model_repo),
-            "--redis-url",
-            db,
-            "--http-address",
-            "127.0.0.1",
-            "--http-port",
-            str(port),
-            "--http-workers",
-            "1",
-            "--metrics-port",
-            str(free_port()),
-            "--grpc-address",
-            "127.0.0.1",
-            "--grpc-port",
-            str(grpc_port),
-        ),
-        log_dir,
-    )
-    url = f"127.0.0.1:{port}"
+    serve, url, grpc_url = start_serve(model_repo, db, log_dir)
     try:
         wait_model_ready(url, "mlp", 90, serve)
         x = np.random.default_rng(3).standard_normal((4, 64), dtype=np.float32)
@@ -204,15 +182,8 @@ def test_conch_serve_runs_the_whole_stack(model_repo: Path, db: str, log_dir: Pa
         inp.set_data_from_numpy(x)
         got = httpclient.InferenceServerClient(url).infer("mlp", [inp]).as_numpy("OUTPUT0")
         np.testing.assert_allclose(got, reference_mlp(x), rtol=1e-5, atol=1e-5)
-        grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-
-        def grpc_ready() -> bool:
-            try:
-                return grpc_client.is_model_ready("mlp")
-            except InferenceServerException:
-                return False
-
-        wait_until(grpc_ready, 60, "mlp ready over gRPC", serve)
+        wait_grpc_model_ready(grpc_url, "mlp", 60, serve)
+        grpc_client = grpcclient.InferenceServerClient(grpc_url)
         ginp = grpcclient.InferInput("INPUT0", [4, 64], "FP32")
         ginp.set_data_from_numpy(x)
         got = grpc_client.infer("mlp", [ginp]).as_numpy("OUTPUT0")
@@ -260,55 +231,47 @@ def test_conch_serve_starts_a_private_redis(
         assert serve.stop() == 0
 
 
-def test_perf_analyzer_runs_against_the_server(
-    model_repo: Path, db: str, log_dir: Path, tmp_path: Path
-) -> None:
-    pa = (
-        os.environ.get("PERF_ANALYZER")
-        or subprocess.run(
-            [str(ROOT / "bench" / "perf-analyzer-setup")],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
+def test_perf_analyzer_runs_against_the_server(model_repo: Path, db: str, log_dir: Path) -> None:
     worker = start_worker(model_repo, db, log_dir, "--models", "mlp")
     gw, url = start_gateway(model_repo, db, log_dir, workers=2, threads=16)
     try:
         wait_model_ready(url, "mlp", 60, worker, gw)
-        csv = tmp_path / "pa.csv"
-        proc = subprocess.run(
-            [
-                pa,
-                "-m",
-                "mlp",
-                "-u",
-                url,
-                "-i",
-                "http",
-                "--concurrency-range",
-                "1:4:3",
-                "--measurement-interval",
-                "1000",
-                "--stability-percentage",
-                "100",
-                "-f",
-                str(csv),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
+        out, throughputs = run_perf_analyzer(
+            "-m", "mlp", "-u", url, "-i", "http", "--concurrency-range", "1:4:3"
         )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         # "statistics" is advertised: perf_analyzer reads them around every window and
         # prints the server's side (queue, compute) next to its own.
-        assert "Server: " in proc.stdout and "compute infer" in proc.stdout, proc.stdout[-3000:]
-        counts = [int(n) for n in re.findall(r"Inference count: (\d+)", proc.stdout)]
-        assert counts and all(n > 0 for n in counts), proc.stdout[-3000:]
-        rows = csv.read_text().splitlines()
-        assert rows[0].startswith("Concurrency")
-        throughputs = [float(r.split(",")[1]) for r in rows[1:]]
+        assert "Server: " in out and "compute infer" in out, out[-3000:]
+        counts = [int(n) for n in re.findall(r"Inference count: (\d+)", out)]
+        assert counts and all(n > 0 for n in counts), out[-3000:]
         assert len(throughputs) == 2 and all(t > 0 for t in throughputs)
     finally:
         gw.stop()
         worker.stop()
+
+
+def test_perf_analyzer_over_grpc_against_conch_serve(db: str, log_dir: Path) -> None:
+    """Issue 14's done-when: ``perf_analyzer -i grpc`` against what ``make serve`` runs
+    (``conch serve`` on functions/), for the MLP (unary calls, then a stream) and the
+    sentiment ensemble (BYTES in, from --string-data)."""
+    serve, _, url = start_serve(ROOT / "functions", db, log_dir)
+    try:
+        for model in ("mlp", "sentiment"):
+            wait_grpc_model_ready(url, model, 120, serve)
+        common = ["-u", url, "-i", "grpc"]
+        for extra in (
+            ("--concurrency-range", "1:4:3"),
+            ("--concurrency-range", "4", "--streaming"),
+        ):
+            out, throughputs = run_perf_analyzer("-m", "mlp", *common, *extra)
+            assert throughputs and all(t > 0 for t in throughputs), out[-3000:]
+            # The server's side, from the statistics RPC around every window.
+            assert "Server: " in out and "compute infer" in out, out[-3000:]
+        out, throughputs = run_perf_analyzer(
+            "-m", "sentiment", *common, "--concurrency-range", "2", "--string-data", "a great film"
+        )
+        assert len(throughputs) == 1 and throughputs[0] > 0, out[-3000:]
+        assert "Composing models:" in out and "preprocessing" in out, out[-3000:]
+        assert serve.alive()
+    finally:
+        assert serve.stop() == 0, serve.log()[-3000:]

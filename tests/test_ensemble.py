@@ -4,7 +4,6 @@ with direct traffic, load-time validation, and error and deadline propagation.""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,8 +18,15 @@ from tritonclient.utils import InferenceServerException
 
 from conch.wire import worker_reports
 
-from harness import ROOT, start_gateway, start_worker, wait_model_ready, wait_until
-from models import add_model
+from harness import (
+    ROOT,
+    run_perf_analyzer,
+    start_gateway,
+    start_worker,
+    wait_model_ready,
+    wait_until,
+)
+from models import add_model, ensemble, ensemble_step
 
 PIPELINE = ("preprocessing", "classifier", "postprocessing", "sentiment")
 SERVED = (
@@ -110,20 +116,6 @@ def add_labelled(path: Path) -> None:
     (path / "labels.txt").write_text("\n".join(LABELS) + "\n")
 
 
-def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
-    ins = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
-    outs = " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
-    return f'{{ model_name: "{model}" model_version: -1 {ins} {outs} }}'
-
-
-def ensemble(root: Path, name: str, io: str, steps: list[str], max_batch_size: int = 8) -> None:
-    (root / name / "1").mkdir(parents=True)
-    (root / name / "config.pbtxt").write_text(
-        f'platform: "ensemble"\nmax_batch_size: {max_batch_size}\n{io}\n'
-        f"ensemble_scheduling {{ step [ {', '.join(steps)} ] }}\n"
-    )
-
-
 X4 = 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]'
 IN4 = 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]'
 AB = 'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]'
@@ -149,12 +141,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root,
         "ens_optional",
         XZ + "\n" + Y4,
-        [step("optional_sum", {"X": "X", "Z": "Z"}, {"Y": "Y"})],
+        [ensemble_step("optional_sum", {"X": "X", "Z": "Z"}, {"Y": "Y"})],
     )
     # A non-batching step between batching ones, in a batching and a non-batching ensemble.
     mixed = [
-        step("flat_inc", {"X": "IN"}, {"Y": "t"}),
-        step("add", {"A": "t", "B": "t"}, {"OUT": "OUT"}),
+        ensemble_step("flat_inc", {"X": "IN"}, {"Y": "t"}),
+        ensemble_step("add", {"A": "t", "B": "t"}, {"OUT": "OUT"}),
     ]
     ensemble(root, "ens_mixed", IN4 + "\n" + OUT, mixed)
     ensemble(root, "ens_flat", IN4 + "\n" + OUT, mixed, max_batch_size=0)
@@ -162,7 +154,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root,
         "ens_labelled",
         AB + "\n" + OUT,
-        [step("add_labelled", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
+        [ensemble_step("add_labelled", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
     )
     ensemble(
         root,
@@ -170,8 +162,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         AB + '\noutput [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] }, '
         '{ name: "PROBED" data_type: TYPE_FP32 dims: [ 4 ] } ]',
         [
-            step("add", {"A": "A", "B": "B"}, {"OUT": "SUM"}),
-            step("add_probe", {"A": "A", "B": "B"}, {"OUT": "PROBED"}),
+            ensemble_step("add", {"A": "A", "B": "B"}, {"OUT": "SUM"}),
+            ensemble_step("add_probe", {"A": "A", "B": "B"}, {"OUT": "PROBED"}),
         ],
     )
     ensemble(
@@ -179,43 +171,53 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "ens_parallel",
         X4 + '\noutput [ { name: "YA" data_type: TYPE_FP32 dims: [ 4 ] }, '
         '{ name: "YB" data_type: TYPE_FP32 dims: [ 4 ] } ]',
-        [step("slow_a", {"X": "X"}, {"Y": "YA"}), step("slow_b", {"X": "X"}, {"Y": "YB"})],
+        [
+            ensemble_step("slow_a", {"X": "X"}, {"Y": "YA"}),
+            ensemble_step("slow_b", {"X": "X"}, {"Y": "YB"}),
+        ],
     )
     ensemble(
-        root, "ens_add", AB + "\n" + OUT, [step("add_window", {"A": "A", "B": "B"}, {"OUT": "OUT"})]
+        root,
+        "ens_add",
+        AB + "\n" + OUT,
+        [ensemble_step("add_window", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
     )
     ensemble(
         root,
         "ens_unserved",
         AB + "\n" + OUT,
-        [step("add_unserved", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
+        [ensemble_step("add_unserved", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
     )
     # Broken at load time, each in its own way.
-    ensemble(root, "bad_unknown", AB + "\n" + OUT, [step("nope", {"A": "A"}, {"OUT": "OUT"})])
-    ensemble(root, "bad_unmapped", AB + "\n" + OUT, [step("add", {"A": "A"}, {"OUT": "OUT"})])
+    ensemble(
+        root, "bad_unknown", AB + "\n" + OUT, [ensemble_step("nope", {"A": "A"}, {"OUT": "OUT"})]
+    )
+    ensemble(
+        root, "bad_unmapped", AB + "\n" + OUT, [ensemble_step("add", {"A": "A"}, {"OUT": "OUT"})]
+    )
     ensemble(
         root,
         "bad_twice",
         AB + "\n" + OUT,
         [
-            step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"}),
-            step("add", {"A": "B", "B": "A"}, {"OUT": "OUT"}),
+            ensemble_step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"}),
+            ensemble_step("add", {"A": "B", "B": "A"}, {"OUT": "OUT"}),
         ],
     )
     ensemble(
         root,
         "bad_nothing",
         AB + "\n" + OUT,
-        [step("add", {"A": "A", "B": "ghost"}, {"OUT": "OUT"})],
+        [ensemble_step("add", {"A": "A", "B": "ghost"}, {"OUT": "OUT"})],
     )
     ensemble(
         root,
         "bad_cycle",
         AB + "\n" + OUT,
         [
-            step("add", {"A": "A", "B": "t2"}, {"OUT": "t1"}),
-            step("add", {"A": "t1", "B": "B"}, {"OUT": "t2"}),
-            step("add", {"A": "t1", "B": "t2"}, {"OUT": "OUT"}),
+            ensemble_step("add", {"A": "A", "B": "t2"}, {"OUT": "t1"}),
+            ensemble_step("add", {"A": "t1", "B": "B"}, {"OUT": "t2"}),
+            ensemble_step("add", {"A": "t1", "B": "t2"}, {"OUT": "OUT"}),
         ],
     )
     ensemble(
@@ -223,14 +225,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "bad_dtype",
         'input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] }, '
         '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n' + OUT,
-        [step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
+        [ensemble_step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
     )
     ensemble(
         root,
         "bad_shape",
         'input [ { name: "A" data_type: TYPE_FP32 dims: [ 5 ] }, '
         '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n' + OUT,
-        [step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
+        [ensemble_step("add", {"A": "A", "B": "B"}, {"OUT": "OUT"})],
     )
     return root
 
@@ -472,42 +474,20 @@ def test_the_outer_deadline_bounds_every_step(url: str) -> None:
 
 
 def test_perf_analyzer_runs_the_sentiment_ensemble(url: str, tmp_path: Path) -> None:
-    import os
-
-    pa = (
-        os.environ.get("PERF_ANALYZER")
-        or subprocess.run(
-            [str(ROOT / "bench" / "perf-analyzer-setup")],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
     data = tmp_path / "text.json"
     data.write_text('{"data": [{"TEXT": ["a great film"]}, {"TEXT": ["awful service"]}]}')
-    proc = subprocess.run(
-        [
-            pa,
-            "-m",
-            "sentiment",
-            "-u",
-            url,
-            "-i",
-            "http",
-            "--concurrency-range",
-            "2",
-            "--measurement-interval",
-            "1000",
-            "--stability-percentage",
-            "100",
-            "--input-data",
-            str(data),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
+    out, throughputs = run_perf_analyzer(
+        "-m",
+        "sentiment",
+        "-u",
+        url,
+        "-i",
+        "http",
+        "--concurrency-range",
+        "2",
+        "--input-data",
+        str(data),
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Throughput" in proc.stdout
+    assert throughputs and throughputs[0] > 0, out[-3000:]
     # With statistics advertised, perf_analyzer reads the ensemble's and its steps' stats.
-    assert "Server: " in proc.stdout and "Composing models:" in proc.stdout, proc.stdout[-3000:]
+    assert "Server: " in out and "Composing models:" in out, out[-3000:]

@@ -3,13 +3,14 @@ driven by stock ``tritonclient.grpc`` (sync, async_infer and streams)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -17,17 +18,31 @@ import grpc
 import ml_dtypes
 import numpy as np
 import pytest
+import redis
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from conch.wire import broker, statistics
+
 from certificates import Pki, make_pki
-from harness import conch, fresh_db, start_grpc, start_worker, wait_until
+from harness import (
+    Service,
+    conch,
+    fresh_db,
+    start_grpc,
+    start_worker,
+    wait_grpc_model_ready,
+    wait_until,
+)
 from models import (
     IDENTITY_TYPES,
     add_model,
+    ensemble,
+    ensemble_step,
     identity_array,
     identity_model,
     slow_model,
@@ -45,13 +60,16 @@ class TritonPythonModel:
     def execute(self, requests):
         out = []
         for r in requests:
+            if "fail" in json.loads(r.parameters()):
+                raise RuntimeError("the echo was asked to fail")
             x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
             params = np.array([r.parameters().encode()], dtype=object)
             out.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", x), pb_utils.Tensor("PARAMS", params)]))
         return out
 """
-MODELS = ("identity", "add", "echo", "step", "step_bounded", "slow")
+SERVED = ("identity", "add", "echo", "step", "step_bounded", "slow")  # by the worker
+MODELS = (*SERVED, "twice")
 
 
 def _repo(root: Path) -> Path:
@@ -68,31 +86,34 @@ def _repo(root: Path) -> Path:
     slow_model(root / "step", seconds=0.3, max_batch_size=1, delay_us=1)
     with_config(root / "step", root / "step_bounded", "default_queue_policy { max_queue_size: 1 }")
     slow_model(root / "slow", seconds=1.0)
+    ensemble(  # step, then step again: 0.6 s, queued twice
+        root,
+        "twice",
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+        [
+            ensemble_step("step", {"X": "X"}, {"Y": "once"}),
+            ensemble_step("step", {"X": "once"}, {"Y": "Y"}),
+        ],
+        max_batch_size=1,
+    )
     return root
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[str, object]]:
+def stack(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[str, Service, str]]:
+    """(the gRPC server's URL, its process, the Redis URL of its queues)."""
     repo = _repo(tmp_path_factory.mktemp("grpc") / "models")
     db = fresh_db(redis_url, 11)
-    worker = start_worker(repo, db, log_dir, "--models", ",".join(MODELS))
+    worker = start_worker(repo, db, log_dir, "--models", ",".join(SERVED))
     server, url = start_grpc(repo, db, log_dir)
-    client = grpcclient.InferenceServerClient(url)
     try:
         for m in MODELS:
-            wait_until(lambda m=m: _ready(client, m), 120, f"{m} ready", worker, server)
-        yield url, server
+            wait_grpc_model_ready(url, m, 120, worker, server)
+        yield url, server, db
     finally:
-        client.close()
         server.stop()
         worker.stop()
-
-
-def _ready(client: grpcclient.InferenceServerClient, model: str) -> bool:
-    try:
-        return client.is_model_ready(model)
-    except InferenceServerException:
-        return False
 
 
 @pytest.fixture()
@@ -126,6 +147,9 @@ def test_health_and_server_metadata(client) -> None:
     assert client.is_server_live()
     assert client.is_server_ready()
     assert client.is_model_ready("add")
+    # As Triton answers: an unknown model or version is not ready, not an error.
+    assert not client.is_model_ready("nope")
+    assert not client.is_model_ready("add", model_version="9")
     meta = client.get_server_metadata()
     assert meta.name == "conch" and "classification" in meta.extensions
 
@@ -168,6 +192,42 @@ def test_load_and_unload_need_explicit_mode(client) -> None:
             call("add")
         assert _code(err.value) == "StatusCode.INVALID_ARGUMENT"
         assert "explicit" in err.value.message()
+
+
+def test_explicit_load_and_unload(stack, tmp_path_factory, redis_url: str, log_dir: Path) -> None:
+    """In explicit mode: RepositoryModelLoad, with a config override too, and
+    RepositoryModelUnload; a call to a model not loaded is refused as Triton refuses it."""
+    repo = tmp_path_factory.mktemp("grpc-explicit") / "models"
+    add_model(repo / "add")
+    db = fresh_db(redis_url, 12)
+    flags = ("--model-control-mode", "explicit")
+    worker = start_worker(repo, db, log_dir, *flags)
+    server, url = start_grpc(repo, db, log_dir, *flags)
+    client = grpcclient.InferenceServerClient(url)
+    a = np.ones((1, 4), np.float32)
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("add", _add_inputs(a))
+        assert _code(err.value) == "StatusCode.INVALID_ARGUMENT"
+        assert "'add' has no available versions" in err.value.message()
+        client.load_model("add")  # returns once a worker has it loaded
+        assert client.is_model_ready("add")
+        np.testing.assert_array_equal(client.infer("add", _add_inputs(a)).as_numpy("OUT"), a + a)
+        config = client.get_model_config("add", as_json=True)["config"]
+        assert config["max_batch_size"] == 8
+        client.load_model("add", config=json.dumps({**config, "max_batch_size": 2}))
+        assert client.get_model_config("add").config.max_batch_size == 2
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("add", _add_inputs(np.ones((3, 4), np.float32)))
+        assert _code(err.value) == "StatusCode.INVALID_ARGUMENT"  # 3 rows past the new limit
+        client.unload_model("add")
+        assert not client.is_model_ready("add")
+        index = {m.name: m for m in client.get_model_repository_index().models}
+        assert index["add"].state == "UNAVAILABLE"
+    finally:
+        client.close()
+        server.stop()
+        worker.stop()
 
 
 def test_repository_name_is_refused(stack) -> None:
@@ -268,12 +328,50 @@ def test_async_infer(client) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUT"), a + a)
 
 
+def test_the_asyncio_client(stack) -> None:
+    """tritonclient.grpc.aio (the client of asyncio code): unary calls, an error's code,
+    and a stream whose answers carry their ids, ended when its requests are."""
+    a = np.ones((1, 4), np.float32)
+
+    async def calls() -> None:
+        client = aioclient.InferenceServerClient(stack[0])
+        try:
+            assert await client.is_server_ready() and await client.is_model_ready("add")
+            assert (await client.get_model_metadata("add")).name == "add"
+            result = await client.infer("add", _add_inputs(a), request_id="aio")
+            assert result.get_response().id == "aio"
+            np.testing.assert_array_equal(result.as_numpy("OUT"), a + a)
+            with pytest.raises(InferenceServerException) as err:
+                await client.get_model_metadata("add", model_version="9")
+            assert _code(err.value) == "StatusCode.NOT_FOUND"
+
+            async def requests() -> AsyncIterator[dict]:
+                for k in range(3):
+                    yield {"model_name": "add", "inputs": _add_inputs(a * k), "request_id": f"q{k}"}
+
+            got = {}
+            async for result, error in client.stream_infer(requests()):
+                assert error is None, error
+                got[result.get_response().id] = result.as_numpy("OUT")
+            assert sorted(got) == ["q0", "q1", "q2"]
+            np.testing.assert_array_equal(got["q2"], a * 4)
+        finally:
+            await client.close()
+
+    asyncio.run(calls())
+
+
 # -- bad requests: INVALID_ARGUMENT with the shared message, never queued ----------------
 
 
+def _outcomes(client, model: str) -> tuple[int, int]:
+    """(successes, failures) the statistics count for ``model``."""
+    stats = client.get_inference_statistics(model).model_stats[0].inference_stats
+    return stats.success.count, stats.fail.count
+
+
 def _worker_jobs(stack_client, model: str) -> int:
-    stats = stack_client.get_inference_statistics(model).model_stats[0]
-    return stats.inference_stats.success.count + stats.inference_stats.fail.count
+    return sum(_outcomes(stack_client, model))
 
 
 @pytest.mark.parametrize(
@@ -370,6 +468,16 @@ def test_queue_full_is_unavailable(client) -> None:
     assert "Exceeds maximum queue size" in refused[0].message()
 
 
+def test_a_model_failure_is_internal(client) -> None:
+    """A model that raises fails its request with INTERNAL, as Triton's python backend."""
+    inp = grpcclient.InferInput("IN", [1], "BF16")
+    inp.set_data_from_numpy(np.ones(1, dtype=ml_dtypes.bfloat16))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("echo", [inp], parameters={"fail": True})
+    assert _code(err.value) == "StatusCode.INTERNAL"
+    assert "the echo was asked to fail" in err.value.message()
+
+
 def test_deadline_passed_is_unavailable(client) -> None:
     inp = grpcclient.InferInput("X", [1, 4], "FP32")
     inp.set_data_from_numpy(np.zeros((1, 4), np.float32))
@@ -428,6 +536,34 @@ def test_a_cancelled_call_never_runs_its_queued_request(client) -> None:
     assert _successes(client, "step") == before + 1
 
 
+def _step_input() -> list[grpcclient.InferInput]:
+    inp = grpcclient.InferInput("X", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 4), np.float32))
+    return [inp]
+
+
+def _cancelled(db: str, model: str) -> int:
+    """Requests of ``model`` counted as failed for Triton's reason CANCELED."""
+    counters = statistics.read(redis.Redis.from_url(db), model)
+    field = statistics.failure_field(statistics.CANCELED)
+    return sum(c.get(field, 0) for c in counters.values())
+
+
+def test_a_cancelled_call_stops_an_ensemble_between_steps(client) -> None:
+    """As Triton checks between an ensemble's steps: a call cancelled while its first
+    step is under way never sends the second."""
+    before = _outcomes(client, "step")[0]
+    errors: queue.Queue = queue.Queue()
+    call = client.async_infer(
+        "twice", _step_input(), callback=lambda result, error: errors.put(error)
+    )
+    time.sleep(0.1)  # the first step runs (0.3 s); the second would be queued after it
+    call.cancel()
+    assert "CANCELLED" in str(errors.get(timeout=10))
+    time.sleep(1.0)  # both steps would have run by now
+    assert _outcomes(client, "step")[0] - before <= 1
+
+
 def test_unimplemented_rpcs_say_so(client) -> None:
     for call, what in (
         (client.get_system_shared_memory_status, "shared memory"),
@@ -474,6 +610,79 @@ def test_stream_error_carries_the_request_id(stack) -> None:
     by_id = {a.infer_response.id: a.error_message for a in answers}
     assert "unknown model: 'nope'" in by_id["lost"]
     assert "missing required input" in by_id["also-bad"]
+
+
+def test_a_cancelled_stream_never_runs_its_queued_requests(stack, client) -> None:
+    """Five requests on a stream to a model that runs one at a time; the stream is
+    cancelled while the first runs: the four queued behind it are withdrawn, counted as
+    CANCELED, and never run. The server serves on."""
+    db = stack[2]
+    queued = redis.Redis.from_url(db)
+    success, fail = _outcomes(client, "step")
+    cancelled = _cancelled(db, "step")
+    client.start_stream(callback=lambda result, error: None)
+    for k in range(5):
+        client.async_stream_infer("step", _step_input(), request_id=f"s{k}")
+    wait_until(
+        lambda: broker.queue_depth(queued, "step") == 4, 10, "four requests behind a running one"
+    )
+    client.stop_stream(cancel_requests=True)
+    wait_until(lambda: _cancelled(db, "step") == cancelled + 4, 10, "four requests withdrawn")
+    assert broker.queue_depth(queued, "step") == 0
+    time.sleep(1.0)  # the first has finished; the others would be running by now
+    assert _outcomes(client, "step") == (success + 1, fail + 4)
+
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("add", _add_inputs(np.ones((1, 4), np.float32)), request_id="on")
+        result, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert error is None and result.get_response().id == "on"
+
+
+def test_a_half_closed_stream_answers_every_request(client) -> None:
+    """stop_stream() without cancelling closes the sending side only: every request
+    sent still runs and is answered."""
+    answers: list = []
+    client.start_stream(callback=lambda result, error: answers.append((result, error)))
+    for k in range(3):
+        client.async_stream_infer("step", _step_input(), request_id=f"h{k}")
+    client.stop_stream()  # returns once the server has answered all three
+    assert [e for _, e in answers if e is not None] == []
+    assert sorted(r.get_response().id for r, _ in answers) == ["h0", "h1", "h2"]
+
+
+def test_a_streams_deadline_is_its_requests_deadline(stack, client) -> None:
+    """Five requests on a stream that has 0.45 s, to a model that takes 0.3 s each one
+    at a time: the stream ends DEADLINE_EXCEEDED, and what was still queued then never
+    runs (at most the first two are started within the deadline)."""
+    success, fail = _outcomes(client, "step")
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(
+        callback=lambda result, error: answers.put((result, error)), stream_timeout=0.45
+    )
+    try:
+        for k in range(5):
+            client.async_stream_infer("step", _step_input(), request_id=f"d{k}")
+        ended = None
+        while ended is None:
+            _, error = answers.get(timeout=10)
+            if error is not None and "DEADLINE_EXCEEDED" in str(error.status()):
+                ended = error
+    finally:
+        client.stop_stream()
+
+    def settled() -> bool:
+        now = _outcomes(client, "step")
+        return now[0] + now[1] == success + fail + 5
+
+    wait_until(settled, 10, "every request counted")
+    time.sleep(0.8)  # one still running when the deadline passed has finished
+    ran = _outcomes(client, "step")[0] - success
+    assert 1 <= ran <= 2
+    assert _outcomes(client, "step")[1] - fail == 5 - ran
 
 
 # -- the standard health service ----------------------------------------------------------

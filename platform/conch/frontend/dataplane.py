@@ -269,14 +269,14 @@ class DataPlane:
         ``deadline`` (epoch seconds, 0: none) is the caller's own, such as a gRPC
         deadline: the request is never run past it, nor past its ``timeout``. Through
         ``abandonment`` the caller's transport may say it went away (a model's request
-        still queued is then never run; an ensemble's steps run on).
+        still queued is then never run, nor is an ensemble's next step).
         """
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
         call = self._prepare(to, request, calls.Lane.ONLINE, caller)
         entry, msg = to.entry, call.msg
         if entry.backend == ensemble_graph.ENSEMBLE:
             version = call.version
-            results = self._run_ensemble(entry, request, msg, version)
+            results = self._run_ensemble(entry, request, msg, version, abandonment)
         else:
             reply = self.dispatcher.call(
                 msg,
@@ -309,7 +309,12 @@ class DataPlane:
         )
 
     def _run_ensemble(
-        self, entry: ModelEntry, request: InferRequest, msg: InferMessage, version: int
+        self,
+        entry: ModelEntry,
+        request: InferRequest,
+        msg: InferMessage,
+        version: int,
+        abandonment: Abandonment | None = None,
     ) -> list[WireTensor]:
         """Run the graph here, each step on its model's queue; record it as Triton counts
         an ensemble (the gateway is the only one that sees it run)."""
@@ -328,6 +333,7 @@ class DataPlane:
                 resolve=self.view.serving,
                 dispatcher=self.dispatcher,
                 check=self.view.check_available,
+                abandonment=abandonment,
             )
         except ConchError:
             # Triton counts a failed ensemble as OTHER whatever failed inside it (the step
@@ -392,7 +398,7 @@ class DataPlane:
             max_queue_size=limit,
         ):
             self._client.delete(job_store.record_key(msg.id))
-            statistics.record_rejected(self._client, model, call.version)
+            statistics.record_failure(self._client, model, call.version, statistics.REJECTED)
             raise Unavailable(
                 f"Exceeds maximum queue size: model '{model}' already has {limit} async jobs "
                 "waiting (CONCH_MAX_QUEUED_JOBS); retry later"

@@ -22,10 +22,10 @@ from conch.core.ensemble_graph import (
     needed,
     steps,
 )
-from conch.core.errors import ConchError, Internal, InvalidArgument
+from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
-from conch.frontend.producer import Dispatcher, Pending
+from conch.frontend.producer import Abandonment, Dispatcher, Pending
 
 
 class StepCall(Protocol):
@@ -45,19 +45,30 @@ StepRunner = Callable[[Step, dict[str, Tensor], list[str]], StepCall]
 
 
 class _Queued:
-    """A step sent to its model's queue."""
+    """A step sent to its model's queue (withdrawn from it if the caller goes away)."""
 
-    def __init__(self, pending: Pending) -> None:
+    def __init__(self, pending: Pending, abandonment: Abandonment | None) -> None:
         self.pending = pending
+        self.abandonment = abandonment
+        if abandonment is not None:
+            abandonment.watch(pending)
 
     def wait(self) -> dict[str, Tensor]:
-        reply = self.pending.wait()
+        try:
+            reply = self.pending.wait()
+        finally:
+            self._done()
         if reply.error is not None:
             raise reply.error
         return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
 
     def cancel(self) -> None:
         self.pending.cancel()
+        self._done()
+
+    def _done(self) -> None:
+        if self.abandonment is not None:
+            self.abandonment.done(self.pending)
 
 
 class _Done:
@@ -152,6 +163,7 @@ def execute(
     resolve: Callable[[str], Any],
     dispatcher: Dispatcher,
     check: Callable[[str], None] | None = None,
+    abandonment: Abandonment | None = None,
     depth: int = 0,
 ) -> dict[str, Tensor]:
     """Run the graph with every step a request on its model's queue.
@@ -160,6 +172,9 @@ def execute(
     priority, parameters and call chain (``calls.Caller``); ``resolve`` gives a step model's entry (raising for an unknown one) and
     ``check`` may refuse a step before it is sent (the gateway's availability check,
     BLS's cycle check). The gateway and BLS both run ensembles through here.
+    Through ``abandonment`` a caller that went away (a cancelled gRPC call) stops the
+    graph, as Triton checks between steps: its steps still queued are withdrawn, and
+    no later step is sent.
     """
     if depth > MAX_DEPTH:
         raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
@@ -173,6 +188,8 @@ def execute(
         return resolve(step.model).config
 
     def start(step: Step, tensors: dict[str, Tensor], outs: list[str]) -> StepCall:
+        if abandonment is not None and abandonment.gone:
+            raise Cancelled(abandonment.gone)
         to = calls.target(resolve(step.model), step.version)
         # The step's inputs are checked against its own config, as a client's would be.
         request = InferRequest(
@@ -192,13 +209,15 @@ def execute(
                 resolve=resolve,
                 dispatcher=dispatcher,
                 check=check,
+                abandonment=abandonment,
                 depth=depth + 1,
             )
             return _Done(result)
         call = calls.build(to, request, caller=caller)
-        return _Queued(
-            dispatcher.submit(call.msg, max_queue_size=call.max_queue_size, version=call.version)
+        pending = dispatcher.submit(
+            call.msg, max_queue_size=call.max_queue_size, version=call.version
         )
+        return _Queued(pending, abandonment)
 
     return run(entry, inputs, wanted, start, config_of)
 

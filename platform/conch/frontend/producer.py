@@ -55,15 +55,21 @@ class Pending:
     later (its caller gave up, or a sibling step failed) is dropped by the listener.
     """
 
-    __slots__ = ("_dispatcher", "_raw", "_slot", "msg")
+    __slots__ = ("_dispatcher", "_raw", "_slot", "msg", "version")
 
     def __init__(
-        self, dispatcher: Dispatcher, msg: InferMessage, slot: _Slot, raw: bytes = b""
+        self,
+        dispatcher: Dispatcher,
+        msg: InferMessage,
+        slot: _Slot,
+        raw: bytes = b"",
+        version: int = 0,
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
         self._raw = raw  # the message as queued
         self.msg = msg
+        self.version = version or msg.version  # the version resolved for it, for statistics
 
     def wait(self) -> Reply:
         """The reply; ``Unavailable`` once the message's deadline passes without one,
@@ -87,44 +93,56 @@ class Pending:
         self._dispatcher._pending.pop(self.msg.id, None)
 
     def abandon(self, reason: str) -> bool:
-        """The caller went away (a cancelled gRPC call): take the message back out of its
-        queue if it is still there, so it never runs, and end ``wait()`` at once with
-        ``Cancelled(reason)``. True when the message was still queued."""
-        withdrawn = bool(self._raw) and broker.withdraw(
-            self._dispatcher.client, self.msg.model, self.msg.priority, self._raw
-        )
+        """The caller went away (a cancelled gRPC call or stream): take the message back
+        out of its queue if it is still there, so it never runs (counted as ``CANCELED``,
+        as Triton counts a request cancelled before it ran), and end ``wait()`` at once
+        with ``Cancelled(reason)``. True when the message was still queued."""
+        msg, client = self.msg, self._dispatcher.client
+        withdrawn = bool(self._raw) and broker.withdraw(client, msg.model, msg.priority, self._raw)
+        if withdrawn:
+            took_ns = max(0, int((time.time() - msg.enqueued) * 1e9))
+            statistics.record_failure(client, msg.model, self.version, statistics.CANCELED, took_ns)
         self._slot.error = Cancelled(reason)
         self._slot.event.set()
         return withdrawn
 
 
 class Abandonment:
-    """How a transport says its caller went away while the request waits (a cancelled
-    gRPC call): ``abandon`` withdraws the queued message, if no worker has taken it, and
-    ends the wait. Said after the answer (``done``), it costs nothing."""
+    """How a transport says its caller went away while its requests wait (a cancelled
+    gRPC call; a cancelled stream, with many requests in flight): ``abandon`` withdraws
+    every queued message no worker has taken and ends every wait; a request submitted
+    after it is withdrawn at once, and ``gone`` says not to send more. Said after the
+    answers (each ``done``), it costs nothing."""
 
     __slots__ = ("_gone", "_lock", "_pending")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: Pending | None = None
+        self._pending: set[Pending] = set()
         self._gone: str | None = None
+
+    @property
+    def gone(self) -> str | None:
+        """Why the caller went away; None while it is there."""
+        return self._gone
 
     def watch(self, pending: Pending) -> None:
         with self._lock:
             if self._gone is None:
-                self._pending = pending
+                self._pending.add(pending)
                 return
         pending.abandon(self._gone)  # gone before the message was even queued
 
-    def done(self) -> None:
+    def done(self, pending: Pending) -> None:
         with self._lock:
-            self._pending = None
+            self._pending.discard(pending)
 
     def abandon(self, reason: str) -> None:
         with self._lock:
-            self._gone, pending, self._pending = reason, self._pending, None
-        if pending is not None:
+            if self._gone is not None:
+                return
+            self._gone, waiting, self._pending = reason, self._pending, set()
+        for pending in waiting:
             pending.abandon(reason)
 
 
@@ -155,7 +173,7 @@ class Dispatcher:
         try:
             return pending.wait()
         finally:
-            abandonment.done()
+            abandonment.done(pending)
 
     def submit(self, msg: InferMessage, *, max_queue_size: int = 0, version: int = 0) -> Pending:
         """Enqueue ``msg`` now; the returned ``Pending`` waits for its reply.
@@ -182,12 +200,14 @@ class Dispatcher:
             raise
         if not queued:
             self._pending.pop(msg.id, None)
-            statistics.record_rejected(self.client, msg.model, version or msg.version)
+            statistics.record_failure(
+                self.client, msg.model, version or msg.version, statistics.REJECTED
+            )
             raise Unavailable(
                 f"Exceeds maximum queue size: model '{msg.model}' already has "
                 f"{max_queue_size} requests waiting at this priority"
             )
-        return Pending(self, msg, slot, queued)
+        return Pending(self, msg, slot, queued, version)
 
     # The listener is per process: gunicorn forks after the app is built, so it is
     # started lazily, and again in a child that inherited a parent's dispatcher.

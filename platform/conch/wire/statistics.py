@@ -126,11 +126,14 @@ def record_failures(
         _add(pipe, model, version, 0, increments)
 
 
-def record_rejected(client: redis.Redis, model: str, version: int) -> None:
-    """Count one request its full queue refused (``max_queue_size``), as ``REJECTED``, in
-    a round trip of its own: refusals are the exception, and happen at the gateway."""
+def record_failure(
+    client: redis.Redis, model: str, version: int, reason: str, took_ns: int = 0
+) -> None:
+    """Count one request that failed before a worker took it, at the gateway: refused by
+    its full queue (``max_queue_size``, ``REJECTED``) or withdrawn from it when its caller
+    went away (``CANCELED``). A round trip of its own: these are the exception."""
     pipe = client.pipeline(transaction=False)
-    record_failures(pipe, model, version, REJECTED, [0])
+    record_failures(pipe, model, version, reason, [took_ns])
     pipe.execute()
 
 
@@ -223,7 +226,7 @@ __all__ = [
     "model_stats",
     "read",
     "record",
+    "record_failure",
     "record_failures",
     "record_now",
-    "record_rejected",
 ]

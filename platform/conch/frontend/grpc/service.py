@@ -29,7 +29,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from conch.core.errors import ConchError, InvalidArgument, Unsupported
+from conch.core.errors import ConchError, InvalidArgument, NotFound, Unsupported
 from conch.core.restricted_apis import ApiGroup, RestrictedApis
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.grpc import codec
@@ -145,7 +145,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc(ApiGroup.HEALTH)
     def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
-        ready = self.plane.model_ready(request.name, _version(request.version))
+        """As Triton's: a model or version that is unknown, unloaded or broken is just
+        not ready (tritonclient's ``is_model_ready`` says False, it does not raise)."""
+        version = _version(request.version)
+        try:
+            ready = self.plane.model_ready(request.name, version)
+        except (InvalidArgument, NotFound):
+            ready = False
         return pb.ModelReadyResponse(ready=ready)
 
     @rpc(ApiGroup.METADATA)
@@ -241,15 +247,29 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request_iterator: Iterator[Any], context: grpc.ServicerContext
     ) -> Iterator[Any]:
         """Each request's response (or its error, with its id) on the stream, as each
-        finishes; an error never closes the stream."""
+        finishes; an error never closes the stream. Every request takes the stream's
+        deadline. A client that half-closes the stream still gets every answer; one that
+        cancels it (or goes away, or lets its deadline pass) gets none: its requests
+        still queued are withdrawn and never run, those not yet sent are not sent."""
         self.check_restriction(ApiGroup.INFERENCE, context)
         context.set_compression(self.compression)
         answers: queue.Queue[Any] = queue.Queue()
-        done = object()
+        read_all, ended = object(), object()  # markers on ``answers``
+        abandonment = Abandonment()
+
+        def end() -> None:  # the RPC is over: answered, cancelled or past its deadline
+            abandonment.abandon("the client cancelled the stream")
+            answers.put(ended)
+
+        context.add_callback(end)
 
         def run(request: Any) -> None:
+            if abandonment.gone:
+                return  # nobody will read its answer
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=self._infer(request, context))
+                answer = pb.ModelStreamInferResponse(
+                    infer_response=self._infer(request, context, abandonment)
+                )
             except ConchError as exc:
                 answer = _stream_error(request, exc.message)
             except Exception as exc:
@@ -264,15 +284,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     count += 1
                     self._stream_pool.submit(run, request)
             except grpc.RpcError:
-                pass  # the client went away: what is in flight still finishes
+                pass  # the stream was cancelled: end() has let go of its requests
             finally:
-                answers.put((done, count))
+                answers.put((read_all, count))
 
         threading.Thread(target=read, name="grpc-stream-reader", daemon=True).start()
         sent, total = 0, None
         while total is None or sent < total:
             answer = answers.get()
-            if isinstance(answer, tuple) and answer[0] is done:
+            if answer is ended:
+                return
+            if isinstance(answer, tuple) and answer[0] is read_all:
                 total = answer[1]
                 continue
             sent += 1
