@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from conch.wire import broker, statistics
+from conch.wire import statistics
 
 from certificates import Pki, make_pki
 from harness import (
@@ -37,6 +37,7 @@ from harness import (
     start_worker,
     wait_grpc_model_ready,
     wait_until,
+    waiting,
 )
 from models import (
     IDENTITY_TYPES,
@@ -617,18 +618,15 @@ def test_a_cancelled_stream_never_runs_its_queued_requests(stack, client) -> Non
     cancelled while the first runs: the four queued behind it are withdrawn, counted as
     CANCELED, and never run. The server serves on."""
     db = stack[2]
-    queued = redis.Redis.from_url(db)
     success, fail = _outcomes(client, "step")
     cancelled = _cancelled(db, "step")
     client.start_stream(callback=lambda result, error: None)
     for k in range(5):
         client.async_stream_infer("step", _step_input(), request_id=f"s{k}")
-    wait_until(
-        lambda: broker.queue_depth(queued, "step") == 4, 10, "four requests behind a running one"
-    )
+    wait_until(lambda: waiting(db, "step") == 4, 10, "four requests behind a running one")
     client.stop_stream(cancel_requests=True)
     wait_until(lambda: _cancelled(db, "step") == cancelled + 4, 10, "four requests withdrawn")
-    assert broker.queue_depth(queued, "step") == 0
+    assert waiting(db, "step") == 0
     time.sleep(1.0)  # the first has finished; the others would be running by now
     assert _outcomes(client, "step") == (success + 1, fail + 4)
 

@@ -23,7 +23,8 @@ import tritonclient.http as httpclient
 from kombu.transport.redis import Channel
 
 from conch.settings import Settings
-from conch.wire import broker, keys, worker_reports
+from conch.wire import keys, worker_reports
+from conch.wire.work_owed import work_owed
 from conch.worker.app import transport_options
 
 from harness import (
@@ -208,7 +209,7 @@ def test_a_worker_host_going_away_loses_nothing(cluster: Cluster) -> None:
                 future.result(timeout=60), np.full((1, 4), value + 1, np.float32)
             )
         assert client.zcard(keys.UNACKED_INDEX) == 0
-        assert broker.queue_depth(client, "slow") == 0
+        assert work_owed(client, ["slow"])["slow"].owed == 0
         assert client.llen(keys.DEADLETTER) == 0
         # The gone worker's report expires; the model stays ready on the survivor.
         wait_until(
