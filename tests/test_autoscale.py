@@ -5,7 +5,8 @@ that count every request that fails.
 - Under load the group grows to MAX; as the load falls it shrinks back to MIN by SIGTERM,
   and no request fails meanwhile.
 - A group at zero: a request waits in the queue while a worker starts, and succeeds within
-  its timeout; idle again, the group goes back to zero.
+  its timeout; idle again, the group goes back to zero. A batch job submitted at zero
+  (it waits on conch.jobs, no model's queue) starts a worker too, and completes.
 - ``--scale-to-zero`` makes only the models it names read ready with no worker; other
   models keep Triton's readiness, and a model whose worker failed it is still not ready.
 """
@@ -13,8 +14,10 @@ that count every request that fails.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +26,7 @@ import pytest
 import redis
 import requests
 import tritonclient.http as httpclient
+from test_jobs import wait_done
 
 from conch.backends.completion import complete
 from conch.core.errors import Unavailable
@@ -30,6 +34,7 @@ from conch.devtools.redis_server import free_port, start_private
 from conch.frontend.model_view import SCALED_TO_ZERO, ModelView
 from conch.settings import Settings
 from conch.wire import worker_reports
+from conch.wire.broker import JOBS_QUEUE, in_flight_key
 
 from harness import Service, conch, start_gateway, start_worker, wait_model_ready, wait_until
 
@@ -205,9 +210,10 @@ def test_workers_follow_the_load_up_and_back_down_and_no_request_fails(
     assert _workers(db) == 0  # the autoscaler's exit retired its workers
 
 
-def test_a_request_to_a_group_at_zero_waits_for_a_worker_and_succeeds(
-    repo: Path, db: str, log_dir: Path
-) -> None:
+def _serve_at_zero(
+    repo: Path, db: str, log_dir: Path, maximum: int, env: dict[str, str] | None = None
+) -> tuple[Service, str]:
+    """``conch serve --workers 0:MAX`` (HTTP only), once ready; its URL."""
     port, metrics_port = free_port(), free_port()
     serve = Service(
         "serve",
@@ -217,14 +223,27 @@ def test_a_request_to_a_group_at_zero_waits_for_a_worker_and_succeeds(
             *("--http-address", "127.0.0.1", "--http-port", str(port)),
             *("--metrics-port", str(metrics_port), "--http-workers", "1"),
             "--allow-grpc=false",
-            *("--workers", "0:2", "--scale-down-cooldown-secs", "2", "--scale-poll-secs", "0.3"),
+            *("--workers", f"0:{maximum}", "--scale-down-cooldown-secs", "2"),
+            *("--scale-poll-secs", "0.3"),
         ),
         log_dir,
+        env,
     )
     url = f"127.0.0.1:{port}"
-    client = httpclient.InferenceServerClient(url, network_timeout=120)
     try:
         wait_until(lambda: _ready(url), 60, "conch serve to be ready at zero workers", serve)
+    except BaseException:
+        serve.stop()
+        raise
+    return serve, url
+
+
+def test_a_request_to_a_group_at_zero_waits_for_a_worker_and_succeeds(
+    repo: Path, db: str, log_dir: Path
+) -> None:
+    serve, url = _serve_at_zero(repo, db, log_dir, 2)
+    client = httpclient.InferenceServerClient(url, network_timeout=120)
+    try:
         # At zero, by design: ready, and the model reads ready, so a client that waits for
         # readiness sends the request that starts a worker.
         assert client.is_model_ready("sleepy")
@@ -246,6 +265,46 @@ def test_a_request_to_a_group_at_zero_waits_for_a_worker_and_succeeds(
     finally:
         serve.stop()
     print(f"scale from zero: the request waited {waited:.1f} s for a worker")
+
+
+def test_a_batch_job_submitted_at_zero_starts_a_worker_and_completes(
+    repo: Path, db: str, log_dir: Path, s3_endpoint: str, s3
+) -> None:
+    """A batch job waits on conch.jobs, which no model's queue counts: the autoscaler of
+    ``conch serve --workers 0:1`` counts it too (``--jobs``), so a worker starts, runs
+    the job's driver and its lines, and the group goes back to zero once it is done."""
+    bucket = f"zero-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    values = [1.0, 2.5, -4.0]
+    lines = [
+        {"id": f"r{k}", "inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [v]}]}
+        for k, v in enumerate(values)
+    ]
+    s3.put_object(
+        Bucket=bucket, Key="in.jsonl", Body="".join(json.dumps(x) + "\n" for x in lines).encode()
+    )
+    serve, url = _serve_at_zero(repo, db, log_dir, 1, env={"AWS_ENDPOINT_URL": s3_endpoint})
+    try:
+        time.sleep(1)
+        assert _workers(db) == 0  # nothing owed: nothing started
+        r = requests.post(
+            f"http://{url}/v2/models/sleepy/batch",
+            json={"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out.jsonl"},
+            timeout=30,
+        )
+        assert r.status_code == 202, r.text
+        status = wait_done(url, r.json()["id"], timeout=90)
+        assert status["status"] == "SUCCESS", status
+        assert status["progress"] == {"lines": 3, "failed": 0}
+        body = s3.get_object(Bucket=bucket, Key="out.jsonl")["Body"].read().decode()
+        answers = [json.loads(line) for line in body.splitlines()]
+        assert [a["id"] for a in answers] == ["r0", "r1", "r2"]
+        assert [a["outputs"][0]["data"] for a in answers] == [[2 * v] for v in values]
+        assert serve.log().count("started worker") == 1
+        wait_until(lambda: _workers(db) == 0, 60, "the group to go back to zero", serve)
+        assert redis.Redis.from_url(db).scard(in_flight_key(JOBS_QUEUE)) == 0
+    finally:
+        serve.stop()
 
 
 def _ready(url: str) -> bool:

@@ -46,7 +46,13 @@ from conch.settings import (
     RESTRICTED_PROTOCOL_ENV,
     Settings,
 )
-from conch.wire.work_owed import ModelWork, desired_workers, queue_depth_url, summary
+from conch.wire.work_owed import (
+    JobsWork,
+    ModelWork,
+    desired_workers,
+    queue_depth_url,
+    summary,
+)
 
 from harness import fresh_db, start_gateway
 from models import add_model
@@ -174,6 +180,25 @@ def fullname() -> str:
     return f"{RELEASE}-conch"
 
 
+def scale_to_zero_models(merged: dict[str, Any]) -> list[str]:
+    """What the frontends should be told may have no worker: the models of every
+    autoscaled group with minReplicas 0 (["*"], every model, if one serves them all)."""
+    at_zero = [
+        g["models"]
+        for g in group_settings(merged)
+        if g["autoscaling"]["enabled"] and g["autoscaling"]["minReplicas"] == 0
+    ]
+    if any(not models for models in at_zero):
+        return ["*"]
+    return list(dict.fromkeys(m for models in at_zero for m in models))
+
+
+def jobs_group(merged: dict[str, Any]) -> str:
+    """The group whose scaler counts the batch jobs queue: the one marked, else the first."""
+    groups = merged["workers"]["groups"]
+    return next((g["name"] for g in groups if g.get("jobs")), groups[0]["name"])
+
+
 # --- Helm's linter and the schemas ------------------------------------------------------
 
 
@@ -276,18 +301,64 @@ def test_gateway_ports_and_probes(objects: list[dict[str, Any]]) -> None:
         assert check.get("service", "") in SERVER_SERVICES  # the server's own readiness
 
 
-def test_scale_to_zero_needs_a_gateway_ready_without_workers(
-    merged: dict[str, Any], objects: list[dict[str, Any]]
+def test_frontends_are_told_the_models_of_the_groups_at_zero(
+    value_set: tuple[str, dict[str, Any]], merged: dict[str, Any], objects: list[dict[str, Any]]
 ) -> None:
-    """A group at zero wakes on requests the gateway takes: its readiness must not wait
-    for workers (--strict-readiness=false), on HTTP and gRPC alike."""
-    if not any(
-        g["autoscaling"]["enabled"] and g["autoscaling"]["minReplicas"] == 0
-        for g in group_settings(merged)
-    ):
-        pytest.skip("no group of this value set scales to zero")
+    """A group at zero wakes on requests the frontends take: HTTP and gRPC alike get
+    --scale-to-zero with exactly the models of the min-0 groups (as conch's parser reads
+    it back: commas in names escaped), so those read ready with no worker."""
+    expected = scale_to_zero_models(merged)
+    assert bool(expected) == (value_set[0] != "default")  # each set but the default has one
     for container in containers(one(objects, "Deployment", f"{fullname()}-gateway")):
-        assert conch_settings(container)[1].strict_readiness is False
+        assert conch_settings(container)[1].scale_to_zero == expected, container["name"]
+
+
+def test_a_group_at_zero_serving_every_model_makes_every_model_scale_to_zero() -> None:
+    groups = [{"name": "a", "models": ["x"]}, {"name": "b", "autoscaling": {"minReplicas": 0}}]
+    objects = render({"workers": {"groups": groups}})
+    for container in containers(one(objects, "Deployment", f"{fullname()}-gateway")):
+        assert conch_settings(container)[1].scale_to_zero == ["*"]
+
+
+def test_strict_readiness_with_groups_at_zero_on_a_real_gateway(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    """strictReadiness with the GPU example (its GPU group at zero) renders, and a real
+    gateway given the chart's readiness flags, with no worker at all: the GPU group's
+    model is ready (its request would wake the group), the CPU group's are not (minimum
+    1: Triton's meaning), so the server is not ready; with the CPU group at zero too,
+    the server is ready with no worker."""
+    gpu = VALUE_SETS["gpu"]
+    repo = tmp_path / "models"
+    for group in gpu["workers"]["groups"]:
+        for model in group["models"]:
+            add_model(repo / model)
+    cpu_at_zero = {
+        **gpu["workers"]["groups"][1],
+        "autoscaling": {**gpu["workers"]["groups"][1]["autoscaling"], "minReplicas": 0},
+    }
+    for cpu_minimum, groups in (
+        (1, gpu["workers"]["groups"]),
+        (0, [gpu["workers"]["groups"][0], cpu_at_zero]),
+    ):
+        values = {**gpu, "gateway": {"strictReadiness": True}, "workers": {"groups": groups}}
+        pod = one(render(values), "Deployment", f"{fullname()}-gateway")
+        (container,) = [c for c in containers(pod) if c["name"] == "gateway"]
+        settings = conch_settings(container)[1]
+        assert settings.strict_readiness is True
+        assert settings.scale_to_zero == [
+            "classifier",
+            *(["preprocessing", "postprocessing"] if cpu_minimum == 0 else []),
+        ]
+        flags = [a for a in container["args"] if a.startswith(("--strict-readiness", "--scale-"))]
+        gateway, url = start_gateway(repo, fresh_db(redis_url, 2), log_dir, *flags)
+        try:
+            client = httpclient.InferenceServerClient(url)
+            assert client.is_model_ready("classifier")
+            assert client.is_model_ready("preprocessing") is (cpu_minimum == 0)
+            assert client.is_server_ready() is (cpu_minimum == 0)
+        finally:
+            gateway.stop()
 
 
 # --- graceful shutdown ----------------------------------------------------------------------
@@ -373,11 +444,19 @@ def test_scaled_objects_read_the_platforms_signal(
         (trigger,) = scaled["spec"]["triggers"]
         assert trigger["type"] == "metrics-api" and trigger["metricType"] == "AverageValue"
         meta = trigger["metadata"]
-        assert meta["url"] == queue_depth_url(base, g["models"]) == queue_depth_url(base, served)
+        jobs = g["name"] == jobs_group(merged)  # that group's scaler counts the jobs too
+        assert (
+            meta["url"]
+            == queue_depth_url(base, g["models"], jobs=jobs)
+            == queue_depth_url(base, served, jobs=jobs)
+        )
 
         work = {m: ModelWork(m, waiting=3 + i, in_flight=i) for i, m in enumerate(served or "ab")}
-        payload = summary(work)
-        assert payload[meta["valueLocation"]] == sum(w.owed for w in work.values())
+        queued = JobsWork(waiting=2, in_flight=1) if jobs else None
+        payload = summary(work, queued)
+        assert payload[meta["valueLocation"]] == sum(w.owed for w in work.values()) + (
+            3 if jobs else 0
+        )
 
         a = g["autoscaling"]
         for owed in range(0, 4 * int(a["targetPerWorker"] * a["maxReplicas"]) + 3):
@@ -393,13 +472,31 @@ def test_scaled_objects_read_the_platforms_signal(
         )
 
 
+def test_exactly_one_group_counts_the_batch_jobs(
+    merged: dict[str, Any], objects: list[dict[str, Any]]
+) -> None:
+    """Every worker takes batch jobs, so one group's ScaledObject asks for jobs=1: the
+    one marked jobs: true (the GPU example's CPU group), else the first."""
+    counting = [
+        o["metadata"]["name"]
+        for o in find(objects, "ScaledObject")
+        if "jobs=1" in o["spec"]["triggers"][0]["metadata"]["url"]
+    ]
+    assert counting == [f"{fullname()}-worker-{jobs_group(merged)}"]
+    assert jobs_group(_chart().merge_values(VALUE_SETS["gpu"])) == "cpu"
+    assert jobs_group(_chart().merge_values({})) == "all"
+    later = render({"workers": {"groups": [{"name": "a"}, {"name": "b", "jobs": True}]}})
+    url = one(later, "ScaledObject", f"{fullname()}-worker-b")["spec"]["triggers"][0]
+    assert url["metadata"]["url"].endswith("?jobs=1")
+
+
 def test_odd_model_names_reach_the_worker_and_keda_intact() -> None:
     objects = render(EDGE)
     name = f"{fullname()}-worker-odd"
     (container,) = containers(one(objects, "Deployment", name))
     assert conch_settings(container)[1].models == ODD_MODELS
     url = one(objects, "ScaledObject", name)["spec"]["triggers"][0]["metadata"]["url"]
-    assert url.endswith(queue_depth_url("", ODD_MODELS))
+    assert url.endswith(queue_depth_url("", ODD_MODELS, jobs=True))  # the first group
     assert "%2C" in url and "%20" in url and "%C3%A8" in url
 
 
@@ -419,8 +516,9 @@ def test_keda_reads_the_work_owed_from_a_real_gateway(
     tmp_path: Path, redis_url: str, log_dir: Path
 ) -> None:
     """The GPU example's trigger URLs, asked of a real gateway's metrics port: with one
-    async job queued for the GPU group's model (no worker runs), the value KEDA reads is 1
-    for the GPU group and 0 for the CPU group."""
+    async job queued for the GPU group's model and one batch job queued (no worker runs),
+    the value KEDA reads is 1 for the GPU group and 1 for the CPU group, which counts the
+    batch jobs."""
     objects = render(VALUE_SETS["gpu"])
     groups = {
         g["name"]: g["models"] for g in group_settings(_chart().merge_values(VALUE_SETS["gpu"]))
@@ -434,6 +532,12 @@ def test_keda_reads_the_work_owed_from_a_real_gateway(
         for tensor in (a, b):
             tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
         submit(url, groups["gpu"][0], [a, b])
+        batch = requests.post(
+            f"http://{url}/v2/models/{groups['gpu'][0]}/batch",
+            json={"input": "s3://data/in.jsonl", "output": "s3://data/out.jsonl"},
+            timeout=30,
+        )
+        assert batch.status_code == 202, batch.text
         for name, models in groups.items():
             scaled = one(objects, "ScaledObject", f"{fullname()}-worker-{name}")
             meta = scaled["spec"]["triggers"][0]["metadata"]
@@ -442,7 +546,8 @@ def test_keda_reads_the_work_owed_from_a_real_gateway(
             assert reply.status_code == 200, reply.text
             body = reply.json()
             assert set(body["models"]) == set(models)
-            assert body[meta["valueLocation"]] == (1 if name == "gpu" else 0)
+            assert body[meta["valueLocation"]] == 1
+            assert ("jobs" in body) is (name == "cpu")
     finally:
         gateway.stop()
 
@@ -561,11 +666,8 @@ def test_volume_repository_and_repo_sync() -> None:
     [
         ({"restrictedApis": {"http": ["health,inference:k=v"]}}, "health group must stay open"),
         (
-            {
-                "gateway": {"strictReadiness": True},
-                "workers": {"groups": [{"name": "a", "autoscaling": {"minReplicas": 0}}]},
-            },
-            "scales to zero",
+            {"workers": {"groups": [{"name": n, "jobs": True} for n in ("a", "b", "c")]}},
+            "one group runs the batch jobs (jobs: true), not 3: a, b, c",
         ),
         ({"workers": {"groups": [{"name": "GPU_1"}]}}, "must be a DNS label"),
         ({"workers": {"groups": [{"name": "a"}, {"name": "a"}]}}, "two groups are named a"),

@@ -6,7 +6,9 @@ worker has prefetched but not begun. Online requests at three priority levels, a
 jobs and an offline batch job's lines wait behind them. At each stop, ``conch
 queue-depth --json``, the gateway's ``GET /queue-depth`` and its ``/metrics`` must all
 say what the test counts in Redis itself: the length of every priority sub-list, and
-the entries of kombu's ``unacked`` hash whose routing key is the model's queue.
+the entries of kombu's ``unacked`` hash whose routing key is the model's queue. The
+batch jobs queue the same way (``--jobs``, ``jobs=1``, the ``conch_jobs_*`` gauges): one
+job whose driver runs, one waiting behind it.
 """
 
 from __future__ import annotations
@@ -80,6 +82,51 @@ def hand_count(db: str) -> tuple[dict[int, int], int]:
     steps = {step: client.llen(broker.priority_key(queue, step)) for step in range(10)}
     in_flight = sum(1 for entry in client.hvals(keys.UNACKED) if json.loads(entry)[2] == queue)
     return {s: n for s, n in steps.items() if n}, in_flight
+
+
+def jobs_hand_count(db: str) -> tuple[int, int]:
+    """(waiting, in flight) of the batch jobs queue, counted here: its sub-lists' LLEN,
+    and the unacked entries for conch.jobs."""
+    client = redis.Redis.from_url(db)
+    waiting = sum(client.llen(key) for key in broker.priority_keys(broker.JOBS_QUEUE))
+    held = sum(1 for e in client.hvals(keys.UNACKED) if json.loads(e)[2] == broker.JOBS_QUEUE)
+    return waiting, held
+
+
+def jobs_three_ways(s: Stack) -> list[dict]:
+    """The jobs entry from the CLI, the endpoint and the metrics; the totals of the first
+    two hold it."""
+    cli = subprocess.run(
+        conch("queue-depth", "--redis-url", s.db, "--model", MODEL, "--jobs", "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    params = {"model": MODEL, "jobs": "1"}
+    endpoint = requests.get(f"http://{s.metrics}/queue-depth", params=params, timeout=30)
+    assert endpoint.status_code == 200, endpoint.text
+    text = requests.get(f"http://{s.metrics}/metrics", timeout=30).text
+    waiting, held = (
+        int(re.search(rf"^{name} (\d+)$", text, re.M).group(1))
+        for name in ("conch_jobs_waiting", "conch_jobs_in_flight")
+    )
+    seen = [json.loads(cli.stdout), endpoint.json()]
+    for whole in seen:
+        for k in ("owed", "waiting", "in_flight"):
+            assert whole[k] == whole["models"][MODEL][k] + whole["jobs"][k], (k, whole)
+    return [whole["jobs"] for whole in seen] + [
+        {"owed": waiting + held, "waiting": waiting, "in_flight": held}
+    ]
+
+
+def assert_jobs_agree(s: Stack, waiting: int, in_flight: int) -> None:
+    want = (waiting, in_flight)
+    s.wait_until(lambda: jobs_hand_count(s.db) == want, 30, f"the jobs hand count to be {want}")
+    seen = jobs_three_ways(s)
+    assert jobs_hand_count(s.db) == want
+    expected = {"owed": waiting + in_flight, "waiting": waiting, "in_flight": in_flight}
+    assert seen == [expected] * 3, seen
 
 
 def gauge(text: str, name: str, **labels: str) -> int:
@@ -198,6 +245,16 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
         assert r.status_code == 202, r.text
         batch = r.json()["id"]
         assert_agree(s, {1: 1, 2: 2, broker.PRIORITY_ASYNC: 2, broker.PRIORITY_BULK: 3}, 4)
+        # Its driver runs (its lines wait above); a second batch job waits for a worker
+        # (one job at a time per worker).
+        r = requests.post(
+            f"http://{s.url}/v2/models/{MODEL}/batch",
+            json={"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out2.jsonl"},
+            timeout=30,
+        )
+        assert r.status_code == 202, r.text
+        second = r.json()["id"]
+        assert_jobs_agree(s, 1, 1)
         # The human table says the same.
         table = subprocess.run(
             conch("queue-depth", "--redis-url", s.db),
@@ -216,9 +273,12 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
         for job in jobs:
             assert wait_done(s.url, job, timeout=90)["status"] == "SUCCESS"
         assert wait_done(s.url, batch, timeout=90)["status"] == "SUCCESS"
+        assert wait_done(s.url, second, timeout=90)["status"] == "SUCCESS"
         assert_agree(s, {}, 0)
+        assert_jobs_agree(s, 0, 0)
         client = redis.Redis.from_url(s.db)
         assert client.scard(broker.in_flight_key(broker.queue_name(MODEL))) == 0
+        assert client.scard(broker.in_flight_key(broker.JOBS_QUEUE)) == 0
     finally:
         set_gate(s.allowed, 1_000_000)
         pool.shutdown(wait=False, cancel_futures=True)
@@ -237,11 +297,19 @@ def test_the_endpoint_lists_every_model_and_refuses_what_it_cannot_count(stack: 
     assert every["owed"] == sum(m["owed"] for m in every["models"].values())
     both = requests.get(base, params=[("model", "idle"), ("model", MODEL)], timeout=30).json()
     assert list(both["models"]) == ["idle", MODEL]
+    assert "jobs" not in both
+    for off in ("0", "false"):
+        assert "jobs" not in requests.get(base, params={"jobs": off}, timeout=30).json()
+    with_jobs = requests.get(base, params={"jobs": "1"}, timeout=30).json()
+    assert sorted(with_jobs["models"]) == ["gate", "idle"]  # every model, and the jobs
+    assert set(with_jobs["jobs"]) == {"owed", "waiting", "in_flight"}
     for params, status, says in (
         ({"model": "nope"}, 404, "unknown model"),
         ({"model": "a/b"}, 400, "not a model name"),
         ({"model": ""}, 400, "not a model name"),
         ({"models": MODEL}, 400, "unknown query parameter"),
+        ({"model": MODEL, "jobs": "yes"}, 400, "'jobs' must be given once, as 1 or 0"),
+        ([("jobs", "1"), ("jobs", "1")], 400, "'jobs' must be given once"),
     ):
         r = requests.get(base, params=params, timeout=30)
         assert r.status_code == status and says in r.json()["error"], (params, r.text)

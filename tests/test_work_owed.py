@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from conch.wire import broker, keys
-from conch.wire.work_owed import ModelWork, queued_models, work_owed
+from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, queued_models, work_owed
 from conch.worker.drain import Drain, ack
 
 from harness import fresh_db
@@ -133,3 +133,63 @@ def test_queued_models_are_found_by_any_key_of_their_queue(clean: redis.Redis) -
     assert broker.model_of_key(broker.wake_key(broker.queue_name("x"))) == "x"
     assert broker.model_of_key(broker.priority_key(broker.queue_name("x.y"), 9)) == "x.y"
     assert broker.model_of_key("conch.jobs") is None
+
+
+def _job_message(job_id: str) -> bytes:
+    """A batch job's task message, as the gateway queues it (``batch_job.submit``)."""
+    return broker.envelope(
+        {"id": job_id},
+        task_id=job_id,
+        queue=broker.JOBS_QUEUE,
+        priority=0,
+        reply_to=None,
+        task="conch.batch_job",
+    )
+
+
+def test_the_jobs_queue_owes_what_waits_and_what_a_driver_runs_and_leaks_no_crashed_driver(
+    clean: redis.Redis, db: str
+) -> None:
+    """Jobs waiting in any sub-list of conch.jobs; a job a Celery consumer took counts in
+    flight while its driver runs, and nowhere between its pop and its driver's start; a
+    driver that died is counted until kombu restores its message, then that message as
+    waiting, once; a job Celery acked is forgotten."""
+    ids = [broker.new_id() for _ in range(3)]
+    clean.lpush(broker.JOBS_QUEUE, _job_message(ids[0]), _job_message(ids[1]))
+    restored = broker.priority_key(broker.JOBS_QUEUE, 3)  # where a restore may put one
+    clean.lpush(restored, _job_message(ids[2]))
+    publish(clean, "m", 0, 2)  # a model's queue is not the jobs queue
+    assert jobs_owed(clean) == JobsWork(3, 0)
+
+    options = {"visibility_timeout": 1, "priority_steps": list(broker.PRIORITY_STEPS)}
+    with kombu.Connection(db, transport_options=options) as conn:
+        channel = conn.default_channel
+        taken = channel.basic_get(broker.JOBS_QUEUE, no_ack=False)  # Celery's consumer
+        tag = taken.delivery_tag
+        assert tag in ids  # the delivery tag is the job id
+        assert clean.hexists(keys.UNACKED, tag)
+        assert jobs_owed(clean) == JobsWork(2, 0)  # popped, no driver yet
+        broker.job_running(clean, tag)
+        assert jobs_owed(clean) == JobsWork(2, 1)
+        assert work_owed(clean, ["m"])["m"].owed == 2  # no model owes it
+
+        # The driver's worker dies: counted in flight until kombu's sweep restores it.
+        clean.zadd(keys.UNACKED_INDEX, {tag: 1.0})
+        assert jobs_owed(clean) == JobsWork(2, 1)
+        channel.qos.restore_visible(num=10, interval=1)
+        assert not clean.hexists(keys.UNACKED, tag)
+        assert jobs_owed(clean) == JobsWork(3, 0)
+        assert clean.scard(broker.in_flight_key(broker.JOBS_QUEUE)) == 0  # forgotten
+
+        # Another worker runs it; Celery acks it without the driver's own end mark.
+        again = channel.basic_get(broker.JOBS_QUEUE, no_ack=False)
+        broker.job_running(clean, again.delivery_tag)
+        assert jobs_owed(clean) == JobsWork(2, 1)
+        again.ack()
+        assert jobs_owed(clean) == JobsWork(2, 0)
+        assert clean.scard(broker.in_flight_key(broker.JOBS_QUEUE)) == 0
+        # A driver that ends marks itself done.
+        last = channel.basic_get(broker.JOBS_QUEUE, no_ack=False)
+        broker.job_running(clean, last.delivery_tag)
+        broker.job_ended(clean, last.delivery_tag)
+        assert jobs_owed(clean) == JobsWork(1, 0)

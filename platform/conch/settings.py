@@ -305,6 +305,9 @@ class Settings:
     activation_work: int = 0  # at MIN 0, the owed work that wakes the first worker
     scale_down_cooldown_secs: float = 300.0  # fewer workers only once wanted this long
     scale_poll_secs: float = 2.0  # how often the autoscaler reads the queues
+    # The autoscaler counts the batch jobs queue too (conch.jobs, which every worker
+    # takes jobs from): the one group that runs jobs. conch serve --workers turns it on.
+    scale_on_jobs: bool = False
     # Models whose workers may all be gone by design (scaled to zero): with no live worker
     # they read as ready and take requests, which wait in the queue for one to start.
     # ["*"]: every model.
@@ -878,6 +881,17 @@ FLAGS: tuple[Flag, ...] = (
         type=float,
         metavar="S",
         read=lambda s: _at_least(s, 0.0, "--scale-poll-secs", inclusive=False),
+    ),
+    Flag(
+        "--jobs",
+        "scale_on_jobs",
+        frozenset({Role.AUTOSCALE}),
+        "count the batch jobs queue (jobs waiting and running) in the work owed: for the "
+        "one group that runs batch jobs (every worker takes them), so jobs wake it at zero "
+        "(conch serve --workers: always)",
+        action="store_true",
+        read=lambda on: True if on else None,
+        as_args=lambda name, on: [name] if on else [],
     ),
     Flag(
         "--scale-to-zero",

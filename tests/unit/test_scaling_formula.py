@@ -8,7 +8,9 @@ import pytest
 
 from conch.wire.broker import PRIORITY_ASYNC, PRIORITY_BULK, PRIORITY_STEPS
 from conch.wire.work_owed import (
+    JOBS_PARAM,
     QUEUE_DEPTH_PATH,
+    JobsWork,
     ModelWork,
     desired_workers,
     queue_depth_url,
@@ -57,6 +59,25 @@ def test_queue_depth_url_names_every_model_encoded() -> None:
     assert parse_qs(parts.query) == {"model": ["a", "b c", "x&y=z", "é/ü"]}
     assert " " not in url and "&y" not in url
     assert queue_depth_url("http://gw:8002", []) == "http://gw:8002/queue-depth"
+
+
+def test_queue_depth_url_of_the_jobs_group_asks_for_the_jobs_queue_once() -> None:
+    url = queue_depth_url("http://gw:8002", ["a", "b c"], jobs=True)
+    assert parse_qs(urlsplit(url).query) == {"model": ["a", "b c"], JOBS_PARAM: ["1"]}
+    assert queue_depth_url("http://gw:8002", [], jobs=True) == "http://gw:8002/queue-depth?jobs=1"
+    assert JOBS_PARAM not in queue_depth_url("http://gw:8002", ["a"])
+
+
+def test_summary_with_the_jobs_queue_adds_its_entry_and_counts_it_in_the_totals() -> None:
+    w = ModelWork("m", 5, 2, (5, *[0] * 9))
+    jobs = JobsWork(waiting=3, in_flight=1)
+    assert jobs.owed == 4
+    out = summary({"m": w}, jobs)
+    assert out["jobs"] == {"owed": 4, "waiting": 3, "in_flight": 1}
+    assert (out["owed"], out["waiting"], out["in_flight"]) == (11, 8, 3)
+    assert out["models"] == summary({"m": w})["models"]
+    assert "jobs" not in summary({"m": w})
+    assert summary({}, JobsWork(0, 2))["owed"] == 2  # jobs alone
 
 
 def test_model_work_owes_waiting_plus_in_flight_and_splits_the_waiting_by_class() -> None:

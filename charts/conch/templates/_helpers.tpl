@@ -202,12 +202,49 @@ defaults' (an explicit 0 or empty list included); autoscaling and pdb merge key 
 {{- join "," $escaped -}}
 {{- end -}}
 
+{{/* The --scale-to-zero value of the frontends: the models of every autoscaled group
+with minReplicas 0, as a --models list; "*" (every model) when such a group serves every
+model; empty when no group scales to zero. Those models read ready with no worker, so a
+strictly ready gateway still takes the request that wakes their group. */}}
+{{- define "conch.scaleToZeroArg" -}}
+{{- $models := list -}}
+{{- $every := false -}}
+{{- range .Values.workers.groups }}
+{{- $g := include "conch.group" (dict "root" $ "group" .) | fromJson }}
+{{- if and $g.autoscaling.enabled (eq (int $g.autoscaling.minReplicas) 0) }}
+{{- if $g.models }}
+{{- range $g.models }}{{ $models = append $models (toString .) }}{{ end }}
+{{- else }}
+{{- $every = true }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $every }}*{{ else }}{{ include "conch.modelsArg" (uniq $models) }}{{ end -}}
+{{- end -}}
+
+{{/* The name of the group that runs the batch jobs: every worker takes jobs from
+conch.jobs, so one group's scaler counts that queue, or a job submitted while every group
+is at zero would never start. The group marked jobs: true (exactly one), else the first. */}}
+{{- define "conch.jobsGroup" -}}
+{{- $marked := list -}}
+{{- range .Values.workers.groups }}
+{{- $g := include "conch.group" (dict "root" $ "group" .) | fromJson }}
+{{- if $g.jobs }}{{ $marked = append $marked (toString $g.name) }}{{ end }}
+{{- end }}
+{{- if gt (len $marked) 1 -}}
+{{- fail (printf "workers.groups: one group runs the batch jobs (jobs: true), not %d: %s" (len $marked) (join ", " $marked)) -}}
+{{- end -}}
+{{- if $marked }}{{ first $marked }}{{ else if .Values.workers.groups }}{{ (first .Values.workers.groups).name }}{{ end -}}
+{{- end -}}
+
 {{/* The URL KEDA reads for a group's models: GET /queue-depth?model=a&model=b on the
-gateway's metrics port (conch.wire.work_owed.queue_depth_url builds the same). Names are
-escaped as Python's quote(safe=""): QueryEscape, with its '+' for a space as %20. */}}
+gateway's metrics port, and jobs=1 for the group that runs the batch jobs
+(conch.wire.work_owed.queue_depth_url builds the same). Names are escaped as Python's
+quote(safe=""): QueryEscape, with its '+' for a space as %20. */}}
 {{- define "conch.queueDepthUrl" -}}
 {{- $params := list -}}
 {{- range .models }}{{ $params = append $params (printf "model=%s" (urlquery (toString .) | replace "+" "%20")) }}{{ end -}}
+{{- if .jobs }}{{ $params = append $params "jobs=1" }}{{ end -}}
 {{- $base := printf "http://%s.%s.svc:%v/queue-depth" (include "conch.gatewayName" .root) .root.Release.Namespace .root.Values.gateway.ports.metrics -}}
 {{- if $params }}{{ printf "%s?%s" $base (join "&" $params) }}{{ else }}{{ $base }}{{ end -}}
 {{- end -}}

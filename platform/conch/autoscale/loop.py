@@ -2,7 +2,8 @@
 decide how many workers to run, and start or retire them.
 
 The group is the models its workers serve (``--models``; without it, every model in the
-repository). Its workers are ``conch worker`` processes, started with this command's own
+repository), and with ``--jobs`` the batch jobs queue, which every worker takes jobs from
+(one group on a host should count it, or a job waits while that group is at zero). Its workers are ``conch worker`` processes, started with this command's own
 settings (``settings.to_args(Role.WORKER)``), so a flag given to the autoscaler reaches
 every worker it starts. While Redis cannot be read the pool keeps its size: nothing is
 retired on a signal that is not there. SIGTERM or SIGINT retires every worker, waits for
@@ -25,7 +26,7 @@ from conch.autoscale.scaler import ScalePolicy, Scaler
 from conch.core.repository_keys import is_model_name
 from conch.settings import Role, Settings
 from conch.wire.redis_client import open_client
-from conch.wire.work_owed import work_owed
+from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, work_owed
 
 log = logging.getLogger("conch.autoscale")
 
@@ -62,7 +63,11 @@ class Autoscaler:
     def owed(self) -> int | None:
         """The group's work owed now; None while Redis cannot be read."""
         try:
-            work = work_owed(self.client, group_models(self.settings))
+            work: list[ModelWork | JobsWork] = [
+                *work_owed(self.client, group_models(self.settings)).values()
+            ]
+            if self.settings.scale_on_jobs:
+                work.append(jobs_owed(self.client))
         except redis.RedisError as exc:
             if not self._redis_away:
                 log.warning(
@@ -73,7 +78,7 @@ class Autoscaler:
         if self._redis_away:
             log.info("the queues can be read again")
         self._redis_away = False
-        return sum(w.owed for w in work.values())
+        return sum(w.owed for w in work)
 
     def tick(self) -> None:
         self.pool.reap()
@@ -108,7 +113,8 @@ def run(settings: Settings) -> int:
         "cooldown %g s, every %g s",
         policy.minimum,
         policy.maximum,
-        ", ".join(settings.models) if settings.models else "every model",
+        (", ".join(settings.models) if settings.models else "every model")
+        + (" and batch jobs" if settings.scale_on_jobs else ""),
         policy.target_per_worker,
         policy.activation,
         policy.cooldown_s,

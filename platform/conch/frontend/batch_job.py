@@ -215,13 +215,18 @@ def run_task(
 def _keepalive(client: redis.Redis, job_id: str, reply_key: str, period: float) -> Iterator[None]:
     """While the job runs, keep kombu from restoring the task's message (its delivery tag
     is the job id), however long the job or one of its uploads takes, and its reply list
-    from expiring while the job is busy elsewhere (a slow read)."""
+    from expiring while the job is busy elsewhere (a slow read); and count it as work
+    owed, in flight (``broker.job_running``: a group at zero is woken by the jobs it
+    owes, and one running a job is not scaled down under it). The mark is renewed on
+    every beat, so a Redis that lost it (a restart) has it again."""
     done = threading.Event()
+    broker.job_running(client, job_id)
 
     def beat() -> None:
         while not done.wait(period):
             with contextlib.suppress(redis.RedisError):
                 broker.touch(client, [job_id])
+                broker.job_running(client, job_id)
                 client.expire(reply_key, REPLY_TTL_S)
 
     threading.Thread(target=beat, name=f"job-{job_id[:8]}", daemon=True).start()
@@ -229,6 +234,8 @@ def _keepalive(client: redis.Redis, job_id: str, reply_key: str, period: float) 
         yield
     finally:
         done.set()
+        with contextlib.suppress(redis.RedisError):
+            broker.job_ended(client, job_id)
 
 
 def run(

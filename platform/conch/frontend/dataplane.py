@@ -42,7 +42,7 @@ from conch.frontend.producer import Abandonment, Dispatcher
 from conch.settings import Settings
 from conch.wire import job_store, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
-from conch.wire.work_owed import ModelWork, work_owed
+from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, work_owed
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,10 @@ class DataPlane:
             if name not in entries:
                 raise NotFound(f"Request for unknown model: '{name}' is not found")
         return work_owed(self._client, models)
+
+    def jobs_depth(self) -> JobsWork:
+        """The work the batch jobs queue owes (``conch.wire.work_owed.jobs_owed``)."""
+        return jobs_owed(self._client)
 
     def custom_metrics(self) -> list[dict[str, Any]]:
         """The metric families models defined (``pb_utils.MetricFamily``), each metric

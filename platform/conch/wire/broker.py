@@ -289,5 +289,16 @@ def touch(client: redis.Redis, tags: Iterable[str]) -> None:
         client.zadd(UNACKED_INDEX, dict.fromkeys(tags, now), xx=True)
 
 
+def job_running(client: redis.Redis, job_id: str) -> None:
+    """A batch job's driver runs: its task message (delivery tag: the job id) counts in
+    flight (``conch.wire.work_owed.jobs_owed``) while kombu holds it in ``unacked``."""
+    client.sadd(in_flight_key(JOBS_QUEUE), job_id)
+
+
+def job_ended(client: redis.Redis, job_id: str) -> None:
+    """The driver is done (the count would forget the job once Celery acks it anyway)."""
+    client.srem(in_flight_key(JOBS_QUEUE), job_id)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex

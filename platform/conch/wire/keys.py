@@ -20,8 +20,10 @@ Model queues and messages in flight (``conch.wire.broker``)::
     conch.model.<model>/in_flight  set      worker pop: the tags it put  work_owed (counts those
       [IN_FLIGHT_SUFFIX]                    in unacked; ack (SREM)       still in unacked, forgets
                                                                          the rest): queue-depth
-    conch.jobs (+ sub-lists)       list     gateway (batch job submit),  Celery workers (kombu)
-      [JOBS_QUEUE]                          kombu (restore)
+    conch.jobs (+ sub-lists)       list     gateway (batch job submit),  Celery workers (kombu);
+      [JOBS_QUEUE]                          kombu (restore)              work_owed (LLEN, with jobs=1)
+    conch.jobs/in_flight           set      batch job driver: its job id work_owed (counts those
+                                            while it runs (SADD, SREM)   in unacked, forgets the rest)
     unacked                        hash     worker pop: tag -> [message, ack (HDEL); kombu restores
       [UNACKED]                             "", routing key] (kombu's)   what outlived visibility
     unacked_index                  zset     worker pop, touch:           kombu's restore sweep;

@@ -18,6 +18,15 @@ the tag then counts as waiting, not in flight, and is counted in flight again on
 a worker pops it again. Lists, set and hash are read in one script, so a message moving
 between them is counted once, never twice or not at all.
 
+Batch jobs owe work too, to whichever worker takes them: every worker's Celery consumer
+reads ``conch.jobs``, so a job waiting there counts for no model, and a group at zero
+would never start the worker that runs it. ``jobs_owed`` counts that queue the same way:
+its priority sub-lists, plus the jobs whose driver runs. A driver adds its job id (its
+task message's delivery tag) to the jobs queue's in-flight set while it runs
+(``broker.job_running``); the count reconciles it with ``unacked`` as above, so a driver
+that crashed is counted until kombu restores its message (then as waiting, once) and
+is never leaked: no clock, heartbeat age or second writer to trust.
+
 ``desired_workers`` is the scaling formula, shared by the local autoscaler and the
 chart's KEDA trigger (``metrics-api``, ``AverageValue``), which reads ``QUEUE_DEPTH_PATH``
 on the gateway's metrics port.
@@ -45,18 +54,20 @@ from conch.wire.broker import (
     priority_keys,
     queue_name,
 )
-from conch.wire.keys import QUEUE_PREFIX, UNACKED
+from conch.wire.keys import JOBS_QUEUE, QUEUE_PREFIX, UNACKED
 
-# The wire contract with KEDA's metrics-api trigger: GET this on the metrics port.
+# The wire contract with KEDA's metrics-api trigger: GET this on the metrics port, with
+# JOBS_PARAM=1 to count the batch jobs queue too (the group that runs jobs).
 QUEUE_DEPTH_PATH = "/queue-depth"
+JOBS_PARAM = "jobs"
 # The waiting work by kind, as the Prometheus gauge labels it (``priority_class``).
 ONLINE, ASYNC, OFFLINE = "online", "async", "offline"
 PRIORITY_CLASSES = (ONLINE, ASYNC, OFFLINE)
 _MODELS_PER_CALL = 64  # models counted by one script run (Redis runs nothing else meanwhile)
 _SREM_CHUNK = 1000  # tags per SREM: Lua's unpack has a stack limit
 
-# KEYS: unacked, then per model its in-flight set and its priority sub-lists in order.
-# ARGV: the number of sub-lists per model. Returns per model each sub-list's length,
+# KEYS: unacked, then per queue its in-flight set and its priority sub-lists in order.
+# ARGV: the number of sub-lists per queue. Returns per queue each sub-list's length,
 # then the tags of its set still in unacked; tags no longer there are forgotten.
 _COUNT_LUA = """
 local steps = tonumber(ARGV[1])
@@ -84,18 +95,28 @@ return out
 """ % (_SREM_CHUNK, _SREM_CHUNK)  # noqa: UP031 (Lua braces would need escaping in f-strings)
 
 
+class _Owed:
+    """What a queue's workers owe: ``waiting`` plus ``in_flight``."""
+
+    waiting: int
+    in_flight: int
+
+    @property
+    def owed(self) -> int:
+        return self.waiting + self.in_flight
+
+    def totals(self) -> dict[str, int]:
+        return {"owed": self.owed, "waiting": self.waiting, "in_flight": self.in_flight}
+
+
 @dataclass(frozen=True)
-class ModelWork:
+class ModelWork(_Owed):
     """What one model's workers owe, at one instant."""
 
     model: str
     waiting: int  # in every priority sub-list of its queue
     in_flight: int  # popped by a worker (running or prefetched), not acked
     steps: tuple[int, ...] = ()  # waiting per priority step, 0 (highest) first
-
-    @property
-    def owed(self) -> int:
-        return self.waiting + self.in_flight
 
     def by_class(self) -> dict[str, int]:
         """Waiting work as online requests, async jobs and offline (batch job) lines."""
@@ -107,32 +128,49 @@ class ModelWork:
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "owed": self.owed,
-            "waiting": self.waiting,
-            "in_flight": self.in_flight,
-            "waiting_by_class": self.by_class(),
-        }
+        return {**self.totals(), "waiting_by_class": self.by_class()}
+
+
+@dataclass(frozen=True)
+class JobsWork(_Owed):
+    """What the batch jobs queue (``conch.jobs``) owes, at one instant: jobs no worker
+    has taken yet, and jobs whose driver runs on a worker."""
+
+    waiting: int  # in every priority sub-list of the jobs queue
+    in_flight: int  # taken by a worker whose driver runs them (or ran them and died)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.totals()
+
+
+def _count(client: redis.Redis, queues: list[str]) -> list[tuple[tuple[int, ...], int]]:
+    """(waiting per priority step, in flight) of each queue, in one script run."""
+    keys: list[str] = [UNACKED]
+    for queue in queues:
+        keys += [in_flight_key(queue), *priority_keys(queue)]
+    script = client.register_script(_COUNT_LUA)
+    flat = [int(v) for v in script(keys=keys, args=[len(PRIORITY_STEPS)])]
+    width = len(PRIORITY_STEPS) + 1
+    rows = (flat[k * width : (k + 1) * width] for k in range(len(queues)))
+    return [(tuple(row[:-1]), row[-1]) for row in rows]
 
 
 def work_owed(client: redis.Redis, models: Iterable[str]) -> dict[str, ModelWork]:
     """Each model's work owed, in the order given (a name given twice counts once)."""
     names = list(dict.fromkeys(models))
-    script = client.register_script(_COUNT_LUA)
     out: dict[str, ModelWork] = {}
     for first in range(0, len(names), _MODELS_PER_CALL):
         chunk = names[first : first + _MODELS_PER_CALL]
-        keys: list[str] = [UNACKED]
-        for name in chunk:
-            queue = queue_name(name)
-            keys += [in_flight_key(queue), *priority_keys(queue)]
-        flat = [int(v) for v in script(keys=keys, args=[len(PRIORITY_STEPS)])]
-        width = len(PRIORITY_STEPS) + 1
-        for k, name in enumerate(chunk):
-            row = flat[k * width : (k + 1) * width]
-            steps = tuple(row[:-1])
-            out[name] = ModelWork(name, sum(steps), row[-1], steps)
+        counts = _count(client, [queue_name(name) for name in chunk])
+        for name, (steps, in_flight) in zip(chunk, counts, strict=True):
+            out[name] = ModelWork(name, sum(steps), in_flight, steps)
     return out
+
+
+def jobs_owed(client: redis.Redis) -> JobsWork:
+    """The batch jobs queue's work owed (every worker's Celery consumer takes it)."""
+    ((steps, in_flight),) = _count(client, [JOBS_QUEUE])
+    return JobsWork(sum(steps), in_flight)
 
 
 def queued_models(client: redis.Redis) -> list[str]:
@@ -147,14 +185,19 @@ def queued_models(client: redis.Redis) -> list[str]:
     return sorted(names)
 
 
-def summary(work: Mapping[str, ModelWork]) -> dict[str, Any]:
-    """The JSON of ``GET /queue-depth`` and ``conch queue-depth --json``: totals, by model."""
-    return {
-        "owed": sum(w.owed for w in work.values()),
-        "waiting": sum(w.waiting for w in work.values()),
-        "in_flight": sum(w.in_flight for w in work.values()),
+def summary(work: Mapping[str, ModelWork], jobs: JobsWork | None = None) -> dict[str, Any]:
+    """The JSON of ``GET /queue-depth`` and ``conch queue-depth --json``: totals, by model,
+    and the batch jobs queue when it was counted (then in the totals too)."""
+    parts: list[_Owed] = [*work.values(), *([jobs] if jobs is not None else [])]
+    out: dict[str, Any] = {
+        "owed": sum(w.owed for w in parts),
+        "waiting": sum(w.waiting for w in parts),
+        "in_flight": sum(w.in_flight for w in parts),
         "models": {name: w.to_json() for name, w in work.items()},
     }
+    if jobs is not None:
+        out["jobs"] = jobs.to_json()
+    return out
 
 
 def desired_workers(
@@ -184,21 +227,26 @@ def desired_workers(
     return min(max(wanted, minimum), maximum)
 
 
-def queue_depth_url(base: str, models: Iterable[str]) -> str:
+def queue_depth_url(base: str, models: Iterable[str], jobs: bool = False) -> str:
     """``GET /queue-depth`` of the gateway's metrics port at ``base`` (``http://host:8002``)
-    for these models (none: every model the gateway knows), names URL-encoded."""
-    query = urlencode([("model", m) for m in models], quote_via=quote, safe="")
+    for these models (none: every model the gateway knows), names URL-encoded; with
+    ``jobs``, the batch jobs queue counted too (the URL of the group that runs jobs)."""
+    params = [("model", m) for m in models] + ([(JOBS_PARAM, "1")] if jobs else [])
+    query = urlencode(params, quote_via=quote, safe="")
     return base.rstrip("/") + QUEUE_DEPTH_PATH + (f"?{query}" if query else "")
 
 
 __all__ = [
     "ASYNC",
+    "JOBS_PARAM",
     "OFFLINE",
     "ONLINE",
     "PRIORITY_CLASSES",
     "QUEUE_DEPTH_PATH",
+    "JobsWork",
     "ModelWork",
     "desired_workers",
+    "jobs_owed",
     "queue_depth_url",
     "queued_models",
     "summary",

@@ -5,7 +5,7 @@ summed over every worker that ever ran it and kept in Redis, so any gateway answ
 the same totals and a worker that goes away takes nothing with it (no false counter
 resets). The pending gauge is what waits in the model's queue, and conch's two queue
 gauges the work its workers owe (``conch.wire.work_owed``): waiting by kind, and in
-flight. The same count, in JSON, is ``GET /queue-depth``, which KEDA scales on. After
+flight; two more, the batch jobs queue's. The same count, in JSON, is ``GET /queue-depth``, which KEDA scales on. After
 them come the families models define (``pb_utils.MetricFamily``), as the live
 workers publish them (``DataPlane.custom_metrics``). All of it comes from the
 ``DataPlane``; this module only writes the text.
@@ -89,7 +89,10 @@ def render(plane: DataPlane) -> bytes:
     def family(name: str, doc: str, kind: str, rows: list[tuple[dict[str, str], int]]) -> None:
         lines.append(f"# HELP {name} {doc}")
         lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{{{_labels(labels)}}} {int(value)}" for labels, value in rows)
+        lines.extend(
+            f"{name}{{{_labels(labels)}}} {int(value)}" if labels else f"{name} {int(value)}"
+            for labels, value in rows
+        )
 
     def value(c: dict[str, int], fields: str | tuple[str, ...], divisor: int) -> int:
         names = (fields,) if isinstance(fields, str) else fields
@@ -142,6 +145,20 @@ def render(plane: DataPlane) -> bytes:
         "gauge",
         [({"model": m.name}, w.in_flight) for m, w in queued],
     )
+    jobs = plane.jobs_depth()  # the batch jobs queue, which every worker takes from
+    family(
+        "conch_jobs_waiting",
+        "Batch jobs waiting for a worker to run them (the conch.jobs queue).",
+        "gauge",
+        [({}, jobs.waiting)],
+    )
+    family(
+        "conch_jobs_in_flight",
+        "Batch jobs a worker has taken and whose driver runs (or ran, on a worker that died "
+        "and whose job has not yet gone back to the queue).",
+        "gauge",
+        [({}, jobs.in_flight)],
+    )
     builtin = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
     for custom in plane.custom_metrics():
         if custom["name"] not in builtin:  # a model cannot replace one of Triton's
@@ -173,17 +190,26 @@ def _custom_family(fam: dict[str, Any]) -> list[str]:
     return out
 
 
+_SWITCH = {"1": True, "true": True, "0": False, "false": False}
+
+
 def queue_depth(plane: DataPlane, query: str) -> bytes:
-    """``GET /queue-depth?model=a&model=b``: the work owed, as KEDA's metrics-api trigger
-    reads it (``valueLocation: owed``); no model named: every model with a queue."""
+    """``GET /queue-depth?model=a&model=b[&jobs=1]``: the work owed, as KEDA's metrics-api
+    trigger reads it (``valueLocation: owed``); no model named: every model with a queue.
+    ``jobs=1`` adds the batch jobs queue (a "jobs" entry, and in the totals)."""
     params = parse_qs(query, keep_blank_values=True)
-    unknown = sorted(set(params) - {"model"})
+    unknown = sorted(set(params) - {"model", work_owed.JOBS_PARAM})
     if unknown:
         raise InvalidArgument(
-            f"unknown query parameter {unknown[0]!r}: /queue-depth takes only 'model' "
-            "(repeated for more than one)"
+            f"unknown query parameter {unknown[0]!r}: /queue-depth takes 'model' (repeated "
+            f"for more than one) and '{work_owed.JOBS_PARAM}' (1 or 0)"
         )
-    return orjson.dumps(work_owed.summary(plane.queue_depth(params.get("model", []))))
+    switch = params.get(work_owed.JOBS_PARAM, ["0"])
+    if len(switch) != 1 or switch[0].lower() not in _SWITCH:
+        raise InvalidArgument(f"'{work_owed.JOBS_PARAM}' must be given once, as 1 or 0")
+    models = plane.queue_depth(params.get("model", []))
+    jobs = plane.jobs_depth() if _SWITCH[switch[0].lower()] else None
+    return orjson.dumps(work_owed.summary(models, jobs))
 
 
 class MetricsPort:
