@@ -37,6 +37,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "bench" / "models"
+GPU_OUT = ROOT / ".cache" / "bench" / "models-gpu"  # the ONNX models as KIND_GPU
 
 # Same ONNX flavour as functions/build_models.py (opset 17, IR version 8).
 OPSET = 17
@@ -268,16 +269,17 @@ def _digest() -> str:
     return h.hexdigest()
 
 
-def build_repository(out: Path = DEFAULT_OUT, *, force: bool = False) -> Path:
+def build_repository(out: Path = DEFAULT_OUT, *, force: bool = False, gpu: bool = False) -> Path:
     """Write the models of ``ALL_MODELS`` under ``out``; returns ``out``.
 
     ``mlp`` is a copy of functions/mlp, ``mlp_large`` is generated, ``*_py`` hold a hard link
     (else a copy) of their twin's ``model.onnx`` and ``add_sub`` the model.py of
-    functions/add_sub.
+    functions/add_sub. With ``gpu`` the ONNX models' instance is ``KIND_GPU`` (device 0):
+    ``bench/run.py --gpu``.
     """
     out = Path(out)
     stamp = out / ".built"
-    digest = _digest()
+    digest = _digest() + ("-gpu" if gpu else "")
     if not force and stamp.exists() and stamp.read_text() == digest:
         return out
     if out.exists():
@@ -300,6 +302,13 @@ def build_repository(out: Path = DEFAULT_OUT, *, force: bool = False) -> Path:
         ROOT / "functions" / ADD_SUB_NAME / "1" / "model.py", out / ADD_SUB_NAME / "1" / "model.py"
     )
     (out / ADD_SUB_NAME / "config.pbtxt").write_text(ADD_SUB_CONFIG)
+    if gpu:
+        for name in ONNX_MODELS:
+            config = out / name / "config.pbtxt"
+            text = config.read_text()
+            if "kind: KIND_CPU" not in text:
+                raise RuntimeError(f"{config} has no KIND_CPU instance to move to the GPU")
+            config.write_text(text.replace("kind: KIND_CPU", "kind: KIND_GPU\n    gpus: [ 0 ]"))
     stamp.write_text(digest)
     return out
 

@@ -136,6 +136,10 @@ class Results:
 
 
 def perf_analyzer_path() -> str:
+    """$PERF_ANALYZER if set (as the tests take it), else bench/perf-analyzer-setup's."""
+    given = os.environ.get("PERF_ANALYZER")
+    if given:
+        return given
     out = subprocess.run(
         [str(BENCH / "perf-analyzer-setup")], check=True, stdout=subprocess.PIPE, text=True
     )
@@ -659,14 +663,22 @@ def bench_triton(
 # --------------------------------------------------------------------------- in process
 
 
-def ort_session(model_file: Path) -> Any:
+def ort_session(model_file: Path, gpu: bool = False) -> Any:
+    """The session conch's worker makes for the model: CUDA's provider on device 0 with
+    ``gpu`` (as a KIND_GPU instance), else the CPU's."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = ORT_INTRA_OP_THREADS
     opts.inter_op_num_threads = ORT_INTER_OP_THREADS
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if gpu:
+        providers.insert(0, ("CUDAExecutionProvider", {"device_id": 0}))
+    session = ort.InferenceSession(str(model_file), opts, providers=providers)
+    if gpu and "CUDAExecutionProvider" not in session.get_providers():
+        raise RuntimeError(f"onnxruntime cannot run {model_file} on CUDA here")
+    return session
 
 
 def rows_per_second(session: Any, batch: int, budget_s: float) -> float:
@@ -708,7 +720,7 @@ def inprocess_models(chosen: list[str]) -> list[str]:
 def bench_inprocess(args: argparse.Namespace, repo: Path, results: Results) -> None:
     budget = 0.5 if args.quick else 1.5
     for model in inprocess_models(args.models):
-        session = ort_session(repo / model / "1" / "model.onnx")
+        session = ort_session(repo / model / "1" / "model.onnx", gpu=args.gpu)
         sizes = {1} | {
             max(1, round(p.mean_batch))
             for p in results.points
@@ -999,7 +1011,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--http-thread-count", type=int, default=None, help="threads per conch gateway process"
     )
     p.add_argument("--strict", action="store_true", help="exit 1 if a floor fails")
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="the ONNX models as KIND_GPU instances and in process on CUDA (onnxruntime-gpu "
+        "and an NVIDIA GPU); MLServer and Triton are skipped, models default to mlp,mlp_large",
+    )
     args = p.parse_args(argv)
+    if args.gpu:
+        args.skip_mlserver = args.skip_triton = True
+        if args.models == ",".join(ALL_MODELS):
+            args.models = ",".join(models.ONNX_MODELS)
     args.models = [m for m in args.models.split(",") if m]
     unknown = set(args.models) - set(ALL_MODELS)
     if unknown:
@@ -1066,7 +1088,11 @@ def main(argv: list[str] | None = None) -> int:
                 "the numbers will be lower and noisier than on an idle machine"
             )
         say("building the benchmark models (reused when up to date)")
-        repo = models.build_repository()
+        repo = (
+            models.build_repository(models.GPU_OUT, gpu=True)
+            if args.gpu
+            else models.build_repository()
+        )
         pa = PaOptions(
             perf_analyzer_path(), args.window_ms, args.stability_percentage, args.max_trials
         )
