@@ -7,9 +7,12 @@
 #   PERF=worker  bench/profile.sh add_sub 1 12          #   ... or of the worker
 #   GATEWAY_ARGS="--http-workers 1" bench/profile.sh mlp_py 16
 #   REDIS_TCP=1 bench/profile.sh mlp_py 16              # loopback TCP instead of a Unix socket
+#   PROTOCOL=grpc bench/profile.sh mlp 16               # perf_analyzer -i grpc against `conch grpc`
+#   PROTOCOL=grpc GRPC_ARGS="--grpc-infer-thread-count 16" PYSPY=1 bench/profile.sh mlp 16
 #
 # Serves the benchmark repository (bench/models.py) as `make bench` does: a private
-# redis-server, one worker, one gateway, perf_analyzer -i http with binary tensors. Prints
+# redis-server, one worker, one gateway, perf_analyzer -i http with binary tensors (with
+# PROTOCOL=grpc: one `conch grpc` process instead of the gateway, perf_analyzer -i grpc). Prints
 # perf_analyzer's throughput and latency, then user+system CPU milliseconds per request of
 # each process (from /proc, over the measured span). py-spy (`pip install py-spy`) writes
 # raw stacks to OUT/*.txt and bench/pyspy_top.py summarises them; perf writes OUT/perf.data
@@ -26,7 +29,8 @@ mkdir -p "$OUT"; rm -f "$OUT"/*.txt "$OUT"/perf.data "$OUT"/cpu.*
 export PYTHONPATH=$ROOT/platform
 REPO=$(cd "$ROOT" && "$PY" -c 'import sys; sys.path.insert(0, "bench"); import models; print(models.build_repository())')
 free_port() { "$PY" -c 'from conch.devtools.redis_server import free_port; print(free_port())'; }
-RP=$(free_port); HP=$(free_port); MP=$(free_port)
+RP=$(free_port); HP=$(free_port); MP=$(free_port); GP=$(free_port)
+PROTOCOL=${PROTOCOL:-http}
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
   --logfile "$OUT/redis.log" --pidfile "$OUT/redis.pid" --unixsocket "$OUT/redis.sock" --unixsocketperm 700
 URL="unix://$OUT/redis.sock?db=0"; [ -n "${REDIS_TCP:-}" ] && URL="redis://127.0.0.1:$RP/0"
@@ -45,13 +49,22 @@ setsid "$PY" -m conch gateway --model-repository "$REPO" --redis-url "$URL" --ht
   --http-port "$HP" --metrics-port "$MP" ${GATEWAY_ARGS:-} >"$OUT/gateway.log" 2>&1 &
 GPID=$!; PIDS+=("$GPID")
 for _ in $(seq 240); do curl -sf "127.0.0.1:$HP/v2/models/$MODEL/ready" && break; sleep 0.5; done
-"$PA" -m "$MODEL" -u "127.0.0.1:$HP" -i http --concurrency-range "$CONC" --measurement-mode time_windows \
+ENDPOINT=127.0.0.1:$HP
+if [ "$PROTOCOL" = grpc ]; then  # the gateway stays up (readiness, statistics) but idle
+  # shellcheck disable=SC2086
+  setsid "$PY" -m conch grpc --model-repository "$REPO" --redis-url "$URL" --grpc-address 127.0.0.1 \
+    --grpc-port "$GP" ${GRPC_ARGS:-} >"$OUT/grpc.log" 2>&1 &
+  RPID=$!; PIDS+=("$RPID"); ENDPOINT=127.0.0.1:$GP
+  for _ in $(seq 240); do grep -q "Started GRPCInferenceService" "$OUT/grpc.log" && break; sleep 0.5; done
+fi
+"$PA" -m "$MODEL" -u "$ENDPOINT" -i "$PROTOCOL" --concurrency-range "$CONC" --measurement-mode time_windows \
   --measurement-interval $((SECS * 1000 / 3)) --stability-percentage 1000 --max-trials 3 >"$OUT/pa.log" 2>&1 &
 PAPID=$!
 sleep 3  # perf_analyzer's warm-up
 gateways() { pgrep -s "$GPID" -f "conch gateway" | grep -vx "$GPID"; }
 snapshot() {  # name user_ticks system_ticks, every thread of every process
   for p in $(gateways); do awk '{print "gateway", $14, $15}' "/proc/$p/stat"; done
+  [ -n "${RPID:-}" ] && awk '{print "grpc", $14, $15}' "/proc/$RPID/stat"
   cat /proc/"$WPID"/task/*/stat 2>/dev/null | awk '{print "worker", $14, $15}'
   awk '{print "redis", $14, $15}' "/proc/$(cat "$OUT/redis.pid")/stat"
   cat /proc/"$(pgrep -P "$PAPID" -f perf_analyzer | head -1 || echo "$PAPID")"/task/*/stat 2>/dev/null |
@@ -62,15 +75,19 @@ SPAN=$((SECS - 5))
 SAMPLERS=()
 SPY=$ROOT/.venv/bin/py-spy; [ -x "$SPY" ] || SPY=py-spy
 if [ -n "${PYSPY:-}" ]; then
+  if [ -n "${RPID:-}" ]; then
+    "$SPY" record -p "$RPID" -d "$SPAN" -r 250 --nonblocking ${SPY_FLAGS:-} --format raw -o "$OUT/grpc-$RPID.txt" >/dev/null 2>&1 &
+    SAMPLERS+=($!)
+  fi
   for p in $(gateways); do
-    "$SPY" record -p "$p" -d "$SPAN" -r 250 --nonblocking --format raw -o "$OUT/gateway-$p.txt" >/dev/null 2>&1 &
+    "$SPY" record -p "$p" -d "$SPAN" -r 250 --nonblocking ${SPY_FLAGS:-} --format raw -o "$OUT/gateway-$p.txt" >/dev/null 2>&1 &
     SAMPLERS+=($!)
   done
-  "$SPY" record -p "$WPID" -d "$SPAN" -r 250 --nonblocking --format raw -o "$OUT/worker-$WPID.txt" >/dev/null 2>&1 &
+  "$SPY" record -p "$WPID" -d "$SPAN" -r 250 --nonblocking ${SPY_FLAGS:-} --format raw -o "$OUT/worker-$WPID.txt" >/dev/null 2>&1 &
   SAMPLERS+=($!)
 fi
 if [ -n "${PERF:-}" ]; then
-  target=$([ "$PERF" = worker ] && echo "$WPID" || gateways | head -1)
+  case $PERF in worker) target=$WPID ;; grpc) target=$RPID ;; *) target=$(gateways | head -1) ;; esac
   perf record -F 499 -g -o "$OUT/perf.data" -p "$target" -- sleep "$SPAN" >/dev/null 2>&1 &
 fi
 sleep "$SPAN"; snapshot >"$OUT/cpu.1"; T1=$(date +%s.%N)
@@ -94,5 +111,5 @@ for k in b:
     u, s = ((b[k][i] - a[k][i]) * 1000 / tick / n for i in (0, 1))
     print(f"  {k:14} {u:.3f} + {s:.3f} = {u + s:.3f}")
 PY
-[ -n "${PYSPY:-}" ] && wait "${SAMPLERS[@]}" && "$PY" "$ROOT/bench/pyspy_top.py" "$OUT"/gateway-*.txt "$OUT"/worker-*.txt
+[ -n "${PYSPY:-}" ] && wait "${SAMPLERS[@]}" && "$PY" "$ROOT/bench/pyspy_top.py" "$OUT"/gateway-*.txt "$OUT"/worker-*.txt $([ -n "${RPID:-}" ] && echo "$OUT"/grpc-*.txt)
 exit 0

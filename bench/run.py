@@ -10,10 +10,13 @@ ONNX models, the same two as Python-backend models running onnxruntime (``mlp_py
 ``mlp_large_py``), and Triton's ``add_sub`` without batching. One run does, for each model:
 
 1. conch: a private redis-server (on a Unix socket, as ``conch serve`` starts it;
-   ``--redis-tcp`` for TCP), one ``conch worker`` and one ``conch gateway`` on 127.0.0.1,
-   driven by ``perf_analyzer -i http`` (binary tensors) at each concurrency in fixed time
-   windows. The mean batch the worker formed during each measurement is read
-   from the worker's counters in Redis (``rows / executions`` over the measurement).
+   ``--redis-tcp`` for TCP), one ``conch worker``, one ``conch gateway`` and one ``conch
+   grpc`` on 127.0.0.1, driven by ``perf_analyzer -i http`` (binary tensors) at each
+   concurrency in fixed time windows, then at once by ``perf_analyzer -i grpc`` at the same
+   concurrency (``--skip-grpc`` leaves it out): the two protocols are compared in the same
+   run, back to back, over the same worker. The mean batch the worker formed during each
+   measurement is read from the worker's counters in Redis (``rows / executions`` over
+   the measurement).
 2. MLServer (its own venv), ``parallel_workers`` 0, with adaptive batching off and on,
    serving the same .onnx files with onnxruntime through ``bench/mlserver_runtime.py``,
    driven the same way but with JSON tensors (MLServer has no binary tensor extension).
@@ -26,8 +29,8 @@ ONNX models, the same two as Python-backend models running onnxruntime (``mlp_py
    uses (1 intra-op thread, 1 inter-op thread, all graph optimizations), timed at batch 1
    and at every mean batch size conch formed. Measured with no server running.
 
-It prints the main table (stdout) with the ratios, Triton's own table, CPU ms per request
-by process for conch and Triton, the overhead table at concurrency 1 (p50 minus the
+It prints the main table (stdout) with the ratios (gRPC ÷ HTTP among them), Triton's own
+table, CPU ms per request by process for conch (over HTTP and over gRPC) and Triton, the overhead table at concurrency 1 (p50 minus the
 model's compute_infer minus its max_queue_delay, issue 12's goal of 0.5 ms), MLServer's
 table, then the floors of issue 3 point 8 with PASS or FAIL. Progress goes to stderr; logs, perf_analyzer CSVs and ``results.json`` go to
 ``.cache/bench/runs/<time>/``. Every process it starts is stopped when it ends, also on
@@ -88,7 +91,7 @@ def say(msg: str) -> None:
 
 @dataclass
 class Point:
-    server: str  # "conch", "triton" or "mlserver-<variant>"
+    server: str  # "conch" (HTTP), "conch-grpc", "triton" or "mlserver-<variant>"
     model: str
     concurrency: int
     infer_per_s: float | None = None
@@ -96,9 +99,9 @@ class Point:
     p99_ms: float | None = None
     mean_batch: float | None = None  # conch and Triton: rows / executions during the run
     executions: int | None = None
-    # conch and Triton: CPU milliseconds per request, by process (conch: gateway, worker,
-    # redis; Triton: tritonserver, python_stubs; both: perf_analyzer), over the whole
-    # perf_analyzer invocation.
+    # conch and Triton: CPU milliseconds per request, by process (conch: gateway, grpc,
+    # worker, redis; Triton: tritonserver, python_stubs; both: perf_analyzer), over the
+    # whole perf_analyzer invocation.
     cpu_ms_per_request: dict[str, float] | None = None
     # conch and Triton: the model's own compute per request over the run (statistics
     # extension: compute_infer ns / count), for the overhead table.
@@ -192,7 +195,15 @@ FALLBACK_STABILITY_PCT = 1000
 
 
 def run_perf_analyzer(
-    pa: PaOptions, url: str, model: str, concurrency: int, out_dir: Path, tag: str, *, json: bool
+    pa: PaOptions,
+    url: str,
+    model: str,
+    concurrency: int,
+    out_dir: Path,
+    tag: str,
+    *,
+    json: bool,
+    protocol: str = "http",
 ) -> Point:
     point = Point(tag, model, concurrency)
     for attempt, stability in enumerate((pa.stability_pct, FALLBACK_STABILITY_PCT)):
@@ -204,7 +215,7 @@ def run_perf_analyzer(
             "-u",
             url,
             "-i",
-            "http",
+            protocol,
             "--concurrency-range",
             str(concurrency),
             "--measurement-mode",
@@ -287,23 +298,28 @@ def _fresh_counts(
         time.sleep(0.1)
 
 
-def _cpu_snapshot(gateway: int, worker: int, redis_pid: int) -> dict[str, float]:
+def _cpu_snapshot(pids: dict[str, int], sessions: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far by name: ``pids`` by process, ``sessions`` by session (a
+    gateway's session holds its gunicorn workers too), perf_analyzer's once reaped."""
     import resource
 
-    by_id = procs.cpu_seconds(pids=[redis_pid], sessions=[gateway, worker])
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # perf_analyzer, once reaped
+    by_id = procs.cpu_seconds(pids=list(pids.values()), sessions=list(sessions.values()))
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
-        "gateway": by_id[gateway],
-        "worker": by_id[worker],
-        "redis": by_id[redis_pid],
+        **{name: by_id[pid] for name, pid in {**pids, **sessions}.items()},
         "perf_analyzer": usage.ru_utime + usage.ru_stime,
     }
+
+
+# conch's frontends: the Point tag and perf_analyzer's -i for each.
+CONCH_PROTOCOLS = {"conch": "http", "conch-grpc": "grpc"}
 
 
 def bench_conch(
     args: argparse.Namespace, repo: Path, pa: PaOptions, run_dir: Path, results: Results
 ) -> None:
     import redis
+    import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
     from conch.devtools import redis_server
@@ -331,44 +347,65 @@ def bench_conch(
                 gw_args += ["--http-thread-count", str(args.http_thread_count)]
             gateway = group.start("conch-gateway", _conch("gateway", *common, *gw_args))
             url = f"127.0.0.1:{port}"
-            client = httpclient.InferenceServerClient(url)
+            clients: list[Any] = [httpclient.InferenceServerClient(url)]
+            urls = {"conch": url}
+            cpu_pids = {"redis": private.process.pid}
+            cpu_sessions = {"gateway": gateway.pid, "worker": worker.pid}
+            if not args.skip_grpc:
+                grpc_port = redis_server.free_port()
+                grpc_args = ["--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port)]
+                if args.grpc_infer_thread_count:
+                    grpc_args += ["--grpc-infer-thread-count", str(args.grpc_infer_thread_count)]
+                frontend = group.start("conch-grpc", _conch("grpc", *common, *grpc_args))
+                urls["conch-grpc"] = f"127.0.0.1:{grpc_port}"
+                clients.append(grpcclient.InferenceServerClient(urls["conch-grpc"]))
+                cpu_sessions["grpc"] = frontend.pid
 
             def ready() -> bool:
                 try:
-                    return all(client.is_model_ready(m) for m in args.models)
+                    return all(c.is_model_ready(m) for c in clients for m in args.models)
                 except Exception:
                     return False
 
-            say(f"conch: waiting for {', '.join(args.models)} on {url}")
+            say(f"conch: waiting for {', '.join(args.models)} on {', '.join(urls.values())}")
             procs.wait_until(ready, 180, group, "conch readiness")
             r = redis.Redis.from_url(private.url)
             for model in args.models:
                 for c in args.concurrency:
-                    group.check_alive()
-                    say(f"conch: {model} at concurrency {c}")
-                    before = _fresh_counts(r, model, time.time())
-                    compute0 = _compute_infer(url, model)
-                    # Each child leads its own session: the gateway's session holds its
-                    # gunicorn workers too.
-                    cpu0 = _cpu_snapshot(gateway.pid, worker.pid, private.process.pid)
-                    t0 = time.monotonic()
-                    point = run_perf_analyzer(pa, url, model, c, run_dir, "conch", json=False)
-                    point.wall_s = time.monotonic() - t0
-                    cpu1 = _cpu_snapshot(gateway.pid, worker.pid, private.process.pid)
-                    after = _fresh_counts(r, model, time.time())
-                    point.compute_ms = _compute_ms(compute0, _compute_infer(url, model))
-                    executions = after[0] - before[0]
-                    requests = after[2] - before[2]
-                    if executions > 0:
-                        point.executions = executions
-                        point.mean_batch = (after[1] - before[1]) / executions
-                    if requests > 0:
-                        point.cpu_ms_per_request = {
-                            k: 1000 * (cpu1[k] - cpu0[k]) / requests for k in cpu0
-                        }
-                    results.points.append(point)
-                    _report_point(point)
-            client.close()
+                    for tag, target in urls.items():
+                        group.check_alive()
+                        say(f"{tag}: {model} at concurrency {c}")
+                        before = _fresh_counts(r, model, time.time())
+                        compute0 = _compute_infer(url, model)
+                        cpu0 = _cpu_snapshot(cpu_pids, cpu_sessions)
+                        t0 = time.monotonic()
+                        point = run_perf_analyzer(
+                            pa,
+                            target,
+                            model,
+                            c,
+                            run_dir,
+                            tag,
+                            json=False,
+                            protocol=CONCH_PROTOCOLS[tag],
+                        )
+                        point.wall_s = time.monotonic() - t0
+                        cpu1 = _cpu_snapshot(cpu_pids, cpu_sessions)
+                        after = _fresh_counts(r, model, time.time())
+                        point.compute_ms = _compute_ms(compute0, _compute_infer(url, model))
+                        executions = after[0] - before[0]
+                        requests = after[2] - before[2]
+                        if executions > 0:
+                            point.executions = executions
+                            point.mean_batch = (after[1] - before[1]) / executions
+                        if requests > 0:
+                            point.cpu_ms_per_request = {
+                                k: 1000 * (cpu1[k] - cpu0[k]) / requests for k in cpu0
+                            }
+                        results.points.append(point)
+                        _report_point(point)
+            for client in clients:
+                client.close()
     finally:
         private.stop()
 
@@ -772,14 +809,23 @@ def _inproc_at(
 
 def format_table(results: Results, args: argparse.Namespace) -> str:
     head = (
-        "| model | conc | conch infer/s | p50 ms | p99 ms | mean batch | in-process infer/s "
-        "@ batch | conch / in-process | MLServer best infer/s (variant) | conch ÷ MLServer "
+        "| model | conc | conch infer/s | p50 ms | p99 ms | mean batch | gRPC infer/s "
+        "| gRPC p50 ms | gRPC ÷ HTTP | in-process infer/s @ batch | conch / in-process "
+        "| MLServer best infer/s (variant) | conch ÷ MLServer "
         "| Triton infer/s (Triton's model) | conch ÷ Triton |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 15]
     for model in args.models:
         for c in args.concurrency:
             p = results.get("conch", model, c) or Point("conch", model, c)
+            g = results.get("conch-grpc", model, c)
+            if g is None:
+                grpc_txt = "skipped | - | -" if args.skip_grpc else "n/a | n/a | n/a"
+            else:
+                ratio_g = g.infer_per_s / p.infer_per_s if g.infer_per_s and p.infer_per_s else None
+                grpc_txt = (
+                    f"{_f(g.infer_per_s, ',.0f')} | {_f(g.p50_ms, '.2f')} | {_ratio(ratio_g)}"
+                )
             b, inproc = _inproc_at(results, model, p.mean_batch)
             best = results.mlserver_best(model, c)
             ratio_ip = p.infer_per_s / inproc if p.infer_per_s and inproc else None
@@ -803,7 +849,7 @@ def format_table(results: Results, args: argparse.Namespace) -> str:
                     t_txt += f" ({tmodel}: wheel has no ONNX backend)"
             lines.append(
                 f"| {model} | {c} | {_f(p.infer_per_s, ',.0f')} | {_f(p.p50_ms, '.2f')} "
-                f"| {_f(p.p99_ms, '.2f')} | {_f(p.mean_batch, '.1f')} "
+                f"| {_f(p.p99_ms, '.2f')} | {_f(p.mean_batch, '.1f')} | {grpc_txt} "
                 f"| {f'{inproc:,.0f} @ {b}' if inproc else 'n/a'} | {_ratio(ratio_ip)} "
                 f"| {best_txt} | {_ratio(ratio_ml)} | {t_txt} | {_ratio(ratio_t)} |"
             )
@@ -847,7 +893,7 @@ def format_mlserver_table(results: Results, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-CPU_KEYS = ("gateway", "worker", "redis", "tritonserver", "python_stubs", "perf_analyzer")
+CPU_KEYS = ("gateway", "grpc", "worker", "redis", "tritonserver", "python_stubs", "perf_analyzer")
 
 
 def format_cpu_table(results: Results, args: argparse.Namespace) -> str:
@@ -860,6 +906,7 @@ def format_cpu_table(results: Results, args: argparse.Namespace) -> str:
         for c in args.concurrency:
             for server, served in (
                 ("conch", model),
+                ("conch-grpc", model),
                 ("triton", models.TRITON_TWIN.get(model, model)),
             ):
                 p = results.get(server, served, c) if served else None
@@ -870,7 +917,8 @@ def format_cpu_table(results: Results, args: argparse.Namespace) -> str:
                 cpu = p.cpu_ms_per_request
                 total = sum(cpu.values())
                 cores = total / 1000 * (p.infer_per_s or 0)
-                label = server if served == model else f"{server} ({served})"
+                name = {"conch": "conch HTTP", "conch-grpc": "conch gRPC"}.get(server, server)
+                label = name if served == model else f"{name} ({served})"
                 lines.append(
                     f"| {model} | {c} | {label} | "
                     + " | ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in CPU_KEYS)
@@ -920,7 +968,7 @@ def format_overhead_table(results: Results, args: argparse.Namespace, repo: Path
 
 
 def floors(results: Results, repo: Path) -> list[tuple[str, str, str]]:
-    """(floor, measured, PASS/FAIL/SKIP) for issue 3 point 8."""
+    """(floor, measured, PASS/FAIL/SKIP) for issue 3 point 8 and issue 14 point 7."""
     out: list[tuple[str, str, str]] = []
 
     def verdict(ok: bool | None) -> str:
@@ -957,6 +1005,15 @@ def floors(results: Results, repo: Path) -> list[tuple[str, str, str]]:
             f"{ratio:.2f}x ({p.infer_per_s:,.0f} vs {best.infer_per_s:,.0f})",
         )
     out.append((f"{large} c=64: conch >= 1.5x MLServer best", measured, verdict(ok)))
+
+    # Issue 14, point 7: over gRPC, at least the HTTP path's throughput in the same run.
+    p, g = results.get("conch", small, 16), results.get("conch-grpc", small, 16)
+    ok, measured = None, "not measured"
+    if p and p.infer_per_s and g and g.infer_per_s:
+        ratio = g.infer_per_s / p.infer_per_s
+        ok = ratio >= 1.0
+        measured = f"{ratio:.2f}x ({g.infer_per_s:,.0f} vs {p.infer_per_s:,.0f})"
+    out.append((f"{small} c=16: conch gRPC >= conch HTTP (issue 14)", measured, verdict(ok)))
 
     for model in (small, large):
         p = results.get("conch", model, 64)
@@ -1009,6 +1066,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--http-workers", type=int, default=None, help="conch gateway processes")
     p.add_argument(
         "--http-thread-count", type=int, default=None, help="threads per conch gateway process"
+    )
+    p.add_argument(
+        "--skip-grpc",
+        action="store_true",
+        help="do not drive conch over gRPC (perf_analyzer -i grpc)",
+    )
+    p.add_argument(
+        "--grpc-infer-thread-count", type=int, default=None, help="conch grpc's infer threads"
     )
     p.add_argument("--strict", action="store_true", help="exit 1 if a floor fails")
     p.add_argument(
@@ -1118,8 +1183,9 @@ def main(argv: list[str] | None = None) -> int:
     busy = results.settings.get("cpu_busy_before")
     if busy is not None and busy > 0.2:
         print(f"\nWARNING: the CPUs were {busy:.0%} busy with other work when the run began.")
+    grpc_note = "" if args.skip_grpc else ", then -i grpc against conch"
     print(
-        f"\nconch benchmark ({os.cpu_count()} CPUs; perf_analyzer -i http, "
+        f"\nconch benchmark ({os.cpu_count()} CPUs; perf_analyzer -i http{grpc_note}, "
         f"{args.window_ms} ms windows; conch and Triton binary tensors, MLServer JSON)\n"
     )
     for model in inprocess_models(args.models):
@@ -1163,7 +1229,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for p in notes:
             print(f"note: {p.server} {p.model} c={p.concurrency}: {p.error}")
-    print("\nfloors (issue 3, point 8):")
+    print("\nfloors (issue 3, point 8; issue 14, point 7):")
     failed = False
     for name, measured, verdict in floors(results, repo):
         failed |= verdict == "FAIL"

@@ -30,11 +30,11 @@ def run():
     return module
 
 
-def _repo(tmp_path: Path) -> Path:
-    for name, extra in (
-        ("batched", "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500 }\n"),
-        ("plain", "max_batch_size: 0\n"),
-    ):
+BATCHED = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500 }\n"
+
+
+def _repo(tmp_path: Path, models: tuple[tuple[str, str], ...] | None = None) -> Path:
+    for name, extra in models or (("batched", BATCHED), ("plain", "max_batch_size: 0\n")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\n{extra}'
@@ -67,3 +67,33 @@ def test_overhead_is_p50_less_compute_less_the_configured_delay(run, tmp_path: P
 def test_compute_per_request_comes_from_the_statistics_counters(run) -> None:
     assert run._compute_ms((10, 5_000_000), (110, 15_000_000)) == pytest.approx(0.1)
     assert run._compute_ms((10, 5_000_000), (10, 5_000_000)) is None
+
+
+def test_grpc_column_is_measured_against_http_in_the_same_run(run, tmp_path: Path) -> None:
+    results = run.Results()
+    results.points += [
+        run.Point("conch", "mlp", 16, infer_per_s=6000, p50_ms=2.2, p99_ms=5.0, mean_batch=5.0),
+        run.Point("conch-grpc", "mlp", 16, infer_per_s=4500, p50_ms=3.1),
+    ]
+    args = argparse.Namespace(
+        models=["mlp"], concurrency=[16], skip_grpc=False, skip_mlserver=True, skip_triton=True
+    )
+    row = [c.strip() for c in run.format_table(results, args).splitlines()[2].strip("|").split("|")]
+    assert row[6:9] == ["4,500", "3.10", "0.75"]  # gRPC infer/s, its p50, gRPC ÷ HTTP
+    repo = _repo(tmp_path, (("mlp", BATCHED), ("mlp_large", BATCHED)))
+    floor = next(f for f in run.floors(results, repo) if "gRPC" in f[0])
+    assert floor[1:] == ("0.75x (4,500 vs 6,000)", "FAIL")
+    results.points[1].infer_per_s = 6100
+    assert next(f for f in run.floors(results, repo) if "gRPC" in f[0])[2] == "PASS"
+
+
+def test_cpu_table_has_a_row_per_protocol(run) -> None:
+    results = run.Results()
+    results.points += [
+        run.Point("conch", "mlp", 16, infer_per_s=1000, cpu_ms_per_request={"gateway": 0.2}),
+        run.Point("conch-grpc", "mlp", 16, infer_per_s=500, cpu_ms_per_request={"grpc": 0.6}),
+    ]
+    args = argparse.Namespace(models=["mlp"], concurrency=[16])
+    rows = run.format_cpu_table(results, args).splitlines()[2:]
+    assert [r.split(" | ")[2] for r in rows] == ["conch HTTP", "conch gRPC"]
+    assert rows[1].endswith("| - | 0.60 | - | - | - | - | - | 0.60 | 0.30 |")

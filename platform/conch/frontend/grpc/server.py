@@ -3,11 +3,21 @@
 Process model: grpcio's synchronous server, a thread per RPC in flight from a pool of
 ``--grpc-infer-thread-count`` (and as many for the requests of streams). Each infer call
 waits on the dispatcher's reply (the process's reply list, which the dispatcher's
-listener thread reads), so a thread is held per call, as the gthread gateway holds one; grpcio's
-asyncio server would need an async dispatcher conch does not have, and gevent does not
-mix with grpcio's C core, so this process is never patched. It is its own process (not
-a thread of the gateway) so that the gateway's gevent patching and gunicorn's forking
-never meet grpcio; ``conch serve`` starts it beside the gateway and the worker.
+listener thread reads), so a thread is held per call, as the gthread gateway holds one.
+gevent does not mix with grpcio's C core, so this process is never patched. It is its
+own process (not a thread of the gateway) so that the gateway's gevent patching and
+gunicorn's forking never meet grpcio; ``conch serve`` starts it beside the gateway and
+the worker.
+
+Measured (bench/README.md, "Issue 14: gRPC"; ``bench/grpc_floor.py``): grpcio's server
+costs about 0.3 ms of CPU per unary call before any work is done, most of it handing
+each call between threads, and its asyncio server as much; more processes sharing the
+port spread that cost over cores but do not lower it. So neither grpc.aio nor
+SO_REUSEPORT buys what their rewrites would cost, and the synchronous server stays: its
+handler semantics (``add_callback`` on cancellation, blocking request iterators) are
+what the cancellation and stream code is written against. What conch's HTTP/1.1 path
+does on gevent, HTTP/2 framed by hand would do for gRPC (measured there at a tenth of
+grpcio's cost per call): that is the way to the HTTP path's throughput.
 
 The data plane is built as the gateway builds its own (``frontend.composition``):
 the same checks, dispatch, queues and errors answer both protocols.
