@@ -3,7 +3,7 @@
 # torch, onnxruntime, numpy and pytest but none of conch's services needs to run conch's
 # GPU tests and bench/gpu.py (bench/README.md, "GPU"):
 #
-#   DIR/src/   this checkout's files (no .git, .venv, .cache)
+#   DIR/src/   this checkout's files, as git sees them (no .git, .venv, caches)
 #   DIR/whl/   wheels of what conch and its tests import that such a machine lacks, at the
 #              versions .venv has, for Python $PYVER (default 3.12), manylinux x86_64
 #   DIR/bin/   redis-server (a wrapper) and DIR/lib/ the shared libraries it needs beyond
@@ -32,8 +32,10 @@ NAMES=(
 )
 
 mkdir -p "$DEST"/{src,whl,bin,lib}
-rsync -a --delete --exclude .git --exclude .venv --exclude .cache --exclude .gpu \
-  --exclude .whl --exclude __pycache__ "$ROOT/" "$DEST/src/"
+# What git would commit (tracked, and untracked but not ignored): never the caches, venvs or
+# the other carry folders beside it.
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard) |
+  rsync -a --delete --from0 --files-from=- "$ROOT/" "$DEST/src/"
 
 freeze=$("$VENV/bin/python" -m pip freeze --disable-pip-version-check)
 pins=()
