@@ -472,22 +472,38 @@ def test_scaled_objects_read_the_platforms_signal(
         )
 
 
-def test_exactly_one_group_counts_the_batch_jobs(
+def _taking_jobs(objects: list[dict[str, Any]]) -> list[str]:
+    """The worker Deployments whose workers run batch jobs, as conch's parser reads their
+    arguments (``--batch-jobs``, true unless given false)."""
+    return [
+        o["metadata"]["name"]
+        for o in find(objects, "Deployment")
+        for command, settings in [conch_settings(containers(o)[0])]
+        if command == "worker" and settings.batch_jobs
+    ]
+
+
+def test_exactly_one_group_counts_and_runs_the_batch_jobs(
     merged: dict[str, Any], objects: list[dict[str, Any]]
 ) -> None:
-    """Every worker takes batch jobs, so one group's ScaledObject asks for jobs=1: the
-    one marked jobs: true (the GPU example's CPU group), else the first."""
+    """One group's ScaledObject asks for jobs=1: the one marked jobs: true (the GPU
+    example's CPU group), else the first; that group's workers alone take batch jobs
+    (every other one runs with --batch-jobs=false), so no scaler retires a job's driver
+    it does not count."""
+    group = f"{fullname()}-worker-{jobs_group(merged)}"
     counting = [
         o["metadata"]["name"]
         for o in find(objects, "ScaledObject")
         if "jobs=1" in o["spec"]["triggers"][0]["metadata"]["url"]
     ]
-    assert counting == [f"{fullname()}-worker-{jobs_group(merged)}"]
+    assert counting == [group]
+    assert _taking_jobs(objects) == [group]
     assert jobs_group(_chart().merge_values(VALUE_SETS["gpu"])) == "cpu"
     assert jobs_group(_chart().merge_values({})) == "all"
     later = render({"workers": {"groups": [{"name": "a"}, {"name": "b", "jobs": True}]}})
     url = one(later, "ScaledObject", f"{fullname()}-worker-b")["spec"]["triggers"][0]
     assert url["metadata"]["url"].endswith("?jobs=1")
+    assert _taking_jobs(later) == [f"{fullname()}-worker-b"]
 
 
 def test_odd_model_names_reach_the_worker_and_keda_intact() -> None:

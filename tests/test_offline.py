@@ -4,6 +4,8 @@ mode), a real worker running the job's Celery task, the gateway's HTTP routes.""
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,9 +22,12 @@ import requests
 import tritonclient.http as httpclient
 from test_jobs import result, submit, wait_done
 
-from conch.wire import broker, keys
+from conch.wire import broker, keys, worker_reports
+from conch.wire.work_owed import JobsWork, jobs_owed
+from conch.worker.host import HEARTBEAT_S
 
 from harness import (
+    Service,
     fresh_db,
     reference_mlp,
     serving,
@@ -394,3 +399,114 @@ def test_a_job_on_a_model_that_exists_only_through_its_load_overrides(
         (output,) = o["outputs"]
         assert output["name"] == "Y" and output["shape"] == [1, 4]
         assert output["data"] == [i + 1.0] * 4
+
+
+# --- only the workers that take batch jobs run them (--batch-jobs) -------------------------
+
+
+def _job_received(worker: Service, job: str) -> bool:
+    """Celery's log line for a task its consumer took."""
+    return f"conch.batch_job[{job}] received" in worker.log()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _celery_ready(worker: Service) -> None:
+    """Until the worker's Celery consumer is up (and would take a job it consumes)."""
+    wait_until(lambda: f"@{_worker_id(worker)} ready." in worker.log(), 60, "Celery", worker)
+
+
+def _worker_id(worker: Service) -> str:
+    ids = re.findall(r"conch@(\S+) v\d", worker.log())
+    return ids[0] if ids else "(not yet)"
+
+
+def test_only_workers_that_take_batch_jobs_run_their_drivers(
+    model_repo: Path, redis_url: str, log_dir: Path, s3_endpoint: str, s3, bucket: str
+) -> None:
+    """Two workers serve the model, one started with --batch-jobs=false (a GPU group's,
+    whose scaler does not count jobs): every job's driver runs on the other one, while
+    both are up and idle and the jobs are submitted together."""
+    db = fresh_db(redis_url, 12)
+    env = {"AWS_ENDPOINT_URL": s3_endpoint}
+    taker = start_worker(model_repo, db, log_dir, "--models", "batch_probe", env=env)
+    other = start_worker(
+        model_repo, db, log_dir, "--models", "batch_probe", "--batch-jobs=false", env=env
+    )
+    gateway, url = start_gateway(model_repo, db, log_dir)
+    try:
+        for worker in (taker, other):
+            _celery_ready(worker)
+        line = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0.2]}]}
+        put_jsonl(s3, bucket, "g.jsonl", [json.dumps(line)] * 3)
+        jobs = [
+            submit_batch(
+                url,
+                "batch_probe",
+                {"input": f"s3://{bucket}/g.jsonl", "output": f"s3://{bucket}/g{k}"},
+            ).json()["id"]
+            for k in range(4)
+        ]
+        for job in jobs:
+            assert wait_done(url, job, timeout=90)["status"] == "SUCCESS"
+            assert _job_received(taker, job)
+        assert "conch.batch_job[" not in other.log()
+    finally:
+        gateway.stop()
+        other.stop()
+        taker.stop()
+
+
+def test_a_job_waits_while_no_worker_takes_jobs_and_runs_once_one_starts(
+    model_repo: Path, redis_url: str, log_dir: Path, s3_endpoint: str, s3, bucket: str
+) -> None:
+    """With only a --batch-jobs=false worker up, a batch job stays queued (the work the
+    jobs queue owes: one waiting, none running) while the worker serves its model online,
+    idles (its Celery consumer has no queue: no busy loop), keeps its report alive
+    (heartbeats) and shuts down cleanly; a worker that takes jobs then runs it."""
+    db = fresh_db(redis_url, 12)
+    env = {"AWS_ENDPOINT_URL": s3_endpoint}
+    client = redis.Redis.from_url(db)
+    other = start_worker(
+        model_repo, db, log_dir, "--models", "batch_probe", "--batch-jobs=false", env=env
+    )
+    gateway, url = start_gateway(model_repo, db, log_dir)
+    taker = None
+    try:
+        wait_model_ready(url, "batch_probe", 60, other, gateway)
+        _celery_ready(other)
+        line = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0.01]}]}
+        put_jsonl(s3, bucket, "w.jsonl", [json.dumps(line)] * 2)
+        spec = {"input": f"s3://{bucket}/w.jsonl", "output": f"s3://{bucket}/w-out.jsonl"}
+        job = submit_batch(url, "batch_probe", spec).json()["id"]
+        online = httpclient.InferenceServerClient(url).infer("batch_probe", _probe(0.01))
+        assert online.as_numpy("Y").shape == (1, 2)  # the model queue is the batchers'
+
+        # Longer than a report lives (four beats): only the heartbeat keeps it.
+        idle_s = HEARTBEAT_S * 4 + 1
+        before = _cpu_seconds(other.pid)
+        time.sleep(idle_s)
+        busy = (_cpu_seconds(other.pid) - before) / idle_s
+        assert busy < 0.05, f"an idle worker with no Celery queue used {busy:.0%} of a core"
+        (report,) = worker_reports.snapshot(client)
+        assert report["id"] == _worker_id(other)
+        assert requests.get(f"http://{url}/v2/jobs/{job}").json()["status"] == "PENDING"
+        assert jobs_owed(client) == JobsWork(waiting=1, in_flight=0)
+
+        taker = start_worker(model_repo, db, log_dir, "--models", "batch_probe", env=env)
+        status = wait_done(url, job, timeout=90)
+        assert status["status"] == "SUCCESS" and status["progress"] == {"lines": 2, "failed": 0}
+        assert _job_received(taker, job) and not _job_received(other, job)
+        assert jobs_owed(client) == JobsWork(waiting=0, in_flight=0)
+        stopping = time.monotonic()
+        assert other.stop() == 0 and time.monotonic() - stopping < 10
+        assert "Warm shutdown" in other.log()
+    finally:
+        gateway.stop()
+        other.stop()
+        if taker is not None:
+            taker.stop()

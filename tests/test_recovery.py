@@ -41,8 +41,14 @@ def in_flight(url: str) -> int:
     return redis.Redis.from_url(url).zcard(keys.UNACKED_INDEX)
 
 
-def test_sigkill_mid_batch_loses_nothing(model_repo: Path, db: str, log_dir: Path) -> None:
-    first = start_worker(model_repo, db, log_dir, "--models", "slow")
+@pytest.mark.parametrize("flags", [(), ("--batch-jobs=false",)], ids=["jobs", "no-jobs"])
+def test_sigkill_mid_batch_loses_nothing(
+    model_repo: Path, db: str, log_dir: Path, flags: tuple[str, ...]
+) -> None:
+    """What a killed worker held comes back to the queue: kombu's restore sweep, which
+    Celery's consumer runs, and conch's RestoreSweep in workers whose consumer has no
+    queue (no-jobs: neither worker takes batch jobs)."""
+    first = start_worker(model_repo, db, log_dir, "--models", "slow", *flags)
     gw, url = start_gateway(model_repo, db, log_dir, threads=16)
     pool = ThreadPoolExecutor(8)
     try:
@@ -51,7 +57,7 @@ def test_sigkill_mid_batch_loses_nothing(model_repo: Path, db: str, log_dir: Pat
         wait_until(lambda: in_flight(db) >= 6, 30, "the batch to be taken", first)
         first.stop(signal.SIGKILL)
         killed = time.monotonic()
-        second = start_worker(model_repo, db, log_dir, "--models", "slow")
+        second = start_worker(model_repo, db, log_dir, "--models", "slow", *flags)
         try:
             for i, f in enumerate(futures):
                 np.testing.assert_array_equal(

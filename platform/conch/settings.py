@@ -305,9 +305,13 @@ class Settings:
     activation_work: int = 0  # at MIN 0, the owed work that wakes the first worker
     scale_down_cooldown_secs: float = 300.0  # fewer workers only once wanted this long
     scale_poll_secs: float = 2.0  # how often the autoscaler reads the queues
-    # The autoscaler counts the batch jobs queue too (conch.jobs, which every worker
-    # takes jobs from): the one group that runs jobs. conch serve --workers turns it on.
+    # The autoscaler counts the batch jobs queue too (conch.jobs): the one group whose
+    # workers take the jobs (batch_jobs). conch serve --workers turns it on.
     scale_on_jobs: bool = False
+    # The worker takes batch jobs (consumes conch.jobs). false: it never runs a job's
+    # driver, for a group whose scaler does not count the jobs (it could be scaled down
+    # mid-job). Triton has no batch jobs, so no such flag.
+    batch_jobs: bool = True
     # Models whose workers may all be gone by design (scaled to zero): with no live worker
     # they read as ready and take requests, which wait in the queue for one to start.
     # ["*"]: every model.
@@ -338,7 +342,7 @@ class Settings:
         """``from_env``, then every flag of ``FLAGS`` that ``namespace`` has a value for.
 
         Raises ValueError for a flag value argparse cannot check (``--backend-config``,
-        a negative ``--exit-timeout-secs``).
+        a negative ``--exit-timeout-secs``) and for flags that contradict each other.
         """
         settings = cls.from_env(environ)
         for flag in FLAGS:
@@ -346,6 +350,11 @@ class Settings:
             value = None if given is None else flag.read(given)
             if value is not None:
                 setattr(settings, flag.field, value)
+        if settings.scale_on_jobs and not settings.batch_jobs:
+            raise ValueError(
+                "--jobs counts batch jobs that --batch-jobs=false keeps this group's workers "
+                "from running: count them in the group that runs them"
+            )
         return settings
 
     def to_args(self, role: Role | str) -> list[str]:
@@ -827,6 +836,14 @@ FLAGS: tuple[Flag, ...] = (
         "calls still running on a connection past its age get this long (default: no limit)",
     ),
     *(_ignored_flag(name) for name in IGNORED_GRPC_FLAGS),
+    _bool_flag(
+        "--batch-jobs",
+        "batch_jobs",
+        WORKER_ROLES,
+        "run batch jobs' drivers (default true). false: never, for the workers of a group "
+        "whose autoscaler does not count the jobs (no --jobs) and so could retire one "
+        "mid-job. conch's own: Triton has no batch jobs",
+    ),
     Flag(
         "--models",
         "models",
@@ -887,8 +904,8 @@ FLAGS: tuple[Flag, ...] = (
         "scale_on_jobs",
         frozenset({Role.AUTOSCALE}),
         "count the batch jobs queue (jobs waiting and running) in the work owed: for the "
-        "one group that runs batch jobs (every worker takes them), so jobs wake it at zero "
-        "(conch serve --workers: always)",
+        "one group that runs batch jobs (the others' workers get --batch-jobs=false), so "
+        "jobs wake it at zero (conch serve --workers: unless --batch-jobs=false)",
         action="store_true",
         read=lambda on: True if on else None,
         as_args=lambda name, on: [name] if on else [],

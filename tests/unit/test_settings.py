@@ -328,7 +328,8 @@ def _changed(role: Role, repo: Path) -> Settings:
             ),
         )
     if role in (Role.SERVE, Role.WORKER, Role.AUTOSCALE):
-        s = dataclasses.replace(s, models=["a", "b,c"])  # Triton allows "," in names
+        # Triton allows "," in names
+        s = dataclasses.replace(s, models=["a", "b,c"], batch_jobs=False)
     if role in (Role.SERVE, Role.AUTOSCALE):
         s = dataclasses.replace(
             s,
@@ -550,17 +551,30 @@ def test_autoscale_flags_and_what_its_workers_are_started_with(tmp_path: Path):
             Role.AUTOSCALE,
             *("--model-repository", str(tmp_path), "--models", "a,b"),
             *("--workers", "0:3", "--target-work-per-worker", "4", "--exit-timeout-secs", "9"),
+            "--batch-jobs=false",
         )
     )
     assert s.workers == WorkerRange(0, 3) and s.target_work_per_worker == 4
     worker = s.to_args(Role.WORKER)  # the autoscaler's workers get every worker flag...
     assert worker[worker.index("--models") :][:2] == ["--models", "a,b"]
-    assert "--exit-timeout-secs" in worker
+    assert "--exit-timeout-secs" in worker and "--batch-jobs=false" in worker
     assert not {"--workers", "--target-work-per-worker"} & set(worker)  # ...and none of its own
     # A worker takes no scaling flag; the defaults run one worker and scale nothing to zero.
     with pytest.raises(SystemExit):
         parse(Role.WORKER, "--model-repository", str(tmp_path), "--workers", "1:2")
     assert Settings().workers is None and not Settings().scales_to_zero("m")
+
+
+def test_a_group_that_counts_the_jobs_must_run_them(tmp_path: Path):
+    """``--batch-jobs`` (true by default) says whether a worker runs batch jobs; an
+    autoscaler told to count the jobs for workers that never run them is refused."""
+    base = ("--model-repository", str(tmp_path), "--workers", "0:2")
+    assert Settings().batch_jobs is True
+    assert Settings.from_args(parse(Role.AUTOSCALE, *base, "--jobs")).scale_on_jobs
+    off = Settings.from_args(parse(Role.WORKER, base[0], base[1], "--batch-jobs=false"))
+    assert off.batch_jobs is False
+    with pytest.raises(SystemExit, match="conch: --jobs counts batch jobs that --batch-jobs=false"):
+        main(["autoscale", *base, "--jobs", "--batch-jobs=false"])
 
 
 @pytest.mark.parametrize(

@@ -222,9 +222,11 @@ strictly ready gateway still takes the request that wakes their group. */}}
 {{- if $every }}*{{ else }}{{ include "conch.modelsArg" (uniq $models) }}{{ end -}}
 {{- end -}}
 
-{{/* The name of the group that runs the batch jobs: every worker takes jobs from
-conch.jobs, so one group's scaler counts that queue, or a job submitted while every group
-is at zero would never start. The group marked jobs: true (exactly one), else the first. */}}
+{{/* The name of the group that runs the batch jobs: its workers take them from
+conch.jobs and its scaler counts that queue, or a job submitted while every group is at
+zero would never start; every other group's workers get --batch-jobs=false, so no scaler
+that does not count a job retires its driver. The group marked jobs: true (exactly one),
+else the first. */}}
 {{- define "conch.jobsGroup" -}}
 {{- $marked := list -}}
 {{- range .Values.workers.groups }}

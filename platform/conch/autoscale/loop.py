@@ -2,10 +2,12 @@
 decide how many workers to run, and start or retire them.
 
 The group is the models its workers serve (``--models``; without it, every model in the
-repository), and with ``--jobs`` the batch jobs queue, which every worker takes jobs from
-(one group on a host should count it, or a job waits while that group is at zero). Its workers are ``conch worker`` processes, started with this command's own
-settings (``settings.to_args(Role.WORKER)``), so a flag given to the autoscaler reaches
-every worker it starts. While Redis cannot be read the pool keeps its size: nothing is
+repository), and with ``--jobs`` the batch jobs queue. One group takes the jobs and counts
+them (``--jobs``), or a job waits while that group is at zero; the others run with
+``--batch-jobs=false``, or one of their workers could be retired mid-job. Its workers are
+``conch worker`` processes, started with this command's own settings
+(``settings.to_args(Role.WORKER)``), so a flag given to the autoscaler (``--batch-jobs``
+too) reaches every worker it starts. While Redis cannot be read the pool keeps its size: nothing is
 retired on a signal that is not there. SIGTERM or SIGINT retires every worker, waits for
 them, and exits.
 """

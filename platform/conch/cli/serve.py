@@ -5,8 +5,8 @@ With ``--workers MIN:MAX`` an autoscaler (``conch autoscale``) runs in the worke
 and starts and retires workers on the work owed; with MIN 0 the frontends are told that
 the models may have no worker (``--scale-to-zero``, unless it was given), so they read
 ready and take requests while the group is at zero. Its one group runs the batch jobs
-too, so the autoscaler counts their queue (``conch autoscale --jobs``): a job submitted
-at zero starts a worker.
+too (but with ``--batch-jobs=false``), so the autoscaler counts their queue (``conch
+autoscale --jobs``): a job submitted at zero starts a worker.
 
 The worker (or autoscaler) and the frontends run as ``python -m conch <role>`` children, started
 with ``settings.to_args(role)`` (and the secrets in ``settings.child_env(role)``, out of
@@ -41,8 +41,8 @@ def run(settings: Settings) -> int:
     )
     log.info("broker: %s%s", url, " (private redis-server)" if private else "")
     settings = dataclasses.replace(settings, redis_url=url)
-    if settings.workers:  # one group: it runs the batch jobs too
-        settings = dataclasses.replace(settings, scale_on_jobs=True)
+    if settings.workers:  # one group: it runs the batch jobs too, unless told not to
+        settings = dataclasses.replace(settings, scale_on_jobs=settings.batch_jobs)
     if settings.workers and settings.workers.minimum == 0 and not settings.scale_to_zero:
         settings = dataclasses.replace(settings, scale_to_zero=settings.models or ["*"])
     roles = [Role.AUTOSCALE if settings.workers else Role.WORKER]

@@ -92,7 +92,8 @@ PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
 # '/' is in no model name: "x.wake" is a model whose queue must not be model x's wake list.
 WAKE_SUFFIX = "/wake"
 IN_FLIGHT_SUFFIX = "/in_flight"  # a queue's tags in unacked (conch.wire.work_owed)
-JOBS_QUEUE = "conch.jobs"  # the Celery queue of job tasks (batch jobs), on every worker
+# The Celery queue of job tasks (batch jobs): every worker takes them but --batch-jobs=false ones.
+JOBS_QUEUE = "conch.jobs"
 # Messages in flight: kombu's default keys, so its restore_visible sees our messages.
 UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"

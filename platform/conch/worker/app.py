@@ -5,7 +5,10 @@ kombu's visibility-timeout restore of messages a dead worker held. conch adds th
 bootsteps (``conch.worker.steps``: Heartbeat, ModelServing, ControlFollower) around a
 ``ModelHost`` that runs a ``Batcher`` per model instance, each draining its model's queue
 into that instance of every loaded version; Celery's own one-message consumer never
-touches the model queues, only ``conch.jobs``, where batch jobs run as Celery tasks.
+touches the model queues, only ``conch.jobs``, where batch jobs run as Celery tasks. A
+worker started with ``--batch-jobs=false`` excludes that queue too (Celery's
+``--exclude-queues``), so its consumer takes nothing; a fourth step (RestoreSweep) then
+runs kombu's restore of dead workers' messages, which only a consuming consumer runs.
 
 This module is the worker's composition root: the one place that builds the host's
 collaborators (the Redis client, the repository, the BLS client from the frontend room)
@@ -171,7 +174,10 @@ def run(settings: Settings, *, loglevel: str = "INFO") -> None:
             "--pool=threads",
             "--concurrency=1",
             f"--loglevel={loglevel}",
-            f"--queues={broker.JOBS_QUEUE}",
+            # --batch-jobs=false: the jobs queue excluded, Celery's consumer takes no
+            # task at all (the model queues are the batchers'); it idles on its control
+            # channel, so a group whose scaler does not count jobs never runs one.
+            f"--{'queues' if settings.batch_jobs else 'exclude-queues'}={broker.JOBS_QUEUE}",
             f"--hostname=conch@{name}",
             "--without-gossip",
             "--without-mingle",

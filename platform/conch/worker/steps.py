@@ -13,6 +13,10 @@ Start order, and why:
 2. ``ModelServing``: announces the models it will serve as LOADING, then loads them.
 3. ``ControlFollower``: follows load/unload commands and repository changes.
 
+``RestoreSweep`` needs nothing of the others: in a worker that takes no batch jobs, it
+sweeps the messages dead workers held back to their queues, as Celery's consumer does
+in the others.
+
 Celery stops steps in the reverse order: stop following; stop reporting, let the batchers
 finish and hand back, unload, withdraw the report; stop the heartbeat, which keeps the
 held messages' tags fresh until the batchers have handed them back.
@@ -27,6 +31,7 @@ from typing import Any, ClassVar
 
 import redis
 from celery import bootsteps
+from kombu.exceptions import OperationalError
 
 from conch.wire import broker, control_bus, outage
 from conch.worker.host import HEARTBEAT_S, ModelHost
@@ -173,6 +178,63 @@ class ControlFollower(bootsteps.StartStopStep):
                 host.withdraw(name)
 
 
+class RestoreSweep(bootsteps.StartStopStep):
+    """kombu's visibility-timeout restore, run by a worker whose Celery consumer has no
+    queue (``--batch-jobs=false``).
+
+    kombu sweeps the messages a dead worker held (the model queues' as well as the jobs')
+    back to their queues, but only from a consumer that consumes something. Without this
+    step, the requests a dead GPU worker held would wait for a worker of the jobs group,
+    which may be at zero. It runs kombu's own sweep (``restore_visible``, on a channel of
+    the app's broker connection, with the transport options the consumer would use) at
+    the consumer's interval; a worker whose consumer has a queue leaves it to that.
+    """
+
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, worker: Any) -> None:
+        if worker.app.amqp.queues.consume_from:
+            return  # Celery's consumer sweeps
+        self._thread = threading.Thread(
+            target=self._sweep, args=(worker.app,), name="conch-restore-sweep", daemon=True
+        )
+        self._thread.start()
+
+    def _sweep(self, app: Any) -> None:
+        with app.connection_for_read() as connection:
+            channel = None
+            period = outage.RECONNECT_S
+            away = False
+            while not self._stop.wait(period):
+                try:
+                    channel = channel or connection.channel()
+                    channel.qos.restore_visible(
+                        num=channel.unacked_restore_limit,
+                        interval=channel.unacked_restore_throttle,
+                    )
+                except (redis.RedisError, OperationalError) as exc:
+                    if not away:
+                        log.warning("restore sweep failed: %s", exc)
+                    away, period = True, outage.RECONNECT_S
+                    continue
+                if away:
+                    log.info("restore sweep: Redis is back")
+                away, period = False, channel.unacked_restore_interval
+
+    def stop(self, worker: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=HEARTBEAT_S * 2)
+            self._thread = None
+
+    shutdown = stop
+
+
 def bound_steps(make_host: Callable[[], ModelHost]) -> list[type[bootsteps.StartStopStep]]:
     """The steps to add to one Celery app's worker blueprint, with ``make_host`` bound.
 
@@ -185,7 +247,7 @@ def bound_steps(make_host: Callable[[], ModelHost]) -> list[type[bootsteps.Start
     """
     serving = _subclass(ModelServing, make_host=staticmethod(make_host))
     follower = _subclass(ControlFollower, requires=(serving,))
-    return [Heartbeat, serving, follower]
+    return [Heartbeat, serving, follower, RestoreSweep]
 
 
 def _subclass(step: type[bootsteps.StartStopStep], **attrs: Any) -> type:
