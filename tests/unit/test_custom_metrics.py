@@ -16,6 +16,7 @@ from conch.core.errors import InvalidArgument, Unsupported
 from conch.frontend.http import metrics
 from conch.wire import model_metrics
 from conch.wire.redis_link import Commands
+from conch.wire.work_owed import JobsWork
 from conch.worker.metrics_publisher import MetricsPublisher
 
 LABELS = cm.labels_key({"version": "1", "model": "m"})
@@ -247,7 +248,11 @@ def test_render_writes_custom_families_after_tritons() -> None:
     reg.observe("sizes", (), 2)
     reg.observe("sizes", (), 9)
     reg.hold_family("nv_inference_count", "an impostor", cm.GAUGE)  # Triton's own name
-    plane = SimpleNamespace(metrics=list, custom_metrics=lambda: cm.merge([reg.snapshot()]))
+    plane = SimpleNamespace(
+        metrics=list,
+        jobs_depth=lambda: JobsWork(waiting=0, in_flight=0),
+        custom_metrics=lambda: cm.merge([reg.snapshot()]),
+    )
     text = metrics.render(plane).decode()  # type: ignore[arg-type]
     assert (
         "# HELP requests_process_latency_ns Cumulative time\n"
