@@ -393,15 +393,7 @@ def bench_conch(
                         cpu1 = _cpu_snapshot(cpu_pids, cpu_sessions)
                         after = _fresh_counts(r, model, time.time())
                         point.compute_ms = _compute_ms(compute0, _compute_infer(url, model))
-                        executions = after[0] - before[0]
-                        requests = after[2] - before[2]
-                        if executions > 0:
-                            point.executions = executions
-                            point.mean_batch = (after[1] - before[1]) / executions
-                        if requests > 0:
-                            point.cpu_ms_per_request = {
-                                k: 1000 * (cpu1[k] - cpu0[k]) / requests for k in cpu0
-                            }
+                        _count_point(point, before, after, cpu0, cpu1)
                         results.points.append(point)
                         _report_point(point)
             for client in clients:
@@ -575,6 +567,23 @@ def _compute_infer(url: str, model: str) -> tuple[int, int]:
     return int(compute["count"]), int(compute["ns"])
 
 
+def _count_point(
+    point: Point,
+    before: tuple[int, int, int],
+    after: tuple[int, int, int],
+    cpu0: dict[str, float],
+    cpu1: dict[str, float],
+) -> None:
+    """The server's counters (executions, rows, requests) and CPU seconds by process
+    around one perf_analyzer run: its mean batch and CPU ms per request."""
+    executions, requests = after[0] - before[0], after[2] - before[2]
+    if executions > 0:
+        point.executions = executions
+        point.mean_batch = (after[1] - before[1]) / executions
+    if requests > 0:
+        point.cpu_ms_per_request = {k: 1000 * (cpu1[k] - cpu0[k]) / requests for k in cpu0}
+
+
 def _compute_ms(before: tuple[int, int], after: tuple[int, int]) -> float | None:
     count = after[0] - before[0]
     return (after[1] - before[1]) / count / 1e6 if count > 0 else None
@@ -685,14 +694,7 @@ def bench_triton(
                 cpu1 = _triton_cpu(server.pid)
                 after = _triton_stats(port, model)
                 point.compute_ms = _compute_ms(compute0, _compute_infer(f"127.0.0.1:{port}", model))
-                executions, requests = after[0] - before[0], after[2] - before[2]
-                if executions > 0:
-                    point.executions = executions
-                    point.mean_batch = (after[1] - before[1]) / executions
-                if requests > 0:
-                    point.cpu_ms_per_request = {
-                        k: 1000 * (cpu1[k] - cpu0[k]) / requests for k in cpu0
-                    }
+                _count_point(point, before, after, cpu0, cpu1)
                 results.points.append(point)
                 _report_point(point)
 

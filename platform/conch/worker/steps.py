@@ -39,9 +39,8 @@ from conch.worker.host import HEARTBEAT_S, ModelHost
 log = logging.getLogger(__name__)
 
 
-class Heartbeat(bootsteps.StartStopStep):
-    """Every ``HEARTBEAT_S``: touch the tags this worker holds (so kombu does not restore
-    them to another worker) and refresh the worker's report (so it does not expire)."""
+class _LoopStep(bootsteps.StartStopStep):
+    """A step that runs one loop on a daemon thread of its own until the worker stops."""
 
     requires = ("celery.worker.components:Pool",)
 
@@ -50,12 +49,26 @@ class Heartbeat(bootsteps.StartStopStep):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _run(self, target: Callable[..., None], arg: Any, name: str) -> None:
+        self._thread = threading.Thread(target=target, args=(arg,), name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self, worker: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=HEARTBEAT_S * 2)
+            self._thread = None
+
+    shutdown = stop
+
+
+class Heartbeat(_LoopStep):
+    """Every ``HEARTBEAT_S``: touch the tags this worker holds (so kombu does not restore
+    them to another worker) and refresh the worker's report (so it does not expire)."""
+
     def start(self, worker: Any) -> None:
         host: ModelHost = worker.model_host  # made in ModelServing.create, before any start
-        self._thread = threading.Thread(
-            target=self._beat, args=(host,), name="conch-heartbeat", daemon=True
-        )
-        self._thread.start()
+        self._run(self._beat, host, "conch-heartbeat")
 
     def _beat(self, host: ModelHost) -> None:
         # While Redis is away, beat as often as a reconnect is tried: when it comes back
@@ -74,14 +87,6 @@ class Heartbeat(bootsteps.StartStopStep):
             if period != HEARTBEAT_S:
                 log.info("heartbeat: Redis is back")
             period = HEARTBEAT_S
-
-    def stop(self, worker: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=HEARTBEAT_S * 2)
-            self._thread = None
-
-    shutdown = stop
 
 
 class ModelServing(bootsteps.StartStopStep):
@@ -178,7 +183,7 @@ class ControlFollower(bootsteps.StartStopStep):
                 host.withdraw(name)
 
 
-class RestoreSweep(bootsteps.StartStopStep):
+class RestoreSweep(_LoopStep):
     """kombu's visibility-timeout restore, run by a worker whose Celery consumer has no
     queue (``--batch-jobs=false``).
 
@@ -190,20 +195,10 @@ class RestoreSweep(bootsteps.StartStopStep):
     the consumer's interval; a worker whose consumer has a queue leaves it to that.
     """
 
-    requires = ("celery.worker.components:Pool",)
-
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
-        super().__init__(worker, **kwargs)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
     def start(self, worker: Any) -> None:
         if worker.app.amqp.queues.consume_from:
             return  # Celery's consumer sweeps
-        self._thread = threading.Thread(
-            target=self._sweep, args=(worker.app,), name="conch-restore-sweep", daemon=True
-        )
-        self._thread.start()
+        self._run(self._sweep, worker.app, "conch-restore-sweep")
 
     def _sweep(self, app: Any) -> None:
         with app.connection_for_read() as connection:
@@ -225,14 +220,6 @@ class RestoreSweep(bootsteps.StartStopStep):
                 if away:
                     log.info("restore sweep: Redis is back")
                 away, period = False, channel.unacked_restore_interval
-
-    def stop(self, worker: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=HEARTBEAT_S * 2)
-            self._thread = None
-
-    shutdown = stop
 
 
 def bound_steps(make_host: Callable[[], ModelHost]) -> list[type[bootsteps.StartStopStep]]:
