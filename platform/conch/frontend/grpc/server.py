@@ -59,10 +59,17 @@ def build(settings: Settings) -> tuple[grpc.Server, int]:
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(inference), server)
+    if not settings.grpc_shared_port:  # a port in use: say why (grpcio's error does not)
+        transport.vacant_port(settings.grpc_address, settings.grpc_port)
     address = f"{settings.grpc_address}:{settings.grpc_port}"
-    port = (
-        server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls)
-    )
+    try:
+        port = (
+            server.add_insecure_port(address)
+            if tls is None
+            else server.add_secure_port(address, tls)
+        )
+    except RuntimeError:  # grpcio's "Failed to bind" (older ones answer 0)
+        port = 0
     if port == 0:
         raise SystemExit(f"conch grpc: cannot listen on {address}")
     return server, port
