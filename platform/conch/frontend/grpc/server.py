@@ -12,8 +12,9 @@ the worker.
 Measured (bench/README.md, "Issue 14: gRPC"; ``bench/grpc_floor.py``): grpcio's server
 costs about 0.3 ms of CPU per unary call before any work is done, most of it handing
 each call between threads, and its asyncio server as much; more processes sharing the
-port spread that cost over cores but do not lower it. So neither grpc.aio nor
-SO_REUSEPORT buys what their rewrites would cost, and the synchronous server stays: its
+port (``--grpc-workers``, SO_REUSEPORT: ``cli/grpc_workers.py``) spread that cost over
+cores but do not lower it. grpc.aio would not buy what its rewrite costs, and the
+synchronous server stays: its
 handler semantics (``add_callback`` on cancellation, blocking request iterators) are
 what the cancellation and stream code is written against. What conch's HTTP/1.1 path
 does on gevent, HTTP/2 framed by hand would do for gRPC (measured there at a tenth of
