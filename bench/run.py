@@ -356,6 +356,8 @@ def bench_conch(
                 grpc_args = ["--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port)]
                 if args.grpc_infer_thread_count:
                     grpc_args += ["--grpc-infer-thread-count", str(args.grpc_infer_thread_count)]
+                if args.grpc_workers:
+                    grpc_args += ["--grpc-workers", str(args.grpc_workers)]
                 frontend = group.start("conch-grpc", _conch("grpc", *common, *grpc_args))
                 urls["conch-grpc"] = f"127.0.0.1:{grpc_port}"
                 clients.append(grpcclient.InferenceServerClient(urls["conch-grpc"]))
@@ -1077,6 +1079,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--grpc-infer-thread-count", type=int, default=None, help="conch grpc's infer threads"
     )
+    p.add_argument("--grpc-workers", type=int, default=None, help="conch grpc's server processes")
     p.add_argument("--strict", action="store_true", help="exit 1 if a floor fails")
     p.add_argument(
         "--gpu",

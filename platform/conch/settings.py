@@ -90,6 +90,7 @@ class Role(StrEnum):
 GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
 RESTRICTED_API_ENV = "CONCH_HTTP_RESTRICTED_API"
 RESTRICTED_PROTOCOL_ENV = "CONCH_GRPC_RESTRICTED_PROTOCOL"
+GRPC_SHARED_PORT_ENV = "CONCH_GRPC_SHARED_PORT"
 # Triton's gRPC metadata key of a restricted protocol: this prefix, then the flag's key.
 GRPC_RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
 MAX_BATCH_SIZE_KEY = "default-max-batch-size"  # the one --backend-config setting conch applies
@@ -102,7 +103,8 @@ def _env(*names: str, parse: Callable[[str], Any] = str) -> dict[str, Any]:
 
 
 def default_http_workers(cpus: int | None) -> int:
-    """Gateway processes when ``--http-workers`` is not given: half the cores, 1 to 2."""
+    """Gateway processes when ``--http-workers`` is not given (and gRPC server processes
+    when ``--grpc-workers`` is not): half the cores, 1 to 2."""
     return min(2, max(1, (cpus or 1) // 2))
 
 
@@ -264,6 +266,14 @@ class Settings:
     # Triton's --grpc-infer-thread-count, with conch's default: each call holds its thread
     # while its request waits in the queue, so the pool bounds the calls in flight.
     grpc_infer_thread_count: int = 64
+    # gRPC server processes sharing the port (SO_REUSEPORT), as --http-workers for the
+    # gateway: grpcio's server is bound by its process's GIL (bench/README.md).
+    grpc_workers: int = field(default_factory=lambda: default_http_workers(os.cpu_count()))
+    # Set by ``conch grpc`` for the processes it starts when --grpc-workers > 1: they bind
+    # the port with SO_REUSEPORT, after it checked that the port was free.
+    grpc_shared_port: bool = field(
+        default=False, metadata=_env(GRPC_SHARED_PORT_ENV, parse=lambda text: _bool(text))
+    )
     # Triton's --grpc-restricted-protocol: as --http-restricted-api, with gRPC metadata
     # keys (GRPC_RESTRICTED_HEADER_PREFIX + key); a secret, so handed over in the environment.
     grpc_restricted_protocol: RestrictedApis = field(
@@ -748,6 +758,16 @@ FLAGS: tuple[Flag, ...] = (
         "calls (a stream counts as one) the gRPC server runs at once; each holds its "
         "thread while its request is queued (default 64; Triton's is 2)",
         type=int,
+    ),
+    Flag(
+        "--grpc-workers",
+        "grpc_workers",
+        GRPC_ROLES,
+        "gRPC server processes, sharing the port (SO_REUSEPORT); conch's own flag, Triton "
+        "has none (default: as --http-workers)",
+        type=int,
+        metavar="N",
+        read=lambda n: _at_least(n, 1, "--grpc-workers"),
     ),
     Flag(
         "--grpc-restricted-protocol",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 
 import grpc
@@ -91,3 +92,43 @@ def test_tls_names_the_missing_or_unreadable_file(tmp_path: Path):
         transport.credentials(
             Settings(grpc_use_ssl_mutual=True, grpc_server_key=str(key), grpc_server_cert=str(cert))
         )
+
+
+def test_grpc_workers_flag(tmp_path: Path):
+    """--grpc-workers N: at least 1, reaches the grpc child of serve; its processes share
+    the port (SO_REUSEPORT) only when the supervisor says so, through the environment."""
+    from conch.settings import GRPC_SHARED_PORT_ENV, Role
+
+    args = parser().parse_args(
+        ["serve", "--model-repository", str(tmp_path), "--grpc-workers", "3"]
+    )
+    s = Settings.from_args(args, environ={})
+    assert s.grpc_workers == 3 and "--grpc-workers" in s.to_args(Role.GRPC)
+    assert dict(transport.server_options(s))["grpc.so_reuseport"] == 0
+    shared = Settings.from_env({GRPC_SHARED_PORT_ENV: "1"})
+    assert dict(transport.server_options(shared))["grpc.so_reuseport"] == 1
+    with pytest.raises(ValueError, match="--grpc-workers"):
+        Settings.from_args(
+            parser().parse_args(
+                ["grpc", "--model-repository", str(tmp_path), "--grpc-workers", "0"]
+            ),
+            environ={},
+        )
+
+
+def test_vacant_port():
+    """A port no one listens on is handed back (0: one the kernel picks, for every address
+    it resolves to); a listened one, even with SO_REUSEPORT, stops the start."""
+    picked = transport.vacant_port("localhost", 0)
+    assert picked > 0 and transport.vacant_port("127.0.0.1", picked) == picked
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(
+            SystemExit, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"
+        ):
+            transport.vacant_port("127.0.0.1", port)
+        with pytest.raises(SystemExit, match="cannot listen on"):
+            transport.vacant_port("0.0.0.0", port)

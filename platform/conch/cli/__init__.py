@@ -3,7 +3,8 @@
 argv → ``Settings`` → one role. The flags of serve, gateway and worker, their defaults
 and the environment variables behind them are all in ``conch.settings``; this package
 only builds the parser from them and starts the role asked for: ``worker``,
-``gateway``, ``grpc`` and ``autoscale`` (``conch.autoscale``) here, ``serve``
+``gateway``, ``grpc`` (with ``--grpc-workers`` above 1, ``cli/grpc_workers.py``) and
+``autoscale`` (``conch.autoscale``) here, ``serve``
 (``cli/serve.py``) as the first three (the worker, or an autoscaler of workers) in child
 processes, plus ``batch``
 (``cli/batch.py``, a client of a running gateway), ``queue-depth`` (``cli/queue_depth.py``,
@@ -161,8 +162,13 @@ def gateway(settings: Settings) -> int:
 
 def grpc_server(settings: Settings) -> int:
     from conch.devtools import redis_server
-    from conch.frontend.grpc.server import run
 
     settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
+    if settings.grpc_workers > 1 and not settings.grpc_shared_port:
+        from conch.cli import grpc_workers
+
+        return grpc_workers.run(settings)
+    from conch.frontend.grpc.server import run
+
     run(settings)
     return 0

@@ -88,8 +88,11 @@ def run(settings: Settings) -> int:
             time.sleep(0.2)
     finally:
         # Each has --exit-timeout-secs to finish its work in flight; an autoscaler gives
-        # its workers that and a margin, so it gets a second margin.
-        margins = 2 if settings.workers else 1
+        # its workers that and a margin (as conch grpc does its --grpc-workers), so it
+        # gets a second margin.
+        margins = (
+            2 if settings.workers or (settings.allow_grpc and settings.grpc_workers > 1) else 1
+        )
         stop_processes(children, settings.exit_timeout_secs + margins * EXIT_MARGIN_S)
         if private is not None:
             private.stop()

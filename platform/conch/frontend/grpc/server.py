@@ -12,8 +12,9 @@ the worker.
 Measured (bench/README.md, "Issue 14: gRPC"; ``bench/grpc_floor.py``): grpcio's server
 costs about 0.3 ms of CPU per unary call before any work is done, most of it handing
 each call between threads, and its asyncio server as much; more processes sharing the
-port spread that cost over cores but do not lower it. So neither grpc.aio nor
-SO_REUSEPORT buys what their rewrites would cost, and the synchronous server stays: its
+port (``--grpc-workers``, SO_REUSEPORT: ``cli/grpc_workers.py``) spread that cost over
+cores but do not lower it. grpc.aio would not buy what its rewrite costs, and the
+synchronous server stays: its
 handler semantics (``add_callback`` on cancellation, blocking request iterators) are
 what the cancellation and stream code is written against. What conch's HTTP/1.1 path
 does on gevent, HTTP/2 framed by hand would do for gRPC (measured there at a tenth of
@@ -59,10 +60,17 @@ def build(settings: Settings) -> tuple[grpc.Server, int]:
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(inference), server)
+    if not settings.grpc_shared_port:  # a port in use: say why (grpcio's error does not)
+        transport.vacant_port(settings.grpc_address, settings.grpc_port)
     address = f"{settings.grpc_address}:{settings.grpc_port}"
-    port = (
-        server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls)
-    )
+    try:
+        port = (
+            server.add_insecure_port(address)
+            if tls is None
+            else server.add_secure_port(address, tls)
+        )
+    except RuntimeError:  # grpcio's "Failed to bind" (older ones answer 0)
+        port = 0
     if port == 0:
         raise SystemExit(f"conch grpc: cannot listen on {address}")
     return server, port

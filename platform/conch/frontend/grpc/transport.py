@@ -13,6 +13,7 @@ deflate, as core would pick them.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import grpc
@@ -36,7 +37,9 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
     options = [
         ("grpc.max_receive_message_length", settings.max_input_bytes),
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 0),  # a port in use is an error, not a second server
+        # A port in use is an error, not a second server; but for the processes of
+        # --grpc-workers, which share it once ``vacant_port`` found it free.
+        ("grpc.so_reuseport", int(settings.grpc_shared_port)),
         ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
         ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
@@ -54,6 +57,35 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.max_connection_age_grace_ms", settings.grpc_max_connection_age_grace_ms)
         )
     return options
+
+
+def vacant_port(address: str, port: int) -> int:
+    """``port``, once no process is found listening on ``address:port`` (a port the
+    kernel picks when 0); SystemExit otherwise. It binds the port as gRPC core does
+    (SO_REUSEADDR, not SO_REUSEPORT) and lets it go: processes that then share it with
+    SO_REUSEPORT would otherwise join any other listener that has that option on."""
+    try:
+        found = socket.getaddrinfo(
+            address.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise SystemExit(f"conch grpc: cannot listen on {address}:{port}: {exc.strerror}") from None
+    held: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, sockaddr in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # its IPv4 twin, if any, is checked on its own
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((sockaddr[0], port, *sockaddr[2:]))
+            port = port or sock.getsockname()[1]  # the rest bind the port picked first
+    except OSError as exc:
+        raise SystemExit(f"conch grpc: cannot listen on {address}:{port}: {exc.strerror}") from None
+    finally:
+        for sock in held:
+            sock.close()
+    return port
 
 
 def _pem(flag: str, path: str) -> bytes:
@@ -93,4 +125,5 @@ __all__ = [
     "credentials",
     "infer_compression",
     "server_options",
+    "vacant_port",
 ]
