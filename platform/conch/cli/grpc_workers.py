@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 
 from conch.autoscale.pool import EXIT_MARGIN_S, stop_processes
+from conch.cli.stop_signal import StopSignal
 from conch.frontend.grpc.transport import vacant_port
 from conch.settings import GRPC_SHARED_PORT_ENV, Role, Settings
 
@@ -33,14 +33,7 @@ def run(settings: Settings) -> int:
     argv = [sys.executable, "-m", "conch", Role.GRPC.value, *child.to_args(Role.GRPC)]
     # child_env carries the secret flags; the shared port has no flag, only its variable.
     env = {**os.environ, **child.child_env(Role.GRPC), GRPC_SHARED_PORT_ENV: "1"}
-    stopping = False
-
-    def _stop(_signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = StopSignal()
     children = [subprocess.Popen(argv, env=env) for _ in range(settings.grpc_workers)]
     log.info(
         "%d gRPC server processes on %s:%d: %s",
@@ -51,13 +44,13 @@ def run(settings: Settings) -> int:
     )
     code = 0
     try:
-        while not stopping:
+        while not stop.requested:
             for c in children:
                 if c.poll() is not None:
                     log.error(
                         "gRPC server process %d exited with %s; stopping", c.pid, c.returncode
                     )
-                    stopping, code = True, c.returncode or 1
+                    stop.requested, code = True, c.returncode or 1
                     break
             time.sleep(0.2)
     finally:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 
 from conch.autoscale.pool import EXIT_MARGIN_S, stop_processes
+from conch.cli.stop_signal import StopSignal
 from conch.settings import Role, Settings
 
 log = logging.getLogger("conch.serve")
@@ -70,21 +70,14 @@ def run(settings: Settings) -> int:
             settings.grpc_port,
         )
 
-    stopping = False
-
-    def _stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = StopSignal()
     code = 0
     try:
-        while not stopping:
+        while not stop.requested:
             for c in children:
                 if c.poll() is not None:
                     log.error("%s exited with %s; stopping", c.args[3], c.returncode)
-                    stopping, code = True, c.returncode or 1
+                    stop.requested, code = True, c.returncode or 1
             time.sleep(0.2)
     finally:
         # Each has --exit-timeout-secs to finish its work in flight; an autoscaler gives
