@@ -255,18 +255,26 @@ def start_gateway(
     return svc, url
 
 
-def start_serve(repo: Path, redis_url: str, log_dir: Path, *extra: str) -> tuple[Service, str, str]:
+def start_serve(
+    repo: Path,
+    redis_url: str | None,
+    log_dir: Path,
+    *extra: str,
+    name: str = "serve",
+    env: dict[str, str] | None = None,
+) -> tuple[Service, str, str]:
     """``conch serve`` (what ``make serve`` runs) on free loopback ports: the process, its
-    HTTP URL and its gRPC URL; not yet ready."""
+    HTTP URL and its gRPC URL; not yet ready. No ``redis_url``: serve finds or starts
+    its own Redis, as ``make serve`` does."""
     port, grpc_port = free_port(), free_port()
+    redis_args = ["--redis-url", redis_url] if redis_url else []
     svc = Service(
-        "serve",
+        name,
         conch(
             "serve",
             "--model-repository",
             str(repo),
-            "--redis-url",
-            redis_url,
+            *redis_args,
             "--http-address",
             "127.0.0.1",
             "--http-port",
@@ -282,6 +290,7 @@ def start_serve(repo: Path, redis_url: str, log_dir: Path, *extra: str) -> tuple
             *extra,
         ),
         log_dir,
+        env=env,
     )
     return svc, f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 

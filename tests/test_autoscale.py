@@ -30,13 +30,21 @@ from test_jobs import wait_done
 
 from conch.backends.completion import complete
 from conch.core.errors import Unavailable
-from conch.devtools.redis_server import free_port, start_private
+from conch.devtools.redis_server import start_private
 from conch.frontend.model_view import SCALED_TO_ZERO, ModelView
 from conch.settings import Settings
 from conch.wire import worker_reports
 from conch.wire.broker import JOBS_QUEUE, in_flight_key
 
-from harness import Service, conch, start_gateway, start_worker, wait_model_ready, wait_until
+from harness import (
+    Service,
+    conch,
+    start_gateway,
+    start_serve,
+    start_worker,
+    wait_model_ready,
+    wait_until,
+)
 
 SLEEP_S = 0.1  # what one request costs the model: a worker runs about 10 a second
 VISIBILITY_TIMEOUT_S = 30
@@ -214,22 +222,15 @@ def _serve_at_zero(
     repo: Path, db: str, log_dir: Path, maximum: int, env: dict[str, str] | None = None
 ) -> tuple[Service, str]:
     """``conch serve --workers 0:MAX`` (HTTP only), once ready; its URL."""
-    port, metrics_port = free_port(), free_port()
-    serve = Service(
-        "serve",
-        conch(
-            "serve",
-            *("--model-repository", str(repo), "--redis-url", db),
-            *("--http-address", "127.0.0.1", "--http-port", str(port)),
-            *("--metrics-port", str(metrics_port), "--http-workers", "1"),
-            "--allow-grpc=false",
-            *("--workers", f"0:{maximum}", "--scale-down-cooldown-secs", "2"),
-            *("--scale-poll-secs", "0.3"),
-        ),
+    serve, url, _ = start_serve(
+        repo,
+        db,
         log_dir,
-        env,
+        "--allow-grpc=false",
+        *("--workers", f"0:{maximum}", "--scale-down-cooldown-secs", "2"),
+        *("--scale-poll-secs", "0.3"),
+        env=env,
     )
-    url = f"127.0.0.1:{port}"
     try:
         wait_until(lambda: _ready(url), 60, "conch serve to be ready at zero workers", serve)
     except BaseException:

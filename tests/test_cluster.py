@@ -21,8 +21,6 @@ from conch.wire import worker_reports
 
 from harness import (
     ROOT,
-    Service,
-    conch,
     reference_mlp,
     run_perf_analyzer,
     start_gateway,
@@ -199,31 +197,14 @@ def test_conch_serve_starts_a_private_redis(
     model_repo: Path, log_dir: Path, tmp_path: Path
 ) -> None:
     """With no REDIS_URL and nothing on the default port, serve brings its own Redis."""
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     # Point the local probe at a port where nothing listens (6379 may be taken here).
     env["CONCH_LOCAL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
-    serve = Service(
-        "serve-private",
-        conch(
-            "serve",
-            "--model-repository",
-            str(model_repo),
-            "--http-address",
-            "127.0.0.1",
-            "--http-port",
-            str(port),
-            "--http-workers",
-            "1",
-            "--metrics-port",
-            str(free_port()),
-            "--allow-grpc=false",
-        ),
-        log_dir,
-        env=env,
+    serve, url, _ = start_serve(
+        model_repo, None, log_dir, "--allow-grpc=false", name="serve-private", env=env
     )
     try:
-        wait_model_ready(f"127.0.0.1:{port}", "mlp", 90, serve)
+        wait_model_ready(url, "mlp", 90, serve)
         assert "private redis-server" in serve.log()
         # ...which the worker and gateway on this host reach over its Unix socket.
         assert "broker: unix://" in serve.log()
