@@ -8,14 +8,19 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format bench install redis-server perf-analyzer mlserver triton clean
+.PHONY: serve test lint format bench install functions redis-server perf-analyzer mlserver triton clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,functions]'
 	@touch $@
+
+# The build outputs of the shipped repository that are not committed: text_embedding's ONNX
+# encoder and tokenizer, from the packaged all-MiniLM-L6-v2 (a no-op when up to date).
+functions: $(STAMP)
+	@$(BIN)/python functions/build_text_embedding.py
 
 # Debian's redis-server, installed only when it is missing.
 redis-server:
@@ -29,12 +34,12 @@ perf-analyzer:
 
 # Serve functions/ on http://127.0.0.1:$(HTTP_PORT) and gRPC 127.0.0.1:$(GRPC_PORT): uses $$REDIS_URL, else a Redis answering
 # on 127.0.0.1:6379, else starts a private redis-server (installing it if needed).
-serve: $(STAMP)
+serve: $(STAMP) functions
 	@if [ -z "$$REDIS_URL" ] && ! $(BIN)/python -c 'import sys; from conch.devtools.redis_server import answers; from conch.settings import Settings; sys.exit(not answers(Settings.from_env().local_redis_url))'; then \
 	  $(MAKE) --no-print-directory redis-server; fi
 	$(BIN)/conch serve --model-repository functions --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT)
 
-test: $(STAMP) redis-server
+test: $(STAMP) functions redis-server
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
