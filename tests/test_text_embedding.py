@@ -165,7 +165,8 @@ def test_text_that_is_not_utf8_fails_its_own_request_only(stack: str, reference)
 
 def test_an_async_job_answers_what_infer_answers(stack: str, reference) -> None:
     job = submit(stack, "text_embedding", [_text_input(httpclient.InferInput, SENTENCES)])
-    assert wait_done(stack, job, timeout=60)["status"] == "SUCCESS"
+    status = wait_done(stack, job, timeout=60)
+    assert status["status"] == "SUCCESS", str(status)
     assert_agrees(result(stack, job).as_numpy("EMBEDDING"), reference)
 
 
