@@ -107,15 +107,27 @@ def test_make_wheelhouse_for_this_python_installs_conch_offline(tmp_path: Path) 
     assert set(got) <= set(pinned)
 
 
-def test_python_312_gets_only_wheels_python_312_installs(tmp_path: Path) -> None:
+def test_python_312_with_the_gpu_extra_gets_only_wheels_python_312_installs(tmp_path: Path) -> None:
     dest = tmp_path / "wh312"
     # torch for 3.12 is PyPI's multi-GB CUDA build: left out (as for a target that has it),
-    # and gunicorn_h1c, which needs a Python 3.12 to build.
-    done = wheelhouse("--dest", str(dest), "--python", "3.12", "--exclude", "torch,gunicorn_h1c")
+    # and so are gunicorn_h1c, which needs a Python 3.12 to build, and tensorrt, whose
+    # libraries are on NVIDIA's index only.
+    done = wheelhouse(
+        *("--dest", str(dest), "--python", "3.12", "--extras", "gpu"),
+        *("--exclude", "torch,gunicorn_h1c,tensorrt"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "for Python 3.12 on manylinux_2_28_x86_64" in done.stdout
-    assert "left out (the target has them): gunicorn-h1c, torch" in done.stdout
-    assert "python3.12 -m venv conch-venv" in done.stdout
+    assert "left out (the target has them): gunicorn-h1c, tensorrt, torch" in done.stdout
+    # The gpu extra: onnxruntime-gpu's files go back over conch's onnxruntime, last.
+    gpu = pins(dest)["onnxruntime-gpu"]
+    assert done.stdout.rstrip().splitlines()[-4:] == [
+        "  python3.12 -m venv conch-venv",
+        "  conch-venv/bin/pip install --no-index --find-links wh312 -r wh312/requirements.txt",
+        "  conch-venv/bin/pip uninstall -y onnxruntime",
+        "  conch-venv/bin/pip install --no-index --find-links wh312 --force-reinstall --no-deps "
+        f"onnxruntime-gpu=={gpu}",
+    ]
 
     supported = {
         *cpython_tags((3, 12), platforms=MANYLINUX_X86_64),
@@ -127,12 +139,12 @@ def test_python_312_gets_only_wheels_python_312_installs(tmp_path: Path) -> None
     for wheel in wheels:
         name, _, _, tags = parse_wheel_filename(wheel.name)
         assert tags & supported, wheel.name
-        assert name not in ("torch", "gunicorn-h1c")
+        assert name not in ("torch", "gunicorn-h1c", "tensorrt")
         interpreters |= {t.interpreter for t in tags}
     assert "cp312" in interpreters and "cp311" not in interpreters
 
     # Every pin comes from the folder alone for a CPython 3.12 (pip download checks tags and
-    # Requires-Python for the target; each pin on its own: torch and gunicorn_h1c, left
+    # Requires-Python for the target; each pin on its own: torch, gunicorn_h1c and tensorrt, left
     # out, are the target's).
     again = tmp_path / "again"
     subprocess.run(
