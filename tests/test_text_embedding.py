@@ -228,7 +228,7 @@ def test_the_readme_example_runs(stack: str) -> None:
     section = readme.split("## A real model: `text_embedding`", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     printed: list = []
-    exec(  # noqa: S102 - the README's own example
+    exec(  # the README's own example
         compile(code.replace("127.0.0.1:8000", stack), "README.md", "exec"),
         {"print": printed.append},
     )
