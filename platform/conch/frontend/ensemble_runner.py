@@ -8,7 +8,8 @@ its model), and the outer request's deadline bounds them all.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from conch.core import validation
@@ -26,6 +27,8 @@ from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
 from conch.frontend.producer import Abandonment, Dispatcher, Pending
+from conch.frontend.response_cache import ResponseCache
+from conch.wire.messages import Reply, WireTensor
 
 
 class StepCall(Protocol):
@@ -45,11 +48,18 @@ StepRunner = Callable[[Step, dict[str, Tensor], list[str]], StepCall]
 
 
 class _Queued:
-    """A step sent to its model's queue (withdrawn from it if the caller goes away)."""
+    """A step sent to its model's queue (withdrawn from it if the caller goes away);
+    ``answered`` sees its successful reply (the response cache stores it)."""
 
-    def __init__(self, pending: Pending, abandonment: Abandonment | None) -> None:
+    def __init__(
+        self,
+        pending: Pending,
+        abandonment: Abandonment | None,
+        answered: Callable[[Reply], None] | None = None,
+    ) -> None:
         self.pending = pending
         self.abandonment = abandonment
+        self.answered = answered
         if abandonment is not None:
             abandonment.watch(pending)
 
@@ -60,7 +70,9 @@ class _Queued:
             self._done()
         if reply.error is not None:
             raise reply.error
-        return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
+        if self.answered is not None:
+            self.answered(reply)
+        return _tensors(reply.outputs or ())
 
     def cancel(self) -> None:
         self.pending.cancel()
@@ -69,6 +81,10 @@ class _Queued:
     def _done(self) -> None:
         if self.abandonment is not None:
             self.abandonment.done(self.pending)
+
+
+def _tensors(outputs: Iterable[WireTensor]) -> dict[str, Tensor]:
+    return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in outputs}
 
 
 class _Done:
@@ -165,6 +181,7 @@ def execute(
     check: Callable[[str], None] | None = None,
     abandonment: Abandonment | None = None,
     depth: int = 0,
+    cache: ResponseCache | None = None,
 ) -> dict[str, Tensor]:
     """Run the graph with every step a request on its model's queue.
 
@@ -174,7 +191,8 @@ def execute(
     BLS's cycle check). The gateway and BLS both run ensembles through here.
     Through ``abandonment`` a caller that went away (a cancelled gRPC call) stops the
     graph, as Triton checks between steps: its steps still queued are withdrawn, and
-    no later step is sent.
+    no later step is sent. With a ``cache`` (the gateway's), a step whose model enables
+    the response cache is looked up first and, on a hit, never sent.
     """
     if depth > MAX_DEPTH:
         raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
@@ -211,13 +229,26 @@ def execute(
                 check=check,
                 abandonment=abandonment,
                 depth=depth + 1,
+                cache=cache,
             )
             return _Done(result)
         call = calls.build(to, request, caller=caller)
+        answered = None
+        if cache is not None and cache.applies(to.entry.config):
+            since, msg = time.perf_counter_ns(), call.msg
+            lookup = cache.lookup(step.model, to.version, msg.inputs, msg.outputs, msg.params)
+            if lookup.found is not None:
+                cache.hit(lookup, since)
+                return _Done(_tensors(lookup.found[1]))
+
+            def answered(reply: Reply) -> None:
+                ran = reply.version if reply.version > 0 else call.version
+                cache.store_answer(lookup, ran, reply.outputs or ())
+
         pending = dispatcher.submit(
             call.msg, max_queue_size=call.max_queue_size, version=call.version
         )
-        return _Queued(pending, abandonment)
+        return _Queued(pending, abandonment, answered)
 
     return run(entry, inputs, wanted, start, config_of)
 
