@@ -95,6 +95,7 @@ class ModelMetrics:
     counters: dict[int, dict[str, int]]  # version -> statistics counters
     ready: list[int]  # versions a live worker reports READY
     work: ModelWork | None  # waiting in its queue and in flight; None: an ensemble's
+    cached: bool = False  # the frontends keep a response cache and the model uses it
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -192,6 +193,7 @@ class DataPlane:
                     {v: recorded.get(v, {}) for v in sorted({*entry.versions, *recorded})},
                     [int(v) for v, st in versions.items() if st == worker_reports.READY],
                     work.get(name),
+                    self.cache is not None and self.cache.applies(entry.config),
                 )
             )
         return out
