@@ -24,7 +24,13 @@ from conch.core.backend_table import (
 )
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
-from conch.core.model_config import config_to_json, json_to_config, new_config, parse_config
+from conch.core.model_config import (
+    config_to_json,
+    json_to_config,
+    new_config,
+    parse_config,
+    response_cache_problem,
+)
 from conch.core.model_spec import InstanceSpec, ModelSpec
 from conch.core.repository_keys import VERSION_NAME, is_model_name, model_name_problem
 
@@ -494,6 +500,9 @@ def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:
 
 
 def _validate(cfg: Any, where: str) -> None:
+    problem = response_cache_problem(cfg)
+    if problem:
+        raise ModelLoadError(f"{where}: {problem}")
     if cfg.max_batch_size < 0:
         raise ModelLoadError(
             f"{where}: field max_batch_size must be >= 0, got {cfg.max_batch_size}"

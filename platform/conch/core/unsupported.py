@@ -108,12 +108,6 @@ FEATURES: tuple[Feature, ...] = (
         _has("model_repository_agents"),
     ),
     Feature(
-        "response_cache",
-        Action.WARN,
-        "conch has no response cache yet: every request runs the model (results are the same)",
-        lambda cfg: cfg.HasField("response_cache") and cfg.response_cache.enable,
-    ),
-    Feature(
         "instance_group.rate_limiter",
         Action.WARN,
         "conch has no rate limiter (nor does Triton unless started with "

@@ -19,6 +19,7 @@ so whatever its body holds, as Triton answers.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from conch.core.repository_keys import model_name_problem
 from conch.frontend import batch_job, calls, ensemble_jobs, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher
+from conch.frontend.response_cache import ResponseCache
 from conch.settings import Settings
 from conch.wire import job_store, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
@@ -91,6 +93,7 @@ class ModelMetrics:
     counters: dict[int, dict[str, int]]  # version -> statistics counters
     ready: list[int]  # versions a live worker reports READY
     work: ModelWork | None  # waiting in its queue and in flight; None: an ensemble's
+    cached: bool = False  # the frontends keep a response cache and the model uses it
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -102,10 +105,17 @@ class ModelMetrics:
 class DataPlane:
     """Triton's v2 operations, for any frontend (see the module docstring)."""
 
-    def __init__(self, settings: Settings, view: ModelView, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        view: ModelView,
+        dispatcher: Dispatcher,
+        cache: ResponseCache | None = None,
+    ) -> None:
         self.settings = settings
         self.view = view
         self.dispatcher = dispatcher
+        self.cache = cache  # --cache-config's; None: no model is cached
         self._client = dispatcher.client
 
     # -- health and metadata -----------------------------------------------------------
@@ -181,6 +191,7 @@ class DataPlane:
                     {v: recorded.get(v, {}) for v in sorted({*entry.versions, *recorded})},
                     [int(v) for v, st in versions.items() if st == worker_reports.READY],
                     work.get(name),
+                    self.cache is not None and self.cache.applies(entry.config),
                 )
             )
         return out
@@ -274,22 +285,53 @@ class DataPlane:
         """
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
         call = self._prepare(to, request, calls.Lane.ONLINE, caller)
+        cache = self.cache
+        if cache is not None and cache.applies(to.entry.config):
+            return self._infer_cached(cache, to, request, call, abandonment)
+        version, results = self._run(to, request, call, abandonment)
+        return self._outcome(to.entry, request, version, results)
+
+    def _run(
+        self,
+        to: calls.Target,
+        request: InferRequest,
+        call: calls.Call,
+        abandonment: Abandonment | None,
+    ) -> tuple[int, list[WireTensor]]:
+        """Queue the call (or run the ensemble's graph): the version that ran, and the outputs."""
         entry, msg = to.entry, call.msg
         if entry.backend == ensemble_graph.ENSEMBLE:
-            version = call.version
-            results = self._run_ensemble(entry, request, msg, version, abandonment)
+            return call.version, self._run_ensemble(entry, request, msg, call.version, abandonment)
+        reply = self.dispatcher.call(
+            msg,
+            max_queue_size=call.max_queue_size,
+            version=call.version,
+            abandonment=abandonment,
+        )
+        if reply.error is not None:
+            raise reply.error
+        return reply.version if reply.version > 0 else call.version, list(reply.outputs or ())
+
+    def _infer_cached(
+        self,
+        cache: ResponseCache,
+        to: calls.Target,
+        request: InferRequest,
+        call: calls.Call,
+        abandonment: Abandonment | None,
+    ) -> InferOutcome:
+        """``infer`` for a model that uses the response cache: a hit is answered here,
+        never queued; a miss runs, and its answer is stored (``frontend.response_cache``)."""
+        since = time.perf_counter_ns()
+        msg = call.msg
+        lookup = cache.lookup(to.entry.name, to.version, msg.inputs, msg.outputs, msg.params)
+        if lookup.found is not None:
+            version, results = lookup.found
+            cache.hit(lookup, since)
         else:
-            reply = self.dispatcher.call(
-                msg,
-                max_queue_size=call.max_queue_size,
-                version=call.version,
-                abandonment=abandonment,
-            )
-            if reply.error is not None:
-                raise reply.error
-            results = list(reply.outputs or ())
-            version = reply.version if reply.version > 0 else call.version
-        return self._outcome(entry, request, version, results)
+            version, results = self._run(to, request, call, abandonment)
+            cache.store_answer(lookup, version, results)
+        return self._outcome(to.entry, request, version, results)
 
     def _prepare(
         self,
@@ -329,6 +371,7 @@ class DataPlane:
             dispatcher=self.dispatcher,
             check=self.view.check_available,
             abandonment=abandonment,
+            cache=self.cache,
         )
         return [(name, *produced[name]) for name in msg.outputs]
 

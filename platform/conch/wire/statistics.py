@@ -39,6 +39,7 @@ BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
 # Triton's failure reasons (``nv_inference_request_failure``'s ``reason`` label).
 REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+CACHE_ERRORS = "cache_error.count"  # conch's: response cache calls that failed (a miss each)
 
 
 # KEYS: the model's hash. ARGV: version, last-inference ms (0: leave it), then field/amount
@@ -160,6 +161,42 @@ def _add(
     pipe.eval(_RECORD_LUA, 1, key(model), *args)
 
 
+def record_cache_hit(
+    client: redis.Redis, model: str, version: int, took_ns: int, hit_ns: int
+) -> None:
+    """Count a request the gateway answered from the response cache, as Triton does: a
+    success (``took_ns`` from arrival to answer) with its queue and compute counts but
+    none of their time, no inference and no execution; ``cache_hit`` holds the lookup
+    and extraction (``hit_ns``)."""
+    increments = {
+        "success.count": 1,
+        "success.ns": took_ns,
+        **{f"{phase}.count": 1 for phase in ("queue", *BATCH_PHASES)},
+        "cache_hit.count": 1,
+        "cache_hit.ns": hit_ns,
+    }
+    pipe = client.pipeline(transaction=False)
+    _add(pipe, model, version, 0, increments)
+    pipe.execute()
+
+
+def record_cache_miss(
+    client: redis.Redis, model: str, version: int, miss_ns: int, *, errors: int = 0
+) -> None:
+    """Count a request the cache did not answer (its worker counted the rest): the lookup
+    and insertion (``miss_ns``), which Triton also adds to the request's duration; and
+    ``errors`` (conch's ``cache_error``): cache calls that failed, each taken as a miss."""
+    increments = {
+        "success.ns": miss_ns,
+        "cache_miss.count": 1,
+        "cache_miss.ns": miss_ns,
+        CACHE_ERRORS: errors,
+    }
+    pipe = client.pipeline(transaction=False)
+    _add(pipe, model, version, 0, increments)
+    pipe.execute()
+
+
 def record_now(client: redis.Redis, model: str, run: Execution) -> None:
     """Record ``run`` in a round trip of its own (what the gateway runs: ensembles)."""
     pipe = client.pipeline(transaction=False)
@@ -215,6 +252,7 @@ def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, 
 
 __all__ = [
     "BACKEND",
+    "CACHE_ERRORS",
     "CANCELED",
     "FAILURE_REASONS",
     "OTHER",
@@ -226,6 +264,8 @@ __all__ = [
     "model_stats",
     "read",
     "record",
+    "record_cache_hit",
+    "record_cache_miss",
     "record_failure",
     "record_failures",
     "record_now",
