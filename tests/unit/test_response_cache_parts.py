@@ -186,3 +186,28 @@ def test_two_stores_on_one_redis_share_entries_and_one_bound(cache_redis: redis.
     assert second.get("a") == b"x" * 60
     second.put("b", b"x" * 60)
     assert first.get("a") is None and first.held_bytes() == 60
+
+
+def test_the_tally_adds_counters_up_and_writes_them_in_one_flush(cache_redis) -> None:
+    """A cache hit makes no Redis call of its own: the process's counters are added up
+    and written together, and kept when Redis refuses them."""
+    from conch.wire import statistics
+
+    cache_redis.delete(statistics.key("m"))
+    tally = statistics.Tally(cache_redis, period_s=3600)  # only explicit flushes here
+    for _ in range(3):
+        tally.add("m", 1, statistics.cache_hit_counts(1_000, 100))
+    tally.add("m", 1, statistics.cache_miss_counts(500))
+    assert statistics.read(cache_redis, "m") == {}  # nothing written yet
+    tally.flush()
+    counts = statistics.read(cache_redis, "m")[1]
+    assert (counts["cache_hit.count"], counts["cache_hit.ns"]) == (3, 300)
+    assert (counts["cache_miss.count"], counts["success.count"]) == (1, 3)
+    assert counts["success.ns"] == 3_500
+    broken = statistics.Tally(redis.Redis(port=1, socket_connect_timeout=0.2), period_s=3600)
+    broken.add("m", 1, statistics.cache_hit_counts(1, 1))
+    with pytest.raises(redis.RedisError):
+        broken.flush()
+    broken.client = cache_redis  # Redis is back: what was refused is written now
+    broken.flush()
+    assert statistics.read(cache_redis, "m")[1]["cache_hit.count"] == 4

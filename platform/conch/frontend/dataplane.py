@@ -163,6 +163,8 @@ class DataPlane:
         else:
             entry = view.serving(model)
             wanted = {model: [entry.resolve_version(version)] if version else entry.versions}
+        if self.cache is not None:
+            self.cache.flush()  # this process's cache counters, before they are read
         out = []
         for name, versions in wanted.items():
             counters = statistics.read(self._client, name)
@@ -181,6 +183,8 @@ class DataPlane:
         work = work_owed(
             self._client, [n for n, e in served if e.backend != ensemble_graph.ENSEMBLE]
         )
+        if self.cache is not None:
+            self.cache.flush()
         out = []
         for name, entry in served:
             recorded = statistics.read(self._client, name)

@@ -152,8 +152,15 @@ class ResponseCache:
 
     def __init__(self, store: Store, stats: redis.Redis, description: str) -> None:
         self.store = store
-        self.stats = stats
+        self.stats = statistics.Tally(stats)  # a hit makes no Redis call of its own
         self.description = description
+
+    def flush(self) -> None:
+        """Write the counters this process has added up (before it reads statistics)."""
+        try:
+            self.stats.flush()
+        except redis.RedisError as exc:
+            log.warning("response cache: statistics not written yet: %s", exc)
 
     @staticmethod
     def applies(config: Any) -> bool:
@@ -182,11 +189,9 @@ class ResponseCache:
 
     def hit(self, lookup: Lookup, since_ns: int) -> None:
         """Count a hit: the request took from ``since_ns`` (perf_counter) until now."""
-        self._count(
-            statistics.record_cache_hit,
-            lookup,
-            time.perf_counter_ns() - since_ns,
-            lookup.took_ns,
+        took = time.perf_counter_ns() - since_ns
+        self.stats.add(
+            lookup.model, lookup.version, statistics.cache_hit_counts(took, lookup.took_ns)
         )
 
     def store_answer(self, lookup: Lookup, version: int, outputs: Sequence[WireTensor]) -> None:
@@ -201,15 +206,8 @@ class ResponseCache:
                 errors += 1
                 log.warning("response cache: insert for model '%s' failed: %s", lookup.model, exc)
         took = lookup.took_ns + time.perf_counter_ns() - start
-        self._count(statistics.record_cache_miss, lookup, took, errors=errors)
-
-    def _count(self, record: Any, lookup: Lookup, *args: Any, **kwargs: Any) -> None:
-        try:
-            record(self.stats, lookup.model, lookup.version, *args, **kwargs)
-        except redis.RedisError as exc:  # the answer stands; its counters are lost
-            log.warning(
-                "response cache: statistics of model '%s' not written: %s", lookup.model, exc
-            )
+        counts = statistics.cache_miss_counts(took, errors=errors)
+        self.stats.add(lookup.model, lookup.version, counts)
 
 
 def open_cache(config: CacheConfig | None, stats: redis.Redis) -> ResponseCache | None:
