@@ -1224,7 +1224,10 @@ def main(argv: list[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 2
     if args.gpu_check:
-        print(f"GPU: {inprocess.gpu_name()}; TensorRT: {no_trt or 'runs'}")
+        if args.rehearse:
+            print("GPU: none needed (--rehearse runs everything on the CPU)")
+        else:
+            print(f"GPU: {inprocess.gpu_name()}; TensorRT: {no_trt or 'runs'}")
         return 0
     # Ctrl-C raises KeyboardInterrupt even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
