@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,14 @@ import tritonclient.http as httpclient
 from test_jobs import result, submit, wait_done
 from test_offline import put_jsonl, read_jsonl, submit_batch
 
+from conch.backends.onnxruntime import gpu_available
+
 from harness import ROOT, fresh_db, serving, start_grpc, wait_grpc_model_ready, wait_until
+
+# Whether a KIND_GPU encoder loads here (and why not), and the database its test serves
+# from: its own, since the module's CPU stack serves the same model names meanwhile.
+GPU = gpu_available()
+GPU_DB = 8
 
 FUNCTIONS = ROOT / "functions"
 STEPS = ("text_embedding_tokenizer", "text_embedding_encoder", "text_embedding_pooling")
@@ -235,3 +243,29 @@ def test_the_readme_example_runs(stack: str) -> None:
     similarities, shape = printed
     assert shape == (2, 384)
     np.testing.assert_allclose(np.diag(similarities), 1.0, atol=1e-5)
+
+
+def _repository_on(kind: str, root: Path) -> Path:
+    """functions/' text_embedding models under ``root``, the encoder one ``kind`` instance."""
+    for model in MODELS:
+        shutil.copytree(FUNCTIONS / model, root / model)
+    config = root / STEPS[1] / "config.pbtxt"
+    text = config.read_text()
+    assert "kind: KIND_CPU" in text
+    config.write_text(text.replace("kind: KIND_CPU", kind))
+    return root
+
+
+@pytest.mark.skipif(not GPU[0], reason=f"text_embedding's KIND_GPU encoder needs a GPU: {GPU[1]}")
+def test_served_with_its_encoder_on_a_gpu_it_matches_sentence_transformers(
+    redis_url: str, log_dir: Path, tmp_path: Path, reference
+) -> None:
+    """KIND_GPU encoder: onnxruntime's CUDA provider (TF32 matrix products on Ampere and
+    later) must still agree with sentence-transformers to a cosine of 0.999."""
+    repo = _repository_on("kind: KIND_GPU gpus: [ 0 ]", tmp_path / "models")
+    with serving(repo, fresh_db(redis_url, GPU_DB), log_dir, MODELS) as (url, _, _):
+        client = httpclient.InferenceServerClient(url)
+        got = client.infer("text_embedding", [_text_input(httpclient.InferInput, SENTENCES)])
+        assert_agrees(got.as_numpy("EMBEDDING"), reference)
+        one = client.infer("text_embedding", [_text_input(httpclient.InferInput, SENTENCES[:1])])
+        assert_agrees(one.as_numpy("EMBEDDING"), reference[:1])
