@@ -26,7 +26,16 @@ from test_offline import put_jsonl, read_jsonl, submit_batch
 
 from conch.backends.onnxruntime import gpu_available
 
-from harness import ROOT, fresh_db, serving, start_grpc, wait_grpc_model_ready, wait_until
+from harness import (
+    ROOT,
+    fresh_db,
+    serving,
+    start_gateway,
+    start_grpc,
+    wait_grpc_model_ready,
+    wait_model_ready,
+    wait_until,
+)
 
 # Whether a KIND_GPU encoder loads here (and why not), and the database its test serves
 # from: its own, since the module's CPU stack serves the same model names meanwhile.
@@ -269,3 +278,32 @@ def test_served_with_its_encoder_on_a_gpu_it_matches_sentence_transformers(
         assert_agrees(got.as_numpy("EMBEDDING"), reference)
         one = client.infer("text_embedding", [_text_input(httpclient.InferInput, SENTENCES[:1])])
         assert_agrees(one.as_numpy("EMBEDDING"), reference[:1])
+
+
+def test_with_a_response_cache_a_text_embedded_before_runs_no_step(
+    stack: str, db: str, log_dir: Path, reference
+) -> None:
+    """text_embedding enables the response cache: behind a gateway with --cache-config,
+    the second request for the same texts is answered whole from the cache."""
+    gateway, url = start_gateway(FUNCTIONS, db, log_dir, "--cache-config", "local,size=1048576")
+    try:
+        wait_model_ready(url, "text_embedding", 60, gateway)
+        client = httpclient.InferenceServerClient(url)
+
+        def counts() -> tuple[int, int, int]:
+            ens = client.get_inference_statistics("text_embedding")["model_stats"][0]
+            enc = client.get_inference_statistics(STEPS[1])["model_stats"][0]
+            stats = ens["inference_stats"]
+            return stats["cache_hit"]["count"], stats["cache_miss"]["count"], enc["execution_count"]
+
+        hits, misses, runs = counts()
+        texts = [_text_input(httpclient.InferInput, SENTENCES[:3])]
+        first = client.infer("text_embedding", texts).as_numpy("EMBEDDING")
+        again = client.infer("text_embedding", texts).as_numpy("EMBEDDING")
+        np.testing.assert_array_equal(again, first)
+        assert_agrees(again, reference[:3])
+        after = counts()
+        assert after[:2] == (hits + 1, misses + 1)
+        assert after[2] == runs + 1  # the encoder ran for the first request only
+    finally:
+        gateway.stop()
