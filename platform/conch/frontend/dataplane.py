@@ -38,6 +38,7 @@ from conch.frontend import batch_job, calls, ensemble_jobs, ensemble_runner, mod
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher
 from conch.frontend.response_cache import ResponseCache
+from conch.frontend.sequence_route import SequenceRoute
 from conch.settings import Settings
 from conch.wire import job_store, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
@@ -117,6 +118,7 @@ class DataPlane:
         self.dispatcher = dispatcher
         self.cache = cache  # --cache-config's; None: no model is cached
         self._client = dispatcher.client
+        self.sequences = SequenceRoute(self._client)  # sequence models' mailboxes
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -306,11 +308,13 @@ class DataPlane:
         entry, msg = to.entry, call.msg
         if entry.backend == ensemble_graph.ENSEMBLE:
             return call.version, self._run_ensemble(entry, request, msg, call.version, abandonment)
+        spec = self.sequences.spec(entry.config) if msg.sequence is not None else None
         reply = self.dispatcher.call(
             msg,
             max_queue_size=call.max_queue_size,
             version=call.version,
             abandonment=abandonment,
+            route=None if spec is None else self.sequences.route(spec),
         )
         if reply.error is not None:
             raise reply.error
@@ -345,15 +349,21 @@ class DataPlane:
         caller: calls.Caller = calls.CLIENT,
     ) -> calls.Call:
         """Every 4xx about the request is raised here, before anything is queued."""
-        validation.validate_request(request, to.entry.config, model_name=to.entry.name)
-        self.view.check_available(to.entry.name)
-        return calls.build(
+        entry = to.entry
+        validation.validate_request(request, entry.config, model_name=entry.name)
+        spec = self.sequences.spec(entry.config)
+        if spec is not None and lane is not calls.Lane.ONLINE:
+            raise self.sequences.refuse_job(entry.name)
+        self.view.check_available(entry.name)
+        call = calls.build(
             to,
             request,
             lane=lane,
             caller=caller,
             default_timeout_s=self.settings.request_timeout_s,
         )
+        self.sequences.mark(spec, entry.name, request.parameters, call.msg)
+        return call
 
     def _run_ensemble(
         self,
@@ -442,6 +452,8 @@ class DataPlane:
         entry = self.view.serving(model)
         if version:
             entry.resolve_version(version)
+        if self.sequences.spec(entry.config) is not None:
+            raise self.sequences.refuse_job(model)
         record = batch_job.submit(
             self._client, entry, version, source, target, self.settings.job_ttl_s
         )
