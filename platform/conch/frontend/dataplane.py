@@ -362,7 +362,10 @@ class DataPlane:
             caller=caller,
             default_timeout_s=self.settings.request_timeout_s,
         )
-        self.sequences.mark(spec, entry.name, request.parameters, call.msg)
+        rows = (
+            request.inputs[0].shape[0] if entry.config.max_batch_size > 0 and request.inputs else 1
+        )
+        self.sequences.mark(spec, entry.name, request, rows, call.msg)
         return call
 
     def _run_ensemble(

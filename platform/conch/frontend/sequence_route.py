@@ -16,7 +16,13 @@ from typing import Any
 import redis
 
 from conch.core.errors import InvalidArgument
-from conch.core.sequence import SequenceSpec, check_request, not_started_error
+from conch.core.sequence import (
+    SequenceKey,
+    SequenceSpec,
+    check_request,
+    not_started_error,
+    sequence_params,
+)
 from conch.wire import broker, sequences
 from conch.wire.messages import InferMessage
 
@@ -39,12 +45,18 @@ class SequenceRoute:
 
     @staticmethod
     def mark(
-        spec: SequenceSpec | None, model: str, params: dict[str, Any], msg: InferMessage
+        spec: SequenceSpec | None, model: str, request: Any, batch_size: int, msg: InferMessage
     ) -> None:
-        """Check the request's sequence parameters against its model (a sequence model's
-        request without an id is refused here) and put them on its message."""
-        seq = check_request(spec, model, params)
-        msg.sequence = seq if spec is not None else None
+        """Check the request's sequence parameters against its model with Triton's errors
+        (a sequence model's request without an id, or of more than one row) and put the
+        sequence on its message."""
+        key = check_request(
+            spec, model, request.parameters, batch_size=batch_size, request_id=request.id
+        )
+        if spec is None or key is None:
+            return
+        _, start, end = sequence_params(request.parameters)
+        msg.sequence = (key.value, start, end)
 
     def route(self, spec: SequenceSpec) -> Callable[[InferMessage], None]:
         """What ``Dispatcher.submit`` sends the message with: its sequence's mailbox."""
@@ -63,7 +75,7 @@ class SequenceRoute:
             if not self.publisher.publish(
                 msg.model, seq_id, raw, start=start, now=time.time(), ttl_s=ttl
             ):
-                raise not_started_error(msg.model, seq_id)
+                raise not_started_error(msg.model, SequenceKey(seq_id))
 
         return publish
 

@@ -291,8 +291,7 @@ class ModelHost:
         specs: list[Any],
     ) -> list[SequenceBatcher]:
         """A sequence model's instances: each a slot of sequences (``sequence_batcher``)."""
-        latest = entry.spec(max(versions))
-        initial = seq.initial_state(latest.version_dir)
+        initial = seq.initial_state(entry.path)
         return [
             SequenceBatcher(
                 client=self.client,

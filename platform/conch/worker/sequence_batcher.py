@@ -34,17 +34,12 @@ from conch.backends import Backend, BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable
 from conch.core.model_config import output_types
-from conch.core.sequence import (
-    RowControl,
-    SequenceSpec,
-    control_tensors,
-    pack_state,
-    unpack_state,
-)
+from conch.core.sequence import READY, RowControl, SequenceSpec, control_tensors
 from conch.wire import outage, sequences, statistics
 from conch.wire.broker import WAKE_CAP, decode
 from conch.wire.keys import WORKER_PREFIX
 from conch.wire.messages import REPLY_TTL_S, BadMessage, InferMessage, Reply
+from conch.wire.sequence_state import pack_state, unpack_state
 from conch.worker.drain import REDIS_TICK_S, dead_letter
 
 log = logging.getLogger(__name__)
@@ -132,6 +127,7 @@ class Held:
 
     token: str
     seq_id: int | str
+    slot: int = 0  # Direct: the batch row it owns
     state: dict[str, np.ndarray] | None = None  # after the last committed step
     lost: str = ""  # why its state could not follow it here ("" when it did)
 
@@ -170,7 +166,7 @@ class SequenceBatcher(threading.Thread):
         self.backends = backends
         self.spec = spec
         self.max_rows = max(1, max_batch_size)
-        self.capacity = spec.capacity(max_batch_size)
+        self.capacity = spec.slots
         self.worker_id = worker_id
         self.me = f"{worker_id}/{slot}"
         self.initial_state = initial_state
@@ -180,6 +176,7 @@ class SequenceBatcher(threading.Thread):
             output_types(next(iter(backends.values())).spec.config) if backends else {}
         )
         self.state_outputs = {s.output_name: s.input_name for s in spec.states}
+        self._ready = spec.control(READY) is not None
         self.held: dict[str, Held] = {}
         self.stopping = threading.Event()
         self._claim = client.register_script(_CLAIM_LUA)
@@ -237,7 +234,12 @@ class SequenceBatcher(threading.Thread):
         for i in range(0, len(got), 3):
             tok = _s(got[i])
             blob, steps = got[i + 1], int(got[i + 2])
-            held = Held(tok, sequences.seq_id_of(tok))
+            used = {h.slot for h in self.held.values()}
+            held = Held(
+                tok,
+                sequences.seq_id_of(tok),
+                next(i for i in range(self.capacity + 1) if i not in used),
+            )
             if steps > 0:  # it ran elsewhere before: its state must follow it here
                 if not self.state_moves:
                     held.lost = (
@@ -364,8 +366,22 @@ class SequenceBatcher(threading.Thread):
             by_version.setdefault(self._version(r.msg), []).append(r)
         runs = []
         for version, group in by_version.items():
+            if self._rows_by_slot:
+                group = self._by_slot(group)
             runs.append(self._run(version, group, started))
         self._commit_all(rows, runs)
+
+    @property
+    def _rows_by_slot(self) -> bool:
+        """Direct's batches are its slots, row for row, when the model can tell a slot
+        with no request apart (it takes READY): rows of sequences with nothing ready, and
+        free slots below the highest held one, are sent with READY false, as Triton does."""
+        return self.spec.strategy == "direct" and self.spec.batched and self._ready
+
+    def _by_slot(self, group: list[_Row]) -> list[_Row | None]:
+        by_slot: dict[int, _Row] = {r.held.slot: r for r in group}
+        top = max(h.slot for h in self.held.values())
+        return [by_slot.get(i) for i in range(top + 1)]
 
     def _version(self, msg: InferMessage) -> int:
         return max(self.backends) if msg.version <= 0 else msg.version
@@ -428,18 +444,33 @@ class SequenceBatcher(threading.Thread):
         )
         return True
 
-    def _run(self, version: int, rows: list[_Row], started: float) -> statistics.Execution:
+    def _null_request(self, like: BackendRequest) -> BackendRequest:
+        """A slot with no request: zeros shaped like a real row, READY false."""
+        inputs = {n: np.zeros_like(a) for n, a in like.inputs.items()}
+        inputs.update(control_tensors(self.spec, [RowControl(ready=False)]))
+        inputs.update(self.initial_state)
+        return BackendRequest(inputs, list(like.outputs), "", {}, 0, 0.0, (), 0)
+
+    def _run(self, version: int, slots: list[_Row | None], started: float) -> statistics.Execution:
         backend = self.backends[version]
+        rows = [r for r in slots if r is not None]
+        like = rows[0].request
+        assert like is not None
+        requests = [
+            r.request if r is not None and r.request is not None else self._null_request(like)
+            for r in slots
+        ]
         t0 = time.perf_counter_ns()
         try:
-            results = backend.execute([r.request for r in rows])
+            every = backend.execute(requests)
+            results = [res for r, res in zip(slots, every, strict=True) if r is not None]
         except ConchError as exc:
             results = [exc] * len(rows)
         except Exception as exc:
             log.exception("%s: backend failed", self.name)
             results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(rows)
         compute_ns = time.perf_counter_ns() - t0
-        run = statistics.Execution(version, batch_size=len(rows))
+        run = statistics.Execution(version, batch_size=len(slots))
         run.infer_ns = compute_ns
         now = time.time()
         for r, result in zip(rows, results, strict=True):
