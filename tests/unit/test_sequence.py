@@ -562,3 +562,18 @@ def test_python_request_hides_the_sequence_parameters(tmp_path) -> None:
         pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
     )
     assert req.parameters() == '{"k": 1}'
+
+
+def test_onnx_model_without_a_configured_control_does_not_load(tmp_path) -> None:
+    seq_onnx_accumulator(tmp_path / "acc")
+    config = tmp_path / "acc" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "READY"', 'name: "NOPE"'))
+    entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).read_model("acc")
+    assert entry.error is None, entry.error
+    backend = backend_class("onnxruntime")(entry.spec(1), entry.instances()[0])
+    with pytest.raises(ModelLoadError) as err:
+        backend.load()
+    assert err.value.message == (
+        "model 'acc': configuration specified sequence control 'NOPE', but model does not "
+        "provide that input"
+    )
