@@ -35,7 +35,6 @@ parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DI
 def server(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[str, object]]:
     repo = tmp_path_factory.mktemp("unsupported_repo")
     add_model(repo / "plain")
-    add_model(repo / "stateful", extra="sequence_batching { }")
     add_model(
         repo / "passive", extra="instance_group [ { count: 1 kind: KIND_CPU passive: true } ]"
     )
@@ -59,7 +58,6 @@ def _add(client: httpclient.InferenceServerClient, model: str) -> np.ndarray:
 @pytest.mark.parametrize(
     ("model", "field"),
     [
-        ("stateful", "sequence_batching"),
         ("openvino", "optimization.execution_accelerators.cpu_execution_accelerator"),
         ("py_env", "parameters.EXECUTION_ENV_PATH"),
     ],

@@ -21,7 +21,6 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
 
 # field -> the config text that asks for it (added to MLP_CONFIG)
 REFUSED = {
-    "sequence_batching": "sequence_batching { max_sequence_idle_microseconds: 1000 }",
     "batch_input": 'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" '
     'data_type: TYPE_FP32 source_input: "x" } ]',
     "batch_output": 'batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
@@ -89,10 +88,10 @@ def test_the_warning_is_given_once_per_model_and_field(tmp_path, caplog) -> None
 
 
 def test_several_refused_fields_are_all_named(tmp_path) -> None:
-    text = MLP_CONFIG + REFUSED["sequence_batching"] + "\n" + REFUSED["batch_input"]
+    text = MLP_CONFIG + REFUSED["batch_output"] + "\n" + REFUSED["batch_input"]
     write_model(tmp_path, "both", mlp, config=text)
     error = _scan(tmp_path)["both"].error or ""
-    assert "field sequence_batching" in error and "field batch_input" in error
+    assert "field batch_output" in error and "field batch_input" in error
 
 
 def test_the_response_cache_is_no_longer_an_ignored_field(tmp_path, caplog) -> None:

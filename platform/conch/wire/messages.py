@@ -169,7 +169,7 @@ class Reply:
 
     @classmethod
     def unpack(cls, data: bytes) -> Reply:
-        m = _unpack(data)
+        m = unpack(data)
         if not isinstance(m, dict):
             raise BadMessage("reply is not a map")
         rid = _str(m.get("id"))
@@ -188,7 +188,8 @@ class Reply:
         )
 
 
-def _unpack(data: bytes) -> Any:
+def unpack(data: bytes) -> Any:
+    """Broker bytes as msgpack values, decoded as untrusted (``BadMessage`` if not)."""
     try:
         # strict_map_key keeps keys to str/bytes; no ext hooks: ext types stay inert.
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
