@@ -434,6 +434,24 @@ def check(config: Any, backend: str) -> SequenceSpec | None:
     return spec
 
 
+# A model parameter (conch's own): "false" keeps a sequence's implicit state out of Redis,
+# for state too large to copy at every step; such a sequence cannot move to another worker.
+STATE_IN_REDIS = "sequence_state_in_redis"
+
+
+def state_in_redis(config: Any) -> bool:
+    """Whether a sequence's implicit state is saved after each step, so the sequence can
+    move to another worker (``STATE_IN_REDIS``, default true)."""
+    if STATE_IN_REDIS not in config.parameters:
+        return True
+    raw = config.parameters[STATE_IN_REDIS].string_value.strip().lower()
+    if raw not in ("true", "false"):
+        raise ModelLoadError(
+            f"model '{config.name}': parameter '{STATE_IN_REDIS}' is 'true' or 'false', not '{raw}'"
+        )
+    return raw == "true"
+
+
 # --------------------------------------------------------------------------- a request
 
 
@@ -590,6 +608,7 @@ __all__ = [
     "SEQUENCE_START",
     "START",
     "STATE_BACKENDS",
+    "STATE_IN_REDIS",
     "ControlSpec",
     "RowControl",
     "SequenceKey",
@@ -600,4 +619,5 @@ __all__ = [
     "control_tensors",
     "not_started_error",
     "sequence_params",
+    "state_in_redis",
 ]

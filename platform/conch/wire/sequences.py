@@ -15,7 +15,7 @@ A model with ``sequence_batching`` is not drained from its shared queue. Each se
 * a sequence idle past ``max_sequence_idle_microseconds`` is ended by its holder, and its
   record with it, so a later request without START is refused as Triton refuses it.
 
-Keys (``<m>`` a model, ``<s>`` a sequence token, ``token``)::
+Keys (``<m>`` a model, ``<s>`` a sequence's ``token``: ``i:<uint64>`` or ``s:<string>``)::
 
     conch.seq.<m>/<s>          hash    gateway (create, last), worker (owner, steps)
     conch.seq.<m>/<s>/mail     list    gateway RPUSH; the holder reads the head, LPOPs it
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import redis
 
+from conch.core.sequence import SequenceKey
 from conch.wire.broker import WAKE_CAP
 
 SEQ_PREFIX = "conch.seq."
@@ -42,12 +43,14 @@ SEQS_PREFIX = "conch.seqs."
 
 
 def token(seq_id: int | str) -> str:
-    """A sequence id as it appears in keys: ``u<int>`` or ``s<string>``."""
-    return f"u{seq_id}" if isinstance(seq_id, int) else f"s{seq_id}"
+    """A sequence id as it appears in keys (``SequenceKey.key``: 5 and "5" differ)."""
+    return SequenceKey(seq_id).key
 
 
 def seq_id_of(tok: str) -> int | str:
-    return int(tok[1:]) if tok.startswith("u") else tok[1:]
+    """The id a ``token`` names."""
+    kind, _, value = tok.partition(":")
+    return int(value) if kind == "i" else value
 
 
 def record_key(model: str, tok: str) -> str:
