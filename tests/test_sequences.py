@@ -223,3 +223,45 @@ def test_sequences_move_when_their_worker_stops_or_dies(
         for worker in (first, second, third):
             if worker is not None:
                 worker.stop()
+
+
+def test_a_grpc_stream_keeps_each_sequence_in_order(repo: Path, stack, db: str, log_dir) -> None:
+    """Requests of several sequences sent down one stream without waiting: each sequence
+    still runs in the order it was sent (the stream runs the others alongside)."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from harness import start_grpc, wait_grpc_model_ready
+
+    server, grpc_url = start_grpc(repo, db, log_dir)
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        wait_grpc_model_ready(grpc_url, "seq_onnx", 60, server)
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        rng = np.random.default_rng(3)
+        work = {3000 + k: [int(v) for v in rng.integers(-9, 9, size=10)] for k in range(6)}
+        for i in range(10):  # step i of every sequence, then step i + 1
+            for seq_id, values in work.items():
+                x = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                x.set_data_from_numpy(np.array([[values[i]]], np.int32))
+                client.async_stream_infer(
+                    "seq_onnx",
+                    [x],
+                    request_id=f"{seq_id}-{i}",
+                    sequence_id=seq_id,
+                    sequence_start=i == 0,
+                    sequence_end=i == 9,
+                )
+        got: dict[str, int] = {}
+        for _ in range(60):
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            got[result.get_response().id] = int(result.as_numpy("OUTPUT")[0, 0])
+        for seq_id, values in work.items():
+            assert [got[f"{seq_id}-{i}"] for i in range(10)] == expected(values), seq_id
+    finally:
+        client.stop_stream()
+        client.close()
+        server.stop()
