@@ -36,7 +36,13 @@ MOVING = ("seq_moving", "seq_pinned")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sequences") / "models"
     seq_onnx_accumulator(root / "seq_onnx", "direct", max_batch_size=8)
-    seq_onnx_accumulator(root / "seq_oldest", "oldest", max_batch_size=8, max_candidate_sequences=8)
+    seq_onnx_accumulator(
+        root / "seq_oldest",
+        "oldest",
+        max_batch_size=8,
+        max_candidate_sequences=8,
+        max_queue_delay_us=2000,
+    )
     seq_torch_accumulator(root / "seq_torch", "direct", max_batch_size=8)
     seq_python_accumulator(root / "seq_python", "direct", max_batch_size=8)
     seq_onnx_accumulator(root / "seq_idle", "direct", max_batch_size=4, idle_us=500_000)
@@ -110,14 +116,16 @@ def test_interleaved_sequences_get_what_each_gets_alone(stack, model: str) -> No
     assert alone == got[1000]
 
 
-def test_different_sequences_batch_together(stack) -> None:
+@pytest.mark.parametrize("model", ["seq_onnx", "seq_oldest"])
+def test_different_sequences_batch_together(stack, model: str) -> None:
     url, _ = stack
     client = httpclient.InferenceServerClient(url)
-    before = client.get_inference_statistics("seq_onnx")["model_stats"][0]
+    before = client.get_inference_statistics(model)["model_stats"][0]
     work = {2000 + k: list(range(1, 21)) for k in range(8)}
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda kv: run_sequence(url, "seq_onnx", *kv), work.items()))
-    after = client.get_inference_statistics("seq_onnx")["model_stats"][0]
+        got = list(pool.map(lambda kv: run_sequence(url, model, *kv), work.items()))
+    assert got == [expected(list(range(1, 21)))] * 8
+    after = client.get_inference_statistics(model)["model_stats"][0]
     requests = after["inference_count"] - before["inference_count"]
     executions = after["execution_count"] - before["execution_count"]
     assert requests == 160

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 SWEEP_S = 1.0  # how often a batcher looks for sequences held by workers that died
 MAX_WAIT_S = 1.0  # the longest an idle batcher blocks before it looks again
 SWEEP_BATCH = 1000  # live sequences one sweep reads
+DELAY_POLL_S = 0.0005  # how often heads are read again while a batch waits out its delay
 
 # KEYS: claims, then per claimed token nothing (built here). ARGV: n, me, worker id,
 # record prefix. Returns [token, state-or-false, steps, ...] for the sequences claimed.
@@ -221,9 +222,23 @@ class SequenceBatcher(threading.Thread):
             self._expire_idle(time.time())
             self._wait()
             return
+        deadline = min(r.msg.enqueued for r in rows) + self.spec.max_queue_delay_s
+        while not self._enough(len(rows)) and time.time() < deadline:
+            time.sleep(DELAY_POLL_S)  # the strategy's queue delay: let more heads come
+            if len(self.held) < self.capacity:
+                self.claim(self.capacity - len(self.held))
+            rows = self._heads()
         if self.spec.strategy == "oldest":
             rows.sort(key=lambda r: r.msg.enqueued)
         self.execute(rows[: self.max_rows])
+
+    def _enough(self, ready: int) -> bool:
+        """Whether ``ready`` requests make a batch without waiting out the queue delay:
+        Oldest, a full or preferred batch; Direct, ``minimum_slot_utilization`` of the
+        slots (any request when it is 0, Triton's default)."""
+        if self.spec.strategy == "oldest":
+            return ready >= self.max_rows or ready in self.spec.preferred_batch_size
+        return ready >= self.spec.minimum_slot_utilization * self.capacity
 
     # -- claiming and letting go --------------------------------------------------------
     def claim(self, n: int) -> None:
