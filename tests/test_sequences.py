@@ -63,9 +63,10 @@ def db(redis_url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(repo: Path, db: str, log_dir: Path) -> Iterator[tuple[str, object]]:
-    with serving(repo, db, log_dir, MODELS, threads=64) as (url, worker, _):
-        yield url, worker
+def stack(repo: Path, db: str, log_dir: Path) -> Iterator[tuple[str, str]]:
+    """(the gateway's URL, its metrics port's)."""
+    with serving(repo, db, log_dir, MODELS, threads=64) as (url, _, gateway):
+        yield url, gateway.metrics_url
 
 
 def _tensor_name(model: str, base: str) -> str:
@@ -273,3 +274,17 @@ def test_a_grpc_stream_keeps_each_sequence_in_order(repo: Path, stack, db: str, 
         client.stop_stream()
         client.close()
         server.stop()
+
+
+def test_live_sequences_are_a_metric(stack) -> None:
+    import re
+
+    import requests
+
+    url = stack[0]
+    client = httpclient.InferenceServerClient(url)
+    step(client, "seq_python", 4242, 1, start=True)
+    text = requests.get(f"http://{stack[1]}/metrics").text
+    live = re.search(r'^conch_sequences_live\{model="seq_python"\} (\d+)$', text, re.M)
+    assert live is not None and int(live.group(1)) >= 1, text
+    step(client, "seq_python", 4242, 1, end=True)

@@ -95,6 +95,7 @@ class ModelMetrics:
     ready: list[int]  # versions a live worker reports READY
     work: ModelWork | None  # waiting in its queue and in flight; None: an ensemble's
     cached: bool = False  # the frontends keep a response cache and the model uses it
+    sequence_model: bool = False  # it has sequence_batching (its live sequences count)
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -198,6 +199,7 @@ class DataPlane:
                     [int(v) for v, st in versions.items() if st == worker_reports.READY],
                     work.get(name),
                     self.cache is not None and self.cache.applies(entry.config),
+                    self.sequences.spec(entry.config) is not None,
                 )
             )
         return out

@@ -178,6 +178,13 @@ def render(plane: DataPlane) -> bytes:
         "gauge",
         [({"model": m.name}, w.in_flight) for m, w in queued],
     )
+    family(
+        "conch_sequences_live",
+        "Sequences of a sequence model that have started and not ended or idled out: each "
+        "holds, or waits for, a worker's slot (counted in the work owed).",
+        "gauge",
+        [({"model": m.name}, w.sequences) for m, w in queued if m.sequence_model],
+    )
     jobs = plane.jobs_depth()  # the batch jobs queue, which every worker takes from
     family(
         "conch_jobs_waiting",
