@@ -25,7 +25,13 @@ from conch.wire import sequences
 from conch.wire.work_owed import work_owed
 
 from harness import fresh_db, serving, start_worker, wait_model_ready, wait_until
-from models import seq_onnx_accumulator, seq_python_accumulator, seq_torch_accumulator
+from models import (
+    ensemble,
+    ensemble_step,
+    seq_onnx_accumulator,
+    seq_python_accumulator,
+    seq_torch_accumulator,
+)
 
 MODELS = ("seq_onnx", "seq_oldest", "seq_torch", "seq_python", "seq_idle")
 # Served by the failover test's own workers, which it stops and kills.
@@ -49,6 +55,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Idle for a minute before they time out: long enough to outlive their workers.
     seq_onnx_accumulator(root / "seq_moving", "direct", max_batch_size=4, idle_us=60_000_000)
     seq_onnx_accumulator(root / "seq_pinned", "direct", max_batch_size=4, idle_us=60_000_000)
+    ensemble(
+        root,
+        "ens_seq",
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]',
+        [ensemble_step("seq_onnx", {"INPUT": "X"}, {"OUTPUT": "Y"})],
+    )
     pinned = root / "seq_pinned" / "config.pbtxt"
     pinned.write_text(
         pinned.read_text()
@@ -288,3 +301,12 @@ def test_live_sequences_are_a_metric(stack) -> None:
     live = re.search(r'^conch_sequences_live\{model="seq_python"\} (\d+)$', text, re.M)
     assert live is not None and int(live.group(1)) >= 1, text
     step(client, "seq_python", 4242, 1, end=True)
+
+
+def test_a_sequence_model_as_an_ensemble_step_is_refused_with_the_reason(stack) -> None:
+    client = httpclient.InferenceServerClient(stack[0])
+    x = httpclient.InferInput("X", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[1]], np.int32))
+    with pytest.raises(InferenceServerException, match="sequence model") as err:
+        client.infer("ens_seq", [x], sequence_id=1, sequence_start=True)
+    assert err.value.status() == "501"

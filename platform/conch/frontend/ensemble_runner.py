@@ -25,7 +25,7 @@ from conch.core.ensemble_graph import (
     needed,
     steps,
 )
-from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument
+from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument, Unsupported
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
 from conch.frontend.producer import Abandonment, Dispatcher, Pending
@@ -215,6 +215,11 @@ def execute(
         if abandonment is not None and abandonment.gone:
             raise Cancelled(abandonment.gone)
         to = calls.target(resolve(step.model), step.version)
+        if to.entry.config.HasField("sequence_batching"):
+            raise Unsupported(
+                f"model '{step.model}' is a sequence model: conch does not run one as an "
+                "ensemble step (its requests need the sequence's order and slot); call it directly"
+            )
         # The step's inputs are checked against its own config, as a client's would be.
         request = InferRequest(
             id=outer.client_id,
