@@ -509,6 +509,13 @@ def _ignored_flag(name: str) -> Flag:
     )
 
 
+def _count_flag(name: str, setting: str, roles: Any, help: str) -> Flag:
+    """A flag that counts something there must be at least one of."""
+    return Flag(
+        name, setting, roles, help, type=int, metavar="N", read=lambda n: _at_least(n, 1, name)
+    )
+
+
 def _seconds(value: int) -> int:
     if value < 0:
         raise ValueError(f"--exit-timeout-secs {value}: must be 0 or more")
@@ -783,15 +790,12 @@ FLAGS: tuple[Flag, ...] = (
         "thread while its request is queued (default 64; Triton's is 2)",
         type=int,
     ),
-    Flag(
+    _count_flag(
         "--grpc-workers",
         "grpc_workers",
         GRPC_ROLES,
         "gRPC server processes, sharing the port (SO_REUSEPORT); conch's own flag, Triton "
         "has none (default: as --http-workers)",
-        type=int,
-        metavar="N",
-        read=lambda n: _at_least(n, 1, "--grpc-workers"),
     ),
     Flag(
         "--grpc-restricted-protocol",
@@ -888,15 +892,12 @@ FLAGS: tuple[Flag, ...] = (
         "whose autoscaler does not count the jobs (no --jobs) and so could retire one "
         "mid-job. conch's own: Triton has no batch jobs",
     ),
-    Flag(
+    _count_flag(
         "--job-concurrency",
         "job_concurrency",
         WORKER_ROLES,
         "jobs this worker's drivers run at once: batch jobs and ensembles' async jobs "
         "(default 4). conch's own: Triton has no jobs",
-        type=int,
-        metavar="N",
-        read=lambda n: _at_least(n, 1, "--job-concurrency"),
     ),
     Flag(
         "--models",
