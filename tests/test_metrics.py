@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 import redis
 import requests
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
-from harness import start_gateway, start_worker, wait_model_ready, wait_until
-from models import add_model
+from conch.devtools.redis_server import start_private
+
+from harness import start_gateway, start_worker, wait_model_ready, wait_until, waiting
+from models import add_inputs, add_model
 
 
 def sample(text: str, name: str, model: str) -> float:
@@ -79,3 +87,159 @@ def test_metrics_count_requests_and_queue(tmp_path: Path, redis_url: str, log_di
     finally:
         gateway.stop()
         worker.stop()
+
+
+FAILING = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("no")) for _ in requests]
+"""
+
+
+def series(text: str, name: str) -> dict[str, str]:
+    """Every sample of ``name`` (exactly that name): its label text -> its value."""
+    return {
+        m.group(1): m.group(2) for m in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M)
+    }
+
+
+def test_metrics_are_exact_across_two_gateways_and_two_workers(
+    tmp_path: Path, log_dir: Path
+) -> None:
+    """A known sequence of successes, rejections, cancellations and failures, through two
+    gateway processes and two workers: both gateways print the same exact counts, the
+    batcher's cuts by reason and sizes, and the workers' host once."""
+    repo = tmp_path / "models"
+    add_model(
+        repo / "cut",  # waits 100 ms for more, but a preferred size (4) or 8 rows go at once
+        extra="dynamic_batching { max_queue_delay_microseconds: 100000 preferred_batch_size: [4] }",
+    )
+    add_model(repo / "nodelay", extra="dynamic_batching { }")  # runs what the queue holds
+    add_model(
+        repo / "late",  # two may wait, each at most 100 ms
+        extra="dynamic_batching { default_queue_policy { timeout_action: REJECT "
+        "default_timeout_microseconds: 100000 max_queue_size: 2 } }",
+    )
+    add_model(repo / "held")
+    (repo / "failing" / "1").mkdir(parents=True)
+    (repo / "failing" / "1" / "model.py").write_text(FAILING)
+    (repo / "failing" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    server = start_private()
+    db = server.url
+    (ga, url_a), (gb, url_b) = start_gateway(repo, db, log_dir), start_gateway(repo, db, log_dir)
+    workers: list = []
+    try:
+        one = np.ones((1, 4), np.float32)
+        # Before any worker: "late" takes two (one through each gateway) and refuses two
+        # more (503, REJECTED at the gateway); the two it took wait past their 100 ms.
+        with ThreadPoolExecutor(2) as pool:
+            waited = [
+                pool.submit(httpclient.InferenceServerClient(u).infer, "late", add_inputs(one))
+                for u in (url_a, url_b)
+            ]
+            wait_until(lambda: waiting(db, "late") == 2, 10, "two requests queued")
+            for u in (url_a, url_b):
+                with pytest.raises(InferenceServerException, match="Exceeds maximum queue size"):
+                    httpclient.InferenceServerClient(u).infer("late", add_inputs(one))
+            # An async job on "held", cancelled while it waits: CANCELED when a worker
+            # finds it.
+            body = {
+                "inputs": [
+                    {"name": n, "datatype": "FP32", "shape": [1, 4], "data": [1] * 4} for n in "AB"
+                ]
+            }
+            job = requests.post(f"http://{url_a}/v2/models/held/jobs", json=body, timeout=10)
+            assert job.status_code in (200, 202), job.text
+            assert requests.delete(f"http://{url_b}/v2/jobs/{job.json()['id']}").status_code == 200
+            time.sleep(0.2)  # past the 100 ms: the workers find both "late" ones expired
+            workers = [start_worker(repo, db, log_dir) for _ in range(2)]
+            for f in waited:  # REJECTED at the worker
+                with pytest.raises(InferenceServerException, match="Request timeout expired"):
+                    f.result(timeout=120)
+        for m in ("cut", "nodelay", "failing", "held"):
+            wait_model_ready(url_a, m, 90, *workers, ga)
+        a, b = httpclient.InferenceServerClient(url_a), httpclient.InferenceServerClient(url_b)
+        for k in range(3):  # one row alone: cut when its 100 ms delay expires
+            (a, b)[k % 2].infer("cut", add_inputs(one))
+        a.infer("cut", add_inputs(np.ones((8, 4), np.float32)))  # full
+        b.infer("cut", add_inputs(np.ones((4, 4), np.float32)))  # the preferred size
+        for c in (a, b):
+            c.infer("nodelay", add_inputs(one))  # nothing more queued, no delay: drained
+        for c in (a, b, a):
+            with pytest.raises(InferenceServerException, match="no"):
+                c.infer("failing", add_inputs(one))
+
+        failures = {
+            "late": {"REJECTED": 4},
+            "held": {"CANCELED": 1},
+            "failing": {"BACKEND": 3},
+            "cut": {},
+            "nodelay": {},
+        }
+        expected = {
+            f'model="{m}",reason="{r}",version="1"': str(by.get(r, 0))
+            for m, by in failures.items()
+            for r in ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+        }
+
+        def scrape(gateway: Any) -> str:
+            return requests.get(f"http://{gateway.metrics_url}/metrics", timeout=10).text
+
+        def failure_counts(text: str) -> dict[str, str]:
+            got = series(text, "nv_inference_request_failure")
+            return {k: v for k, v in got.items() if k in expected}
+
+        wait_until(lambda: failure_counts(scrape(ga)) == expected, 20, f"failures {expected}")
+        texts = [scrape(ga), scrape(gb)]
+        for text in texts:  # the same counts through either gateway
+            assert failure_counts(text) == expected
+            success = series(text, "nv_inference_request_success")
+            assert success['model="cut",version="1"'] == "5"
+            assert success['model="nodelay",version="1"'] == "2"
+            assert series(text, "nv_inference_count")['model="cut",version="1"'] == "15"
+            cuts = {k: v for k, v in series(text, "conch_batch_cut_total").items() if "cut" in k}
+            assert cuts == {
+                'model="cut",reason="full"': "1",
+                'model="cut",reason="preferred"': "1",
+                'model="cut",reason="delay"': "3",
+                'model="cut",reason="drained"': "0",
+            }
+            assert series(text, "conch_batch_cut_total")['model="nodelay",reason="drained"'] == "2"
+            assert "# TYPE conch_batch_size histogram" in text
+            sizes = series(text, "conch_batch_size_bucket")
+            assert [sizes[f'model="cut",le="{le}"'] for le in ("1", "2", "4", "8", "+Inf")] == [
+                "3",
+                "3",
+                "4",
+                "5",
+                "5",
+            ]
+            assert series(text, "conch_batch_size_sum")['model="cut"'] == "15"
+            assert series(text, "conch_batch_size_count")['model="cut"'] == "5"
+            # Two workers on one host: its CPU printed once, labelled by the host.
+            host = socket.gethostname()
+            cpu = series(text, "nv_cpu_utilization")
+            assert list(cpu) == [f'host="{host}"'] and 0 <= float(cpu[f'host="{host}"']) <= 1
+            total = series(text, "nv_cpu_memory_total_bytes")[f'host="{host}"']
+            assert int(total) == _meminfo("MemTotal")
+            used = int(series(text, "nv_cpu_memory_used_bytes")[f'host="{host}"'])
+            assert 0 < used < int(total)
+    finally:
+        for svc in (ga, gb, *workers):
+            svc.stop()
+        server.stop()
+
+
+def _meminfo(name: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(name)

@@ -240,6 +240,12 @@ class Settings:
     # Triton's metrics port: GET /metrics there, with Triton's nv_inference_* names.
     allow_metrics: bool = True
     metrics_port: int = 8002
+    metrics_address: str | None = None  # None: the HTTP address (--http-address)
+    # Workers report their host's CPU and GPU use (nv_cpu_*, nv_gpu_*), sampled at most
+    # every metrics_interval_ms.
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
     # The gateway's sockets and processes (gunicorn's bind, workers and threads).
     http_address: str = "0.0.0.0"
     http_port: int = 8000
@@ -705,6 +711,35 @@ FLAGS: tuple[Flag, ...] = (
         "allow_metrics",
         HTTP_ROLES,
         "serve metrics (default true; --allow-metrics=false to turn them off)",
+    ),
+    Flag(
+        "--metrics-address",
+        "metrics_address",
+        HTTP_ROLES,
+        "the address the metrics port binds (default: --http-address's)",
+        read=_given,
+    ),
+    _bool_flag(
+        "--allow-cpu-metrics",
+        "allow_cpu_metrics",
+        WORKER_ROLES,
+        "workers report their host's CPU use and memory (nv_cpu_*; default true)",
+    ),
+    _bool_flag(
+        "--allow-gpu-metrics",
+        "allow_gpu_metrics",
+        WORKER_ROLES,
+        "workers report their GPUs' use, memory and power through NVML (nv_gpu_*; default "
+        "true; needs the gpu extra, nvidia-ml-py, and a GPU)",
+    ),
+    Flag(
+        "--metrics-interval-ms",
+        "metrics_interval_ms",
+        WORKER_ROLES,
+        "how often workers sample CPU and GPU use (at most; they report it with each "
+        "heartbeat; default 2000)",
+        type=int,
+        metavar="MS",
     ),
     Flag(
         "--http-restricted-api",

@@ -222,6 +222,11 @@ class DataPlane:
         """The work the batch jobs queue owes (``conch.wire.work_owed.jobs_owed``)."""
         return jobs_owed(self._client)
 
+    def hosts(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The live workers' hosts: CPU use per host and GPU use per GPU UUID
+        (``worker_reports.hosts``)."""
+        return worker_reports.hosts(worker_reports.snapshot(self._client))
+
     def custom_metrics(self) -> list[dict[str, Any]]:
         """The metric families models defined (``pb_utils.MetricFamily``), each metric
         summed over the live workers that have it (``conch.core.custom_metrics.merge``)."""

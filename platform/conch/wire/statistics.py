@@ -43,6 +43,9 @@ BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
 # Triton's failure reasons (``nv_inference_request_failure``'s ``reason`` label).
 REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+# Why the dynamic batcher cut a batch (conch's ``conch_batch_cut_total``'s ``reason``).
+CUT_FULL, CUT_PREFERRED, CUT_DELAY, CUT_DRAINED = "full", "preferred", "delay", "drained"
+CUT_REASONS = (CUT_FULL, CUT_PREFERRED, CUT_DELAY, CUT_DRAINED)
 CACHE_ERRORS = "cache_error.count"  # conch's: response cache calls that failed (a miss each)
 
 
@@ -80,6 +83,7 @@ class Execution:
     input_ns: int = 0  # the execution's phases, once
     infer_ns: int = 0
     output_ns: int = 0
+    cut: str = ""  # why the dynamic batcher cut the batch (one of CUT_REASONS); "": not one
 
     def failed(self, reason: str, took_ns: int) -> None:
         """One of its requests failed, for ``reason`` (one of ``FAILURE_REASONS``)."""
@@ -113,6 +117,8 @@ def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
         f"batch.{run.batch_size}.compute_infer": run.infer_ns,
         f"batch.{run.batch_size}.compute_output": run.output_ns,
     }
+    if run.cut:
+        increments[cut_field(run.cut)] = 1
     _add(pipe, model, run.version, now_ms if ok else 0, increments)
 
 
@@ -145,6 +151,26 @@ def record_failure(
 def failure_field(reason: str) -> str:
     """The counter of failures for ``reason``."""
     return f"fail.{reason}.count"
+
+
+def cut_field(reason: str) -> str:
+    """The counter of batches cut for ``reason``."""
+    return f"cut.{reason}.count"
+
+
+def cuts_by_reason(counters: dict[str, int]) -> dict[str, int]:
+    """Batches the dynamic batcher cut, per reason, every reason present."""
+    return {r: counters.get(cut_field(r), 0) for r in CUT_REASONS}
+
+
+def batch_sizes(counters: dict[str, int]) -> dict[int, int]:
+    """Executions per batch size (rows run together), as recorded (``batch.N.count``)."""
+    out = {}
+    for name, n in counters.items():
+        size, _, rest = name.removeprefix("batch.").partition(".")
+        if name.startswith("batch.") and rest == "count" and size.isdigit():
+            out[int(size)] = n
+    return out
 
 
 def failures_by_reason(counters: dict[str, int]) -> dict[str, int]:
@@ -265,12 +291,8 @@ def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, 
     def duration(phase: str) -> dict[str, int]:
         return {"count": counters.get(f"{phase}.count", 0), "ns": counters.get(f"{phase}.ns", 0)}
 
-    sizes = sorted(
-        {int(f.split(".")[1]) for f in counters if f.startswith("batch.") and f.endswith(".count")}
-    )
     batch_stats = []
-    for size in sizes:
-        n = counters.get(f"batch.{size}.count", 0)
+    for size, n in sorted(batch_sizes(counters).items()):
         batch_stats.append(
             {
                 "batch_size": size,
@@ -297,13 +319,21 @@ __all__ = [
     "BACKEND",
     "CACHE_ERRORS",
     "CANCELED",
+    "CUT_DELAY",
+    "CUT_DRAINED",
+    "CUT_FULL",
+    "CUT_PREFERRED",
+    "CUT_REASONS",
     "FAILURE_REASONS",
     "OTHER",
     "REJECTED",
     "Execution",
     "Tally",
+    "batch_sizes",
     "cache_hit_counts",
     "cache_miss_counts",
+    "cut_field",
+    "cuts_by_reason",
     "failure_field",
     "failures_by_reason",
     "key",

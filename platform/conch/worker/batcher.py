@@ -58,6 +58,20 @@ class BatchPolicy:
         """A batch this size need not wait for more."""
         return rows >= self.max_batch_size or rows in self.preferred
 
+    def why_cut(self, batch: list[Item], carry: list[Item], oldest: float, now: float) -> str:
+        """Why a batch went when it did (``conch_batch_cut_total``'s reason): it reached a
+        preferred size, it was full (or the next request did not fit), its oldest request
+        waited out ``max_queue_delay``, or the queue ran dry with no delay left to wait
+        for (no delay configured, or the worker stopping)."""
+        rows = sum(i.rows for i in batch)
+        if rows in self.preferred and rows < self.max_batch_size:
+            return statistics.CUT_PREFERRED
+        if rows >= self.max_batch_size or carry:
+            return statistics.CUT_FULL
+        if self.max_queue_delay > 0 and now >= oldest + self.max_queue_delay:
+            return statistics.CUT_DELAY
+        return statistics.CUT_DRAINED
+
     def cut(self, rows: list[int]) -> int:
         """How many of the queued requests (with these row counts) form the batch."""
         total, n = 0, 0
@@ -253,7 +267,8 @@ class Batcher(threading.Thread):
                 break
         n = self.policy.cut([i.rows for i in items])
         batch, self._carry = items[:n], items[n:]
-        self.execute(batch)
+        oldest = min(i.msg.enqueued for i in batch)
+        self.execute(batch, cut=self.policy.why_cut(batch, self._carry, oldest, time.time()))
 
     # -- taking messages --------------------------------------------------------------
     def _count(self) -> int:
@@ -422,15 +437,18 @@ class Batcher(threading.Thread):
         log.info("%s: handed back %d request(s) it held", self.name, len(items))
 
     # -- running a batch --------------------------------------------------------------
-    def execute(self, batch: list[Item], *, alone: bool = False) -> None:
+    def execute(self, batch: list[Item], *, alone: bool = False, cut: str = "") -> None:
         """Run ``batch`` as one execution, or with ``alone`` each request as one of its
-        own (as Triton's default scheduler does); either way the replies go together."""
+        own (as Triton's default scheduler does); either way the replies go together.
+        ``cut``: why the dynamic batcher cut it (counted once, with its first execution)."""
         started = time.time()
         replies: dict[str, Reply] = {}
         backends = self.backends  # one consistent view, should a reload swap it
         runs: list[statistics.Execution] = []
         for group in ([item] for item in batch) if alone else (batch,):
             self._execute_one(group, backends, replies, runs, started)
+        if cut and runs:
+            runs[0].cut = cut
         if alone:
             took = (time.time() - started) / max(1, len(batch))
             self._per_request_s = (

@@ -28,6 +28,7 @@ from conch.core.repository import ModelRepository
 from conch.settings import Settings
 from conch.wire import control_bus, model_metrics, worker_reports
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
+from conch.worker.host_metrics import HostMetrics
 from conch.worker.metrics_publisher import MetricsPublisher
 from conch.worker.warmup import run_warmup
 
@@ -103,6 +104,11 @@ class ModelHost:
         self.models: dict[str, LoadedModel] = {}
         self.telemetry = WorkerTelemetry()
         self.metrics = MetricsPublisher(worker_id, ttl_s=HEARTBEAT_S * 4)  # models' custom ones
+        self.host_metrics = HostMetrics(
+            cpu=settings.allow_cpu_metrics,
+            gpu=settings.allow_gpu_metrics,
+            interval_s=settings.metrics_interval_ms / 1000,
+        )
         self._changes = threading.Lock()  # one load/unload at a time
         self._fingerprints: dict[str, Any] = {}
         # The report is published from start's LOADING announcement until stop begins,
@@ -295,9 +301,10 @@ class ModelHost:
         return out
 
     def report(self) -> None:
-        """Publish this worker's model states for the gateways, with its telemetry, and
-        refresh its models' custom metrics."""
+        """Publish this worker's model states for the gateways, with its telemetry and its
+        host's CPU and GPU use, and refresh its models' custom metrics."""
         stats = self.telemetry.snapshot()
+        host = self.host_metrics.sample()
         with self._report_lock:
             if self._reporting:
                 worker_reports.publish(
@@ -305,6 +312,7 @@ class ModelHost:
                     self.worker_id,
                     self._states(),
                     stats=stats,
+                    host=host,
                     ttl_s=HEARTBEAT_S * 4,
                 )
                 pipe = self.client.pipeline(transaction=False)

@@ -22,9 +22,9 @@ import orjson
 
 from conch.core import custom_metrics
 from conch.core.errors import ConchError, InvalidArgument
-from conch.frontend.dataplane import DataPlane
+from conch.frontend.dataplane import DataPlane, ModelMetrics
 from conch.frontend.http.fast_path import error_answer, status_line
-from conch.wire import work_owed
+from conch.wire import statistics, work_owed
 from conch.wire.statistics import CACHE_ERRORS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -147,6 +147,7 @@ def render(plane: DataPlane) -> bytes:
     family(
         "nv_inference_request_failure", "Number of failed inference requests", "counter", failures
     )
+    _batching(models, family, lines)
     queued = [(m, m.work) for m in models if m.work is not None]  # ensembles have no queue
     pending = [
         # The newest version serving, else the newest counted (1 before any).
@@ -192,11 +193,100 @@ def render(plane: DataPlane) -> bytes:
         "gauge",
         [({}, jobs.in_flight)],
     )
+    lines += _host_families(*plane.hosts())
     builtin = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
     for custom in plane.custom_metrics():
         if custom["name"] not in builtin:  # a model cannot replace one of Triton's
             lines.extend(_custom_family(custom))
     return ("\n".join(lines) + "\n").encode()
+
+
+# Triton's CPU and GPU gauges: (metric, sample key, help text). Triton labels GPUs by
+# gpu_uuid and has one CPU; conch has a CPU per worker host, labelled host.
+CPU_GAUGES = (
+    ("nv_cpu_utilization", "utilization", "CPU utilization rate [0.0 - 1.0]"),
+    ("nv_cpu_memory_total_bytes", "memory_total_bytes", "CPU total memory (RAM), in bytes"),
+    ("nv_cpu_memory_used_bytes", "memory_used_bytes", "CPU used memory (RAM), in bytes"),
+)
+GPU_GAUGES = (
+    ("nv_gpu_utilization", "utilization", "GPU utilization rate [0.0 - 1.0)"),
+    ("nv_gpu_memory_total_bytes", "memory_total_bytes", "GPU total memory, in bytes"),
+    ("nv_gpu_memory_used_bytes", "memory_used_bytes", "GPU used memory, in bytes"),
+    ("nv_gpu_power_usage", "power_usage", "GPU power usage in watts"),
+    ("nv_gpu_power_limit", "power_limit", "GPU power management limit in watts"),
+    (
+        "nv_energy_consumption",
+        "energy_consumption",
+        "GPU energy consumption in joules since the driver last reloaded",
+    ),
+)
+
+
+def _host_families(cpus: dict[str, dict[str, Any]], gpus: dict[str, dict[str, Any]]) -> list[str]:
+    """The live workers' hosts, each host's CPU (and each GPU) once: the freshest report."""
+    series = [
+        *(
+            (name, {"host": h}, c.get(key), doc)
+            for name, key, doc in CPU_GAUGES
+            for h, c in cpus.items()
+        ),
+        *(
+            (name, {"gpu_uuid": u, "host": g["host"]}, g.get(key), doc)
+            for name, key, doc in GPU_GAUGES
+            for u, g in gpus.items()
+        ),
+    ]
+    out: list[str] = []
+    for name, labels, value, doc in series:
+        if value is None:  # a board that does not report power, say
+            continue
+        if f"# TYPE {name} gauge" not in out:
+            out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
+        out.append(f"{name}{{{_labels(labels)}}} {custom_metrics.format_value(value)}")
+    return out
+
+
+# conch_batch_size's buckets (rows); sizes are counted exactly, so any bucket is exact.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def _batching(models: list[ModelMetrics], family: Callable[..., None], lines: list[str]) -> None:
+    """conch's batching families, from the same statistics hash (every version summed):
+    the sizes of the executions run, and why the dynamic batcher cut each batch."""
+    cuts: dict[str, dict[str, int]] = {}
+    sizes: dict[str, dict[int, int]] = {}
+    for m in models:
+        if m.work is None:
+            continue  # an ensemble runs no batches of its own
+        cuts[m.name] = dict.fromkeys(statistics.CUT_REASONS, 0)
+        sizes[m.name] = {}
+        for c in m.counters.values():
+            for reason, n in statistics.cuts_by_reason(c).items():
+                cuts[m.name][reason] += n
+            for size, n in statistics.batch_sizes(c).items():
+                sizes[m.name][size] = sizes[m.name].get(size, 0) + n
+    family(
+        "conch_batch_cut_total",
+        "Batches the dynamic batcher cut, by why: full (max_batch_size, or the next request "
+        "did not fit), preferred (a preferred_batch_size), delay (max_queue_delay expired), "
+        "drained (the queue had no more and no delay was left to wait).",
+        "counter",
+        [({"model": m, "reason": r}, n) for m, by in cuts.items() for r, n in by.items()],
+    )
+    name = "conch_batch_size"
+    lines.append(f"# HELP {name} Rows per model execution (the batch sizes formed).")
+    lines.append(f"# TYPE {name} histogram")
+    for model, by_size in sizes.items():
+        for bound in BATCH_SIZE_BUCKETS:
+            below = sum(n for size, n in by_size.items() if size <= bound)
+            lines.append(f"{name}_bucket{{{_labels({'model': model, 'le': str(bound)})}}} {below}")
+        total = sum(by_size.values())
+        lines.append(f"{name}_bucket{{{_labels({'model': model, 'le': '+Inf'})}}} {total}")
+        lines.append(
+            f"{name}_sum{{{_labels({'model': model})}}} "
+            f"{sum(size * n for size, n in by_size.items())}"
+        )
+        lines.append(f"{name}_count{{{_labels({'model': model})}}} {total}")
 
 
 def _custom_family(fam: dict[str, Any]) -> list[str]:
