@@ -134,7 +134,12 @@ def test_metrics_are_exact_across_two_gateways_and_two_workers(
     )
     server = start_private()
     db = server.url
-    (ga, url_a), (gb, url_b) = start_gateway(repo, db, log_dir), start_gateway(repo, db, log_dir)
+    flags = (
+        *("--metrics-config", "summary_latencies=true"),
+        *("--metrics-config", "summary_quantiles=0.1:0.01,0.5:0.05,0.9:0.01"),
+        *("--metrics-config", "histogram_latencies=true"),
+    )
+    (ga, url_a), (gb, url_b) = (start_gateway(repo, db, log_dir, *flags) for _ in range(2))
     workers: list = []
     try:
         one = np.ones((1, 4), np.float32)
@@ -160,7 +165,7 @@ def test_metrics_are_exact_across_two_gateways_and_two_workers(
             assert job.status_code in (200, 202), job.text
             assert requests.delete(f"http://{url_b}/v2/jobs/{job.json()['id']}").status_code == 200
             time.sleep(0.2)  # past the 100 ms: the workers find both "late" ones expired
-            workers = [start_worker(repo, db, log_dir) for _ in range(2)]
+            workers = [start_worker(repo, db, log_dir, *flags) for _ in range(2)]
             for f in waited:  # REJECTED at the worker
                 with pytest.raises(InferenceServerException, match="Request timeout expired"):
                     f.result(timeout=120)
@@ -224,6 +229,40 @@ def test_metrics_are_exact_across_two_gateways_and_two_workers(
             ]
             assert series(text, "conch_batch_size_sum")['model="cut"'] == "15"
             assert series(text, "conch_batch_size_count")['model="cut"'] == "5"
+            # Summaries: quantiles over the samples both workers pushed (one per success),
+            # count and sum the counters'. Three of five requests waited out 100 ms.
+            request = series(text, "nv_inference_request_summary_us")
+            q = {
+                k: float(request[f'model="cut",version="1",quantile="{k}"'])
+                for k in ("0.1", "0.5", "0.9")
+            }
+            assert q["0.1"] < 100_000 <= q["0.5"] <= q["0.9"], q
+            assert (
+                series(text, "nv_inference_request_summary_us_count")['model="cut",version="1"']
+                == "5"
+            )
+            assert int(
+                series(text, "nv_inference_request_summary_us_sum")['model="cut",version="1"']
+            ) == int(series(text, "nv_inference_request_duration_us")['model="cut",version="1"'])
+            for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+                assert 'model="cut",version="1",quantile="0.5"' in series(
+                    text, f"nv_inference_{phase}_summary_us"
+                ), phase
+            # The first-response histogram: bucket counters summed over the workers.
+            first = series(text, "nv_inference_first_response_histogram_ms_bucket")
+            assert int(first['model="cut",version="1",le="100"']) <= 2  # three waited 100 ms
+            assert first['model="cut",version="1",le="+Inf"'] == "5"
+            counts = series(text, "nv_inference_first_response_histogram_ms_count")
+            assert counts['model="cut",version="1"'] == "5"
+            assert counts['model="failing",version="1"'] == "0"  # successes only
+            assert (
+                float(
+                    series(text, "nv_inference_first_response_histogram_ms_sum")[
+                        'model="cut",version="1"'
+                    ]
+                )
+                >= 300
+            )
             # Two workers on one host: its CPU printed once, labelled by the host.
             host = socket.gethostname()
             cpu = series(text, "nv_cpu_utilization")
@@ -232,6 +271,8 @@ def test_metrics_are_exact_across_two_gateways_and_two_workers(
             assert int(total) == _meminfo("MemTotal")
             used = int(series(text, "nv_cpu_memory_used_bytes")[f'host="{host}"'])
             assert 0 < used < int(total)
+        # One sample per successful request, from either worker, in the model's list.
+        assert redis.Redis.from_url(db).llen("conch.samples.cut") == 5
     finally:
         for svc in (ga, gb, *workers):
             svc.stop()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from conch.core.cache_config import CacheConfig
+from conch.core.metrics_config import MetricsConfig
 from conch.core.restricted_apis import RestrictedApis, group_names
 
 
@@ -246,6 +247,8 @@ class Settings:
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
     metrics_interval_ms: int = 2000
+    # Triton's --metrics-config: latency counters, summaries, the first-response histogram.
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
     # The gateway's sockets and processes (gunicorn's bind, workers and threads).
     http_address: str = "0.0.0.0"
     http_port: int = 8000
@@ -733,6 +736,18 @@ FLAGS: tuple[Flag, ...] = (
         "true; needs the gpu extra, nvidia-ml-py, and a GPU)",
     ),
     Flag(
+        "--metrics-config",
+        "metrics_config",
+        ALL_ROLES,
+        "Triton's: counter_latencies=<bool>, summary_latencies=<bool>, "
+        "summary_quantiles=<q>:<error>,..., histogram_latencies=<bool>; repeatable; give it "
+        "to workers too (they keep the samples summaries are computed from)",
+        metavar="KEY=VALUE",
+        action="append",
+        read=MetricsConfig.parse,
+        as_args=lambda name, config: _each(name, config.items()),
+    ),
+    Flag(
         "--metrics-interval-ms",
         "metrics_interval_ms",
         WORKER_ROLES,
@@ -740,6 +755,7 @@ FLAGS: tuple[Flag, ...] = (
         "heartbeat; default 2000)",
         type=int,
         metavar="MS",
+        read=lambda n: _at_least(n, 1, "--metrics-interval-ms"),
     ),
     Flag(
         "--http-restricted-api",

@@ -94,6 +94,8 @@ class ModelMetrics:
     ready: list[int]  # versions a live worker reports READY
     work: ModelWork | None  # waiting in its queue and in flight; None: an ensemble's
     cached: bool = False  # the frontends keep a response cache and the model uses it
+    # version -> phase -> recent latencies (us), for the summaries; None: summaries off
+    samples: dict[int, dict[str, list[int]]] | None = None
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -185,9 +187,12 @@ class DataPlane:
         )
         if self.cache is not None:
             self.cache.flush()
+        summaries = self.settings.metrics_config.summary_latencies
+        since_ms = int((time.time() - statistics.SAMPLES_WINDOW_S) * 1000)
         out = []
         for name, entry in served:
             recorded = statistics.read(self._client, name)
+            queued = entry.backend != ensemble_graph.ENSEMBLE
             versions = states.get(name, {}).get("versions", {})
             out.append(
                 ModelMetrics(
@@ -196,6 +201,9 @@ class DataPlane:
                     [int(v) for v, st in versions.items() if st == worker_reports.READY],
                     work.get(name),
                     self.cache is not None and self.cache.applies(entry.config),
+                    statistics.read_samples(self._client, name, since_ms)
+                    if summaries and queued
+                    else None,
                 )
             )
         return out

@@ -11,11 +11,22 @@ labels: ``REJECTED`` (its queue was full, or its queue timeout expired before it
 Triton's core leaves full-queue refusals out, conch counts them: an operator wants to
 see them), ``CANCELED`` (cancelled while queued), ``BACKEND`` (the model failed it) and ``OTHER`` (anything else: checks
 before execution, an ensemble whose step failed). ``fail`` is their sum.
+
+Two more kinds of count ride in the same hash: each batch the dynamic batcher cut, by
+why (``cut.<reason>.count``), and each successful request's time to its (first and
+only) response in the buckets of ``nv_inference_first_response_histogram_ms``
+(``first_response.<bound>.count``). A histogram kept as cumulative bucket counters adds
+up over workers exactly, as the counters do. Summaries cannot be added up: for those,
+workers that keep samples (``--metrics-config summary_latencies=true``) push each
+request's latencies onto a list per model (``samples``), trimmed to the newest
+``SAMPLES_KEPT``; a gateway computes the quantiles over the ones of the last
+``SAMPLES_WINDOW_S``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +34,7 @@ from typing import Any
 
 import redis
 
-from conch.wire.keys import STATS_PREFIX
+from conch.wire.keys import SAMPLES_PREFIX, STATS_PREFIX
 from conch.wire.redis_link import CommandQueue
 
 log = logging.getLogger(__name__)
@@ -46,6 +57,13 @@ FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
 # Why the dynamic batcher cut a batch (conch's ``conch_batch_cut_total``'s ``reason``).
 CUT_FULL, CUT_PREFERRED, CUT_DELAY, CUT_DRAINED = "full", "preferred", "delay", "drained"
 CUT_REASONS = (CUT_FULL, CUT_PREFERRED, CUT_DELAY, CUT_DRAINED)
+# Triton's nv_inference_first_response_histogram_ms default buckets, in ms.
+FIRST_RESPONSE_BUCKETS_MS = (100, 500, 2000, 5000)
+FIRST_RESPONSE_NS = "first_response.ns"  # its sum
+# The summaries' samples: the latencies of each request, in this order (us).
+SAMPLE_PHASES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+SAMPLES_KEPT = 4096  # per model; the newest
+SAMPLES_WINDOW_S = 60.0  # a summary's window, as prometheus' default max age
 CACHE_ERRORS = "cache_error.count"  # conch's: response cache calls that failed (a miss each)
 
 
@@ -84,6 +102,8 @@ class Execution:
     infer_ns: int = 0
     output_ns: int = 0
     cut: str = ""  # why the dynamic batcher cut the batch (one of CUT_REASONS); "": not one
+    responses_ns: list[int] = field(default_factory=list)  # each success's time to answer
+    queues_ns: list[int] = field(default_factory=list)  # and its time queued
 
     def failed(self, reason: str, took_ns: int) -> None:
         """One of its requests failed, for ``reason`` (one of ``FAILURE_REASONS``)."""
@@ -92,8 +112,11 @@ class Execution:
         self.failures[reason] = self.failures.get(reason, 0) + 1
 
 
-def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
-    """Queue ``run``'s increments on ``pipe`` (the caller executes it)."""
+def record(
+    pipe: CommandQueue, model: str, run: Execution, now_ms: int, *, samples: bool = False
+) -> None:
+    """Queue ``run``'s increments on ``pipe`` (the caller executes it); with ``samples``,
+    its requests' latencies for the summaries too."""
     ok = run.success
     increments = {
         "inference_count": run.rows,
@@ -119,7 +142,73 @@ def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
     }
     if run.cut:
         increments[cut_field(run.cut)] = 1
+    for took in run.responses_ns:
+        _add_to(increments, first_response_counts(took))
     _add(pipe, model, run.version, now_ms if ok else 0, increments)
+    if samples and run.responses_ns:
+        phases = (run.input_ns // 1000, run.infer_ns // 1000, run.output_ns // 1000)
+        entries = [
+            sample_entry(now_ms, run.version, (took // 1000, queued // 1000, *phases))
+            for took, queued in zip(run.responses_ns, run.queues_ns, strict=True)
+        ]
+        pipe.lpush(samples_key(model), *entries)
+        pipe.ltrim(samples_key(model), 0, SAMPLES_KEPT - 1)
+
+
+def first_response_counts(took_ns: int) -> dict[str, int]:
+    """One response, ``took_ns`` after its request arrived, in the histogram's buckets."""
+    ms = took_ns / 1e6
+    bound = next((b for b in FIRST_RESPONSE_BUCKETS_MS if ms <= b), None)
+    return {first_response_field(bound): 1, FIRST_RESPONSE_NS: took_ns}
+
+
+def first_response_field(bound: float | None) -> str:
+    """The counter of responses in the bucket up to ``bound`` ms (None: above the last)."""
+    return f"first_response.{'inf' if bound is None else bound}.count"
+
+
+def first_responses(counters: dict[str, int]) -> tuple[list[tuple[str, int]], int, float]:
+    """(cumulative (le, count) pairs, ``+Inf`` last; count; sum in ms) of the histogram."""
+    pairs, total = [], 0
+    for bound in (*FIRST_RESPONSE_BUCKETS_MS, None):
+        total += counters.get(first_response_field(bound), 0)
+        pairs.append(("+Inf" if bound is None else str(bound), total))
+    return pairs, total, counters.get(FIRST_RESPONSE_NS, 0) / 1e6
+
+
+def samples_key(model: str) -> str:
+    return SAMPLES_PREFIX + model
+
+
+def sample_entry(at_ms: int, version: int, us: tuple[int, ...]) -> str:
+    """One request's latencies (``SAMPLE_PHASES``, us), when and in which version."""
+    return " ".join(str(v) for v in (at_ms, version, *us))
+
+
+def read_samples(client: redis.Redis, model: str, since_ms: int) -> dict[int, dict[str, list[int]]]:
+    """version -> phase -> the latencies (us) of the requests recorded since ``since_ms``."""
+    out: dict[int, dict[str, list[int]]] = {}
+    for raw in client.lrange(samples_key(model), 0, -1):
+        fields = [int(v) for v in raw.split()]
+        if len(fields) != 2 + len(SAMPLE_PHASES) or fields[0] < since_ms:
+            continue
+        by_phase = out.setdefault(fields[1], {p: [] for p in SAMPLE_PHASES})
+        for phase, value in zip(SAMPLE_PHASES, fields[2:], strict=True):
+            by_phase[phase].append(value)
+    return out
+
+
+def quantile(values: list[int], q: float) -> float:
+    """The ``q`` quantile of ``values``, exact (the nearest rank); NaN for none."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
+
+
+def _add_to(into: dict[str, int], more: dict[str, int]) -> None:
+    for name, amount in more.items():
+        into[name] = into.get(name, 0) + amount
 
 
 def record_failures(
@@ -202,6 +291,7 @@ def cache_hit_counts(took_ns: int, hit_ns: int) -> dict[str, int]:
         **{f"{phase}.count": 1 for phase in ("queue", *BATCH_PHASES)},
         "cache_hit.count": 1,
         "cache_hit.ns": hit_ns,
+        **first_response_counts(took_ns),
     }
 
 
@@ -325,8 +415,12 @@ __all__ = [
     "CUT_PREFERRED",
     "CUT_REASONS",
     "FAILURE_REASONS",
+    "FIRST_RESPONSE_BUCKETS_MS",
     "OTHER",
     "REJECTED",
+    "SAMPLES_KEPT",
+    "SAMPLES_WINDOW_S",
+    "SAMPLE_PHASES",
     "Execution",
     "Tally",
     "batch_sizes",
@@ -336,11 +430,17 @@ __all__ = [
     "cuts_by_reason",
     "failure_field",
     "failures_by_reason",
+    "first_response_counts",
+    "first_responses",
     "key",
     "model_stats",
+    "quantile",
     "read",
+    "read_samples",
     "record",
     "record_failure",
     "record_failures",
     "record_now",
+    "sample_entry",
+    "samples_key",
 ]

@@ -182,6 +182,7 @@ class Batcher(threading.Thread):
         on_batch: Callable[[str, dict[str, int]], None] | None = None,
         on_send: Callable[[CommandQueue], None] | None = None,
         sequencer: Sequencer | None = None,
+        samples: bool = False,
         name: str = "",
     ) -> None:
         super().__init__(name=name or f"batcher-{model}", daemon=True)
@@ -195,6 +196,7 @@ class Batcher(threading.Thread):
         self.on_batch = on_batch
         self.on_send = on_send
         self.sequencer = sequencer
+        self.samples = samples  # keep each request's latencies for the summaries
         self.drain = drain or Drain(client, model)  # where requests come from
         self.sink = sink or ReplySink(client, model)  # where their replies go
         self.link = link or RedisLink(client)  # this thread's own round trips
@@ -522,6 +524,8 @@ class Batcher(threading.Thread):
                 run.rows += item.rows
                 run.success_ns += took
                 run.queue_ns += reply.timing.get("queue", 0)
+                run.responses_ns.append(took)
+                run.queues_ns.append(reply.timing.get("queue", 0))
             else:
                 reason = statistics.OTHER if item.tag in refused else statistics.BACKEND
                 run.failed(reason, took)
@@ -543,7 +547,7 @@ class Batcher(threading.Thread):
         pipe = Commands()
         now_ms = int(time.time() * 1000)
         for run in runs:
-            statistics.record(pipe, self.model, run, now_ms)
+            statistics.record(pipe, self.model, run, now_ms, samples=self.samples)
         if self.on_send is not None:
             self.on_send(pipe)
         self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])

@@ -279,6 +279,7 @@ class ModelHost:
                 on_batch=self.telemetry.add,
                 on_send=self.metrics.queue,
                 sequencer=sequencer,
+                samples=self.settings.metrics_config.summary_latencies,
             )
             for k, spec in enumerate(specs)
         ]

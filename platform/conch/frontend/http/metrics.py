@@ -71,6 +71,44 @@ COUNTERS = (
     ),
 )
 
+LATENCY_COUNTERS = {name for name, *_ in COUNTERS if name.endswith("_duration_us")}
+
+# Triton's latency summaries: (metric, statistics phase, sample phase, help text); count
+# and sum are the counters', so they agree with the *_duration_us ones.
+SUMMARIES = (
+    (
+        "nv_inference_request_summary_us",
+        "success",
+        "request",
+        "Summary of inference request duration in microseconds",
+    ),
+    (
+        "nv_inference_queue_summary_us",
+        "queue",
+        "queue",
+        "Summary of inference queuing duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_input_summary_us",
+        "compute_input",
+        "compute_input",
+        "Summary of compute input duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_infer_summary_us",
+        "compute_infer",
+        "compute_infer",
+        "Summary of compute inference duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_output_summary_us",
+        "compute_output",
+        "compute_output",
+        "Summary of compute output duration in microseconds",
+    ),
+)
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+
 # Triton's response cache families, for the models that use the cache (``cached``).
 CACHE_COUNTERS = (
     ("nv_cache_num_hits_per_model", "cache_hit.count", 1, "Number of cache hits per model"),
@@ -132,7 +170,10 @@ def render(plane: DataPlane) -> bytes:
             for v, c in counters[m].items()
         ]
 
+    config = plane.settings.metrics_config
     for metric, fields, divisor, doc in COUNTERS:
+        if metric in LATENCY_COUNTERS and not config.counter_latencies:
+            continue
         family(metric, doc, "counter", counter_rows(list(counters), fields, divisor))
     cached = [m.name for m in models if m.cached]
     if cached:
@@ -147,6 +188,10 @@ def render(plane: DataPlane) -> bytes:
     family(
         "nv_inference_request_failure", "Number of failed inference requests", "counter", failures
     )
+    if config.summary_latencies:
+        lines += _summaries(models, config.quantiles)
+    if config.histogram_latencies:
+        lines += _first_response(models)
     _batching(models, family, lines)
     queued = [(m, m.work) for m in models if m.work is not None]  # ensembles have no queue
     pending = [
@@ -199,6 +244,49 @@ def render(plane: DataPlane) -> bytes:
         if custom["name"] not in builtin:  # a model cannot replace one of Triton's
             lines.extend(_custom_family(custom))
     return ("\n".join(lines) + "\n").encode()
+
+
+def _summaries(models: list[ModelMetrics], quantiles: tuple[tuple[float, float], ...]) -> list[str]:
+    """Triton's latency summaries: quantiles over the requests of the last
+    ``SAMPLES_WINDOW_S`` that every worker pushed (exact, so each quantile's allowed error
+    is met); count and sum from the counters, since the start."""
+    out: list[str] = []
+    for name, phase, sampled, doc in SUMMARIES:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} summary"]
+        for m in models:
+            if m.samples is None:
+                continue  # an ensemble: its steps have their own
+            for version, c in m.counters.items():
+                labels = {"model": m.name, "version": str(version)}
+                values = m.samples.get(version, {}).get(sampled, [])
+                for q, _error in quantiles:
+                    value = statistics.quantile(values, q)
+                    where = _labels({**labels, "quantile": custom_metrics.format_value(q)})
+                    out.append(f"{name}{{{where}}} {custom_metrics.format_value(value)}")
+                out.append(f"{name}_sum{{{_labels(labels)}}} {c.get(f'{phase}.ns', 0) // 1000}")
+                out.append(f"{name}_count{{{_labels(labels)}}} {c.get(f'{phase}.count', 0)}")
+    return out
+
+
+def _first_response(models: list[ModelMetrics]) -> list[str]:
+    """Triton's first-response histogram: every worker's bucket counters, summed."""
+    out = [
+        f"# HELP {FIRST_RESPONSE} Duration from request to first response in milliseconds",
+        f"# TYPE {FIRST_RESPONSE} histogram",
+    ]
+    for m in models:
+        for version, c in m.counters.items():
+            labels = {"model": m.name, "version": str(version)}
+            buckets, count, total_ms = statistics.first_responses(c)
+            out += [
+                f"{FIRST_RESPONSE}_bucket{{{_labels({**labels, 'le': le})}}} {n}"
+                for le, n in buckets
+            ]
+            out.append(
+                f"{FIRST_RESPONSE}_sum{{{_labels(labels)}}} {custom_metrics.format_value(total_ms)}"
+            )
+            out.append(f"{FIRST_RESPONSE}_count{{{_labels(labels)}}} {count}")
+    return out
 
 
 # Triton's CPU and GPU gauges: (metric, sample key, help text). Triton labels GPUs by
