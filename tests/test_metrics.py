@@ -218,6 +218,8 @@ def test_metrics_are_exact_across_two_gateways_and_two_workers(
                 'model="cut",reason="drained"': "0",
             }
             assert series(text, "conch_batch_cut_total")['model="nodelay",reason="drained"'] == "2"
+            assert series(text, "conch_model_loads_total")['model="cut"'] == "2"  # a worker each
+            assert float(series(text, "conch_model_load_seconds_total")['model="cut"']) > 0
             assert "# TYPE conch_batch_size histogram" in text
             sizes = series(text, "conch_batch_size_bucket")
             assert [sizes[f'model="cut",le="{le}"'] for le in ("1", "2", "4", "8", "+Inf")] == [

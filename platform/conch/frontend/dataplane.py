@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conch import __version__
@@ -96,6 +96,7 @@ class ModelMetrics:
     cached: bool = False  # the frontends keep a response cache and the model uses it
     # version -> phase -> recent latencies (us), for the summaries; None: summaries off
     samples: dict[int, dict[str, list[int]]] | None = None
+    own: dict[str, int] = field(default_factory=dict)  # the model's own counters (loads, ...)
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -191,7 +192,7 @@ class DataPlane:
         since_ms = int((time.time() - statistics.SAMPLES_WINDOW_S) * 1000)
         out = []
         for name, entry in served:
-            recorded = statistics.read(self._client, name)
+            recorded, own = statistics.read_all(self._client, name)
             queued = entry.backend != ensemble_graph.ENSEMBLE
             versions = states.get(name, {}).get("versions", {})
             out.append(
@@ -204,6 +205,7 @@ class DataPlane:
                     statistics.read_samples(self._client, name, since_ms)
                     if summaries and queued
                     else None,
+                    own,
                 )
             )
         return out

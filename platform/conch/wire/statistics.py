@@ -64,6 +64,10 @@ FIRST_RESPONSE_NS = "first_response.ns"  # its sum
 SAMPLE_PHASES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 SAMPLES_KEPT = 4096  # per model; the newest
 SAMPLES_WINDOW_S = 60.0  # a summary's window, as prometheus' default max age
+# The model's own counters (``count_model``), beside the versions' in its hash.
+_MODEL = "model"
+REDELIVERED, DEAD_LETTERED = "redelivered.count", "dead_letter.count"
+LOADS, LOAD_MS, LAST_LOAD_MS = "load.count", "load.ms", "load.last_ms"
 CACHE_ERRORS = "cache_error.count"  # conch's: response cache calls that failed (a miss each)
 
 
@@ -365,14 +369,32 @@ def record_now(client: redis.Redis, model: str, run: Execution) -> None:
 
 def read(client: redis.Redis, model: str) -> dict[int, dict[str, int]]:
     """version -> its counters, as recorded so far."""
-    out: dict[int, dict[str, int]] = {}
+    return read_all(client, model)[0]
+
+
+def read_all(client: redis.Redis, model: str) -> tuple[dict[int, dict[str, int]], dict[str, int]]:
+    """(version -> its counters, the model's own counters: ``count_model``'s)."""
+    versions: dict[int, dict[str, int]] = {}
+    own: dict[str, int] = {}
     for raw_field, raw_value in client.hgetall(key(model)).items():
         text = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
         version, _, name = text.partition("|")
-        if not version.isdigit():
-            continue
-        out.setdefault(int(version), {})[name] = int(raw_value)
-    return out
+        if version.isdigit():
+            versions.setdefault(int(version), {})[name] = int(raw_value)
+        elif version == _MODEL:
+            own[name] = int(raw_value)
+    return versions, own
+
+
+def count_model(pipe: CommandQueue, model: str, name: str, amount: int = 1) -> None:
+    """Queue an increment of one of the model's own counters, of no version (a request
+    redelivered or dead-lettered before its version was known, a load)."""
+    pipe.hincrby(key(model), f"{_MODEL}|{name}", amount)
+
+
+def set_model(pipe: CommandQueue, model: str, name: str, value: int) -> None:
+    """Queue setting one of the model's own values (the last load's time)."""
+    pipe.hset(key(model), f"{_MODEL}|{name}", value)
 
 
 def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, Any]:
@@ -414,9 +436,14 @@ __all__ = [
     "CUT_FULL",
     "CUT_PREFERRED",
     "CUT_REASONS",
+    "DEAD_LETTERED",
     "FAILURE_REASONS",
     "FIRST_RESPONSE_BUCKETS_MS",
+    "LAST_LOAD_MS",
+    "LOADS",
+    "LOAD_MS",
     "OTHER",
+    "REDELIVERED",
     "REJECTED",
     "SAMPLES_KEPT",
     "SAMPLES_WINDOW_S",
@@ -426,6 +453,7 @@ __all__ = [
     "batch_sizes",
     "cache_hit_counts",
     "cache_miss_counts",
+    "count_model",
     "cut_field",
     "cuts_by_reason",
     "failure_field",
@@ -436,6 +464,7 @@ __all__ = [
     "model_stats",
     "quantile",
     "read",
+    "read_all",
     "read_samples",
     "record",
     "record_failure",
@@ -443,4 +472,5 @@ __all__ = [
     "record_now",
     "sample_entry",
     "samples_key",
+    "set_model",
 ]

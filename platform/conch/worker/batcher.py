@@ -324,12 +324,15 @@ class Batcher(threading.Thread):
             else:
                 item.ticket = ticket
                 items.append(item)
+        redelivered = sum(1 for _, _, attempts, _ in popped if attempts > 1)
+        if redelivered:  # came back after the worker that held them went away
+            statistics.count_model(pipe, self.model, statistics.REDELIVERED, redelivered)
         gone = self.sink.cancelled(i.msg for i in items)
         if gone:  # cancelled while queued: never run
             done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
             failed += [(statistics.CANCELED, i.msg) for i in items if i.msg.id in gone]
             items = [i for i in items if i.msg.id not in gone]
-        if done:
+        if done or redelivered:
             self._record_failures(pipe, now, failed)
             ack(pipe, self.drain.queue, [tag for tag, _ in done])
             pipe.execute()
@@ -355,7 +358,7 @@ class Batcher(threading.Thread):
             msg = InferMessage.from_dict(payload)
         except BadMessage as exc:
             log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
-            dead_letter(pipe, tag, raw, str(exc))
+            dead_letter(pipe, self.model, tag, raw, str(exc))
             return None
         if msg.deadline and now > msg.deadline:
             log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
@@ -394,7 +397,7 @@ class Batcher(threading.Thread):
                 f"attempts: each one ended with its worker dying"
             )
             log.error("%s: %s (id %s)", self.name, reason, msg.id)
-            dead_letter(pipe, tag, raw, reason)
+            dead_letter(pipe, self.model, tag, raw, reason)
             self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
             failed.append((statistics.OTHER, msg))
             return None

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
 from conch.core.repository import ModelRepository
 from conch.settings import Settings
-from conch.wire import control_bus, model_metrics, worker_reports
+from conch.wire import control_bus, model_metrics, statistics, worker_reports
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from conch.worker.host_metrics import HostMetrics
 from conch.worker.metrics_publisher import MetricsPublisher
@@ -186,7 +187,9 @@ class ModelHost:
             try:
                 if entry.error or entry.config is None:
                     raise ModelLoadError(entry.error or "no config")
+                started = time.monotonic()
                 versions, batchers = self._load(entry)
+                self._count_load(name, time.monotonic() - started)
             except Exception as exc:
                 current.reason = (
                     exc.message
@@ -217,6 +220,19 @@ class ModelHost:
                 sorted(versions),
                 len(next(iter(versions.values()), [])),
             )
+
+    def _count_load(self, name: str, took_s: float) -> None:
+        """A load's time (every version and instance, warmup included), for
+        ``conch_model_load_*``: added to the model's totals, and as its last."""
+        ms = int(took_s * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        statistics.count_model(pipe, name, statistics.LOADS)
+        statistics.count_model(pipe, name, statistics.LOAD_MS, ms)
+        statistics.set_model(pipe, name, statistics.LAST_LOAD_MS, ms)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:  # a metric: the load itself went well
+            log.warning("model '%s': load time not recorded: %s", name, exc)
 
     def withdraw(self, name: str) -> None:
         with self._changes:

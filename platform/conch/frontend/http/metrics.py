@@ -193,6 +193,7 @@ def render(plane: DataPlane) -> bytes:
     if config.histogram_latencies:
         lines += _first_response(models)
     _batching(models, family, lines)
+    _model_events(models, family, lines)
     queued = [(m, m.work) for m in models if m.work is not None]  # ensembles have no queue
     pending = [
         # The newest version serving, else the newest counted (1 before any).
@@ -336,6 +337,52 @@ def _host_families(cpus: dict[str, dict[str, Any]], gpus: dict[str, dict[str, An
 
 # conch_batch_size's buckets (rows); sizes are counted exactly, so any bucket is exact.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def _model_events(
+    models: list[ModelMetrics], family: Callable[..., None], lines: list[str]
+) -> None:
+    """conch's per-model events that have no version: redeliveries, dead letters, loads."""
+    queued = [m for m in models if m.work is not None]
+    for metric, counter, doc in (
+        (
+            "conch_redeliveries_total",
+            statistics.REDELIVERED,
+            "Requests taken again after the worker that held them went away (the "
+            "visibility timeout brought them back).",
+        ),
+        (
+            "conch_dead_letters_total",
+            statistics.DEAD_LETTERED,
+            "Messages set aside for good (conch.deadletter): unreadable, or redelivered "
+            "past CONCH_MAX_ATTEMPTS.",
+        ),
+        ("conch_model_loads_total", statistics.LOADS, "Loads of the model by a worker."),
+    ):
+        family(metric, doc, "counter", [({"model": m.name}, m.own.get(counter, 0)) for m in queued])
+    loaded = [m for m in queued if statistics.LOADS in m.own]
+    for metric, counter, doc in (
+        (
+            "conch_model_load_seconds_total",
+            statistics.LOAD_MS,
+            "Time workers spent loading the model (every version and instance, warmup "
+            "included), summed over its loads.",
+        ),
+        (
+            "conch_model_load_duration_seconds",
+            statistics.LAST_LOAD_MS,
+            "How long the model's latest load by a worker took.",
+        ),
+    ):
+        lines += [
+            f"# HELP {metric} {doc}",
+            f"# TYPE {metric} {'counter' if 'total' in metric else 'gauge'}",
+        ]
+        lines += [
+            f"{metric}{{{_labels({'model': m.name})}}} "
+            f"{custom_metrics.format_value(m.own[counter] / 1000)}"
+            for m in loaded
+        ]
 
 
 def _batching(models: list[ModelMetrics], family: Callable[..., None], lines: list[str]) -> None:
