@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from conch.devtools.redis_server import start_private
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until, waiting
-from models import add_inputs, add_model
+from models import add_inputs, add_model, python_model
 
 
 def sample(text: str, name: str, model: str) -> float:
@@ -124,14 +124,8 @@ def test_metrics_are_exact_across_two_gateways_and_two_workers(
         "default_timeout_microseconds: 100000 max_queue_size: 2 } }",
     )
     add_model(repo / "held")
-    (repo / "failing" / "1").mkdir(parents=True)
-    (repo / "failing" / "1" / "model.py").write_text(FAILING)
-    (repo / "failing" / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 8\n'
-        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, '
-        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-    )
+    add_io = (repo / "held" / "config.pbtxt").read_text().split("\n", 1)[1]  # add's tensors
+    python_model(repo / "failing", 'backend: "python"\n' + add_io, FAILING)
     server = start_private()
     db = server.url
     flags = (

@@ -479,6 +479,28 @@ def _bool_flag(name: str, setting: str, roles: frozenset[Role], help: str) -> Fl
     return Flag(name, setting, roles, help, type=_bool, metavar="BOOL", as_args=_bool_arg)
 
 
+def _config_flag(
+    name: str,
+    setting: str,
+    roles: frozenset[Role],
+    help: str,
+    metavar: str,
+    parse: Callable[[list[str]], Any],
+) -> Flag:
+    """A repeatable Triton ``KEY=VALUE`` flag: its values parsed together into one
+    config, which writes them back with its ``items()``."""
+    return Flag(
+        name,
+        setting,
+        roles,
+        help,
+        metavar=metavar,
+        action="append",
+        read=parse,
+        as_args=lambda flag, config: _each(flag, config.items()),
+    )
+
+
 def _choice_flag(name: str, setting: str, help: str, choices: type[StrEnum]) -> Flag:
     """A flag whose values are an enum's, for every role."""
     return Flag(name, setting, ALL_ROLES, help, choices=tuple(choices), read=choices)
@@ -652,16 +674,14 @@ FLAGS: tuple[Flag, ...] = (
         read=lambda on: False if on else None,
         as_args=lambda name, auto_complete: [],
     ),
-    Flag(
+    _config_flag(
         "--backend-config",
         "backend_config",
         ALL_ROLES,
         "Triton's form: [BACKEND,]default-max-batch-size=N is applied (for every backend, "
         "or for one); other settings are logged and ignored; repeatable",
-        metavar="[BACKEND,]SETTING=VALUE",
-        action="append",
-        read=BackendConfig.parse,
-        as_args=lambda name, config: _each(name, config.items()),
+        "[BACKEND,]SETTING=VALUE",
+        BackendConfig.parse,
     ),
     Flag(
         "--request-timeout-secs",
@@ -735,17 +755,15 @@ FLAGS: tuple[Flag, ...] = (
         "workers report their GPUs' use, memory and power through NVML (nv_gpu_*; default "
         "true; needs the gpu extra, nvidia-ml-py, and a GPU)",
     ),
-    Flag(
+    _config_flag(
         "--metrics-config",
         "metrics_config",
         ALL_ROLES,
         "Triton's: counter_latencies=<bool>, summary_latencies=<bool>, "
         "summary_quantiles=<q>:<error>,..., histogram_latencies=<bool>; repeatable; give it "
         "to workers too (they keep the samples summaries are computed from)",
-        metavar="KEY=VALUE",
-        action="append",
-        read=MetricsConfig.parse,
-        as_args=lambda name, config: _each(name, config.items()),
+        "KEY=VALUE",
+        MetricsConfig.parse,
     ),
     Flag(
         "--metrics-interval-ms",
