@@ -280,3 +280,21 @@ def _meminfo(name: str) -> int:
         if line.startswith(name + ":"):
             return int(line.split()[1]) * 1024
     raise KeyError(name)
+
+
+def test_metrics_address_binds_the_metrics_port_apart(tmp_path: Path, log_dir: Path) -> None:
+    """--metrics-address: the metrics port listens there, not on the HTTP address."""
+    repo = tmp_path / "models"
+    add_model(repo / "add")
+    server = start_private()
+    gateway, url = start_gateway(repo, server.url, log_dir, "--metrics-address", "127.0.0.2")
+    try:
+        port = gateway.metrics_url.rsplit(":", 1)[1]
+        reply = requests.get(f"http://127.0.0.2:{port}/metrics", timeout=10)
+        assert reply.status_code == 200 and "nv_inference_count" in reply.text
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://{gateway.metrics_url}/metrics", timeout=10)
+        assert requests.get(f"http://{url}/v2/health/live", timeout=10).status_code == 200
+    finally:
+        gateway.stop()
+        server.stop()
