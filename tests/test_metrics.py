@@ -269,6 +269,26 @@ def test_metrics_are_exact_across_two_gateways_and_two_workers(
             assert 0 < used < int(total)
         # One sample per successful request, from either worker, in the model's list.
         assert redis.Redis.from_url(db).llen("conch.samples.cut") == 5
+        # Async jobs: one that succeeds and one that fails, through either gateway.
+        for u, m in ((url_a, "cut"), (url_b, "failing")):
+            r = requests.post(f"http://{u}/v2/models/{m}/jobs", json=body, timeout=10)
+            done = requests.get(f"http://{u}/v2/jobs/{r.json()['id']}/result?wait=30", timeout=60)
+            assert done.status_code == (200 if m == "cut" else 500), done.text
+        # Jobs by what happened to them (the cancelled one from before the workers).
+        text = scrape(gb)
+        jobs = {
+            k: v
+            for k, v in series(text, "conch_jobs_total").items()
+            if 'kind="infer"' in k and v != "0"
+        }
+        assert jobs == {
+            'model="held",kind="infer",state="submitted"': "1",
+            'model="held",kind="infer",state="cancelled"': "1",
+            'model="cut",kind="infer",state="submitted"': "1",
+            'model="cut",kind="infer",state="succeeded"': "1",
+            'model="failing",kind="infer",state="submitted"': "1",
+            'model="failing",kind="infer",state="failed"': "1",
+        }
     finally:
         for svc in (ga, gb, *workers):
             svc.stop()

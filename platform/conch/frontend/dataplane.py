@@ -431,6 +431,7 @@ class DataPlane:
         limit = self.settings.max_queued_jobs
         if to.entry.backend == ensemble_graph.ENSEMBLE:  # a worker's job driver runs its graph
             ensemble_jobs.submit(self._client, record, msg, limit)
+            self._count_job(model, job_store.INFER)
             return JobState(record, job_store.Outcome(job_store.PENDING))
         pipe = self._client.pipeline(transaction=False)
         record.save(pipe, msg.job_ttl)
@@ -449,7 +450,14 @@ class DataPlane:
                 f"Exceeds maximum queue size: model '{model}' already has {limit} async jobs "
                 "waiting (CONCH_MAX_QUEUED_JOBS); retry later"
             )
+        self._count_job(model, job_store.INFER)
         return JobState(record, job_store.Outcome(job_store.PENDING))
+
+    def _count_job(self, model: str, kind: str) -> None:
+        """One more ``kind`` job submitted for ``model`` (``conch_jobs_total``)."""
+        pipe = self._client.pipeline(transaction=False)
+        statistics.count_model(pipe, model, statistics.job_field(kind, statistics.JOB_SUBMITTED))
+        pipe.execute()
 
     def submit_batch(self, model: str, version: str, source: Any, target: Any) -> JobState:
         """An offline batch job: JSONL of infer requests at ``source`` (an s3:// URI),
@@ -470,7 +478,7 @@ class DataPlane:
         """Cancel a job that has not finished: a queued request never runs; a batch job
         stops sending lines (those already queued still run) and uploads nothing."""
         record = self._record(job_id)
-        if not job_store.cancel(self._client, record.id, self.settings.job_ttl_s):
+        if not job_store.cancel(self._client, record, self.settings.job_ttl_s):
             outcome = job_store.read(self._client, record.id)
             raise InvalidArgument(f"job {record.id} has already finished ({outcome.status})")
         return JobState(record, job_store.read(self._client, record.id))

@@ -68,6 +68,14 @@ SAMPLES_WINDOW_S = 60.0  # a summary's window, as prometheus' default max age
 _MODEL = "model"
 REDELIVERED, DEAD_LETTERED = "redelivered.count", "dead_letter.count"
 LOADS, LOAD_MS, LAST_LOAD_MS = "load.count", "load.ms", "load.last_ms"
+# Async (infer) and batch jobs, by what happened to them (``conch_jobs_total``).
+JOB_SUBMITTED, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED = (
+    "submitted",
+    "succeeded",
+    "failed",
+    "cancelled",
+)
+JOB_STATES = (JOB_SUBMITTED, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED)
 CACHE_ERRORS = "cache_error.count"  # conch's: response cache calls that failed (a miss each)
 
 
@@ -389,12 +397,27 @@ def read_all(client: redis.Redis, model: str) -> tuple[dict[int, dict[str, int]]
 def count_model(pipe: CommandQueue, model: str, name: str, amount: int = 1) -> None:
     """Queue an increment of one of the model's own counters, of no version (a request
     redelivered or dead-lettered before its version was known, a load)."""
-    pipe.hincrby(key(model), f"{_MODEL}|{name}", amount)
+    pipe.hincrby(key(model), model_field(name), amount)
+
+
+def job_field(kind: str, state: str) -> str:
+    """The model's counter of ``kind`` jobs (infer, batch) that reached ``state``."""
+    return f"job.{kind}.{state}.count"
+
+
+def model_field(name: str) -> str:
+    """The hash field of the model's own counter ``name`` (for scripts that add to it)."""
+    return f"{_MODEL}|{name}"
+
+
+def jobs_by_state(own: dict[str, int], kind: str) -> dict[str, int]:
+    """The model's ``kind`` jobs per state, every state present."""
+    return {state: own.get(job_field(kind, state), 0) for state in JOB_STATES}
 
 
 def set_model(pipe: CommandQueue, model: str, name: str, value: int) -> None:
     """Queue setting one of the model's own values (the last load's time)."""
-    pipe.hset(key(model), f"{_MODEL}|{name}", value)
+    pipe.hset(key(model), model_field(name), value)
 
 
 def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, Any]:
@@ -439,6 +462,11 @@ __all__ = [
     "DEAD_LETTERED",
     "FAILURE_REASONS",
     "FIRST_RESPONSE_BUCKETS_MS",
+    "JOB_CANCELLED",
+    "JOB_FAILED",
+    "JOB_STATES",
+    "JOB_SUBMITTED",
+    "JOB_SUCCEEDED",
     "LAST_LOAD_MS",
     "LOADS",
     "LOAD_MS",
@@ -460,7 +488,10 @@ __all__ = [
     "failures_by_reason",
     "first_response_counts",
     "first_responses",
+    "job_field",
+    "jobs_by_state",
     "key",
+    "model_field",
     "model_stats",
     "quantile",
     "read",

@@ -24,7 +24,7 @@ from conch.core import custom_metrics
 from conch.core.errors import ConchError, InvalidArgument
 from conch.frontend.dataplane import DataPlane, ModelMetrics
 from conch.frontend.http.fast_path import error_answer, status_line
-from conch.wire import statistics, work_owed
+from conch.wire import job_store, statistics, work_owed
 from conch.wire.statistics import CACHE_ERRORS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -360,6 +360,19 @@ def _model_events(
         ("conch_model_loads_total", statistics.LOADS, "Loads of the model by a worker."),
     ):
         family(metric, doc, "counter", [({"model": m.name}, m.own.get(counter, 0)) for m in queued])
+    family(
+        "conch_jobs_total",
+        "Async (kind infer) and batch jobs of the model, by what happened to them: "
+        "submitted, succeeded, failed, cancelled (submitted less the other three are "
+        "waiting or running).",
+        "counter",
+        [
+            ({"model": m.name, "kind": kind, "state": state}, n)
+            for m in models
+            for kind in (job_store.INFER, job_store.BATCH)
+            for state, n in statistics.jobs_by_state(m.own, kind).items()
+        ],
+    )
     loaded = [m for m in queued if statistics.LOADS in m.own]
     for metric, counter, doc in (
         (
