@@ -25,6 +25,7 @@ request's latencies onto a list per model (``samples``), trimmed to the newest
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import threading
@@ -155,7 +156,10 @@ def record(
     if run.cut:
         increments[cut_field(run.cut)] = 1
     for took in run.responses_ns:
-        _add_to(increments, first_response_counts(took))
+        bucket = _FIRST_RESPONSE_FIELDS[bisect.bisect_left(_FIRST_RESPONSE_BOUNDS_NS, took)]
+        increments[bucket] = increments.get(bucket, 0) + 1
+    if run.responses_ns:
+        increments[FIRST_RESPONSE_NS] = sum(run.responses_ns)
     _add(pipe, model, run.version, now_ms if ok else 0, increments)
     if samples and run.responses_ns:
         phases = (run.input_ns // 1000, run.infer_ns // 1000, run.output_ns // 1000)
@@ -169,9 +173,8 @@ def record(
 
 def first_response_counts(took_ns: int) -> dict[str, int]:
     """One response, ``took_ns`` after its request arrived, in the histogram's buckets."""
-    ms = took_ns / 1e6
-    bound = next((b for b in FIRST_RESPONSE_BUCKETS_MS if ms <= b), None)
-    return {first_response_field(bound): 1, FIRST_RESPONSE_NS: took_ns}
+    bucket = _FIRST_RESPONSE_FIELDS[bisect.bisect_left(_FIRST_RESPONSE_BOUNDS_NS, took_ns)]
+    return {bucket: 1, FIRST_RESPONSE_NS: took_ns}
 
 
 def first_response_field(bound: float | None) -> str:
@@ -218,9 +221,8 @@ def quantile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
 
 
-def _add_to(into: dict[str, int], more: dict[str, int]) -> None:
-    for name, amount in more.items():
-        into[name] = into.get(name, 0) + amount
+_FIRST_RESPONSE_BOUNDS_NS = tuple(b * 1_000_000 for b in FIRST_RESPONSE_BUCKETS_MS)
+_FIRST_RESPONSE_FIELDS = tuple(first_response_field(b) for b in (*FIRST_RESPONSE_BUCKETS_MS, None))
 
 
 def record_failures(
