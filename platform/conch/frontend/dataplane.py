@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conch import __version__
@@ -95,6 +95,9 @@ class ModelMetrics:
     ready: list[int]  # versions a live worker reports READY
     work: ModelWork | None  # waiting in its queue and in flight; None: an ensemble's
     cached: bool = False  # the frontends keep a response cache and the model uses it
+    # version -> phase -> recent latencies (us), for the summaries; None: summaries off
+    samples: dict[int, dict[str, list[int]]] | None = None
+    own: dict[str, int] = field(default_factory=dict)  # the model's own counters (loads, ...)
     sequence_model: bool = False  # it has sequence_batching (its live sequences count)
 
     @property
@@ -188,9 +191,12 @@ class DataPlane:
         )
         if self.cache is not None:
             self.cache.flush()
+        summaries = self.settings.metrics_config.summary_latencies
+        since_ms = int((time.time() - statistics.SAMPLES_WINDOW_S) * 1000)
         out = []
         for name, entry in served:
-            recorded = statistics.read(self._client, name)
+            recorded, own = statistics.read_all(self._client, name)
+            queued = entry.backend != ensemble_graph.ENSEMBLE
             versions = states.get(name, {}).get("versions", {})
             out.append(
                 ModelMetrics(
@@ -199,7 +205,11 @@ class DataPlane:
                     [int(v) for v, st in versions.items() if st == worker_reports.READY],
                     work.get(name),
                     self.cache is not None and self.cache.applies(entry.config),
-                    self.sequences.spec(entry.config) is not None,
+                    statistics.read_samples(self._client, name, since_ms)
+                    if summaries and queued
+                    else None,
+                    own,
+                    sequence_model=self.sequences.spec(entry.config) is not None,
                 )
             )
         return out
@@ -225,6 +235,11 @@ class DataPlane:
     def jobs_depth(self) -> JobsWork:
         """The work the batch jobs queue owes (``conch.wire.work_owed.jobs_owed``)."""
         return jobs_owed(self._client)
+
+    def hosts(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The live workers' hosts: CPU use per host and GPU use per GPU UUID
+        (``worker_reports.hosts``)."""
+        return worker_reports.hosts(worker_reports.snapshot(self._client))
 
     def custom_metrics(self) -> list[dict[str, Any]]:
         """The metric families models defined (``pb_utils.MetricFamily``), each metric
@@ -431,6 +446,7 @@ class DataPlane:
         limit = self.settings.max_queued_jobs
         if to.entry.backend == ensemble_graph.ENSEMBLE:  # a worker's job driver runs its graph
             ensemble_jobs.submit(self._client, record, msg, limit)
+            self._count_job(model, job_store.INFER)
             return JobState(record, job_store.Outcome(job_store.PENDING))
         pipe = self._client.pipeline(transaction=False)
         record.save(pipe, msg.job_ttl)
@@ -449,7 +465,14 @@ class DataPlane:
                 f"Exceeds maximum queue size: model '{model}' already has {limit} async jobs "
                 "waiting (CONCH_MAX_QUEUED_JOBS); retry later"
             )
+        self._count_job(model, job_store.INFER)
         return JobState(record, job_store.Outcome(job_store.PENDING))
+
+    def _count_job(self, model: str, kind: str) -> None:
+        """One more ``kind`` job submitted for ``model`` (``conch_jobs_total``)."""
+        pipe = self._client.pipeline(transaction=False)
+        statistics.count_model(pipe, model, statistics.job_field(kind, statistics.JOB_SUBMITTED))
+        pipe.execute()
 
     def submit_batch(self, model: str, version: str, source: Any, target: Any) -> JobState:
         """An offline batch job: JSONL of infer requests at ``source`` (an s3:// URI),
@@ -472,7 +495,7 @@ class DataPlane:
         """Cancel a job that has not finished: a queued request never runs; a batch job
         stops sending lines (those already queued still run) and uploads nothing."""
         record = self._record(job_id)
-        if not job_store.cancel(self._client, record.id, self.settings.job_ttl_s):
+        if not job_store.cancel(self._client, record, self.settings.job_ttl_s):
             outcome = job_store.read(self._client, record.id)
             raise InvalidArgument(f"job {record.id} has already finished ({outcome.status})")
         return JobState(record, job_store.read(self._client, record.id))

@@ -59,6 +59,9 @@ Workers and statistics (``conch.wire.worker_reports``, ``conch.wire.statistics``
       [WORKER_PREFIX]                       expires unless refreshed     index, load results)
     conch.stats.<model>            hash     worker: <version>|<counter>  gateway (statistics API,
       [STATS_PREFIX]                        -> int, a script a batch     /metrics)
+    conch.samples.<model>          list     worker: recent requests'    gateway (/metrics
+      [SAMPLES_PREFIX]                      latencies, one entry each,   summaries)
+                                            trimmed to the newest few
     conch.custom_metrics.<id>      string   worker: JSON snapshot of its gateway (/metrics)
       [CUSTOM_METRICS_PREFIX]               models' custom metrics,
                                             expires unless refreshed
@@ -124,6 +127,7 @@ DATASET = "conch.dataset"  # names what Redis holds: gone or changed when Redis 
 WORKERS = "conch.workers"
 WORKER_PREFIX = "conch.worker."
 STATS_PREFIX = "conch.stats."
+SAMPLES_PREFIX = "conch.samples."
 CUSTOM_METRICS_PREFIX = "conch.custom_metrics."
 
 # Control plane.
@@ -167,6 +171,7 @@ __all__ = [
     "REPLY_PREFIX",
     "REPOSITORY_EVENTS",
     "REPOSITORY_GENERATION",
+    "SAMPLES_PREFIX",
     "STATS_PREFIX",
     "UNACKED",
     "UNACKED_INDEX",
