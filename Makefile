@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format bench install functions redis-server perf-analyzer mlserver triton clean
+.PHONY: serve test lint format bench install functions redis-server perf-analyzer mlserver triton wheelhouse clean
 
 install: $(STAMP)
 
@@ -99,6 +99,28 @@ bench: $(STAMP) functions redis-server perf-analyzer \
   $(call unless_both_skip,--skip-triton,$(TRITON_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 	$(BIN)/python bench/text_embedding.py $(TE_BENCH_ARGS)
+
+# Every wheel conch needs, for one Python and platform, in one folder, for a machine without
+# internet (README, "Offline install"): tools/wheelhouse.py, knobs below. WHEEL_PYTHON: X.Y
+# (default: the venv's); WHEEL_EXTRAS: e.g. gpu; WHEEL_EXCLUDE: names the target already has;
+# WHEEL_EXTRA_INDEX_URL: more indexes, comma-separated (https://download.pytorch.org/whl/cpu:
+# torch's CPU build, else PyPI's, the CUDA build on Linux; https://pypi.nvidia.com: the gpu
+# extra's tensorrt libraries); WHEEL_FIND_LINKS: folders of wheels built elsewhere;
+# WHEEL_BUILD_PYTHON: an interpreter of WHEEL_PYTHON's version for sdist-only packages.
+WHEELHOUSE ?= dist/wheelhouse
+WHEEL_PYTHON ?=
+WHEEL_PLATFORM ?= manylinux_2_28_x86_64
+WHEEL_EXTRAS ?=
+WHEEL_EXCLUDE ?=
+WHEEL_EXTRA_INDEX_URL ?=
+WHEEL_FIND_LINKS ?=
+WHEEL_BUILD_PYTHON ?=
+
+wheelhouse: $(STAMP)
+	$(BIN)/python tools/wheelhouse.py --dest '$(WHEELHOUSE)' --python '$(WHEEL_PYTHON)' \
+	  --platform '$(WHEEL_PLATFORM)' --extras '$(WHEEL_EXTRAS)' --exclude '$(WHEEL_EXCLUDE)' \
+	  --extra-index-url '$(WHEEL_EXTRA_INDEX_URL)' --find-links '$(WHEEL_FIND_LINKS)' \
+	  --build-python '$(WHEEL_BUILD_PYTHON)'
 
 # ruff, then the rooms' import contracts (pyproject.toml [tool.importlinter]).
 lint: $(STAMP)

@@ -725,8 +725,13 @@ def test_dockerfile_is_what_the_chart_expects() -> None:
     assert int(uid) == _chart().values["podSecurityContext"]["runAsUser"]
     entrypoint = next(ln for ln in final if ln.upper().startswith("ENTRYPOINT "))
     assert json.loads(entrypoint.split(None, 1)[1]) == ["conch"]
+    # The shipped repository, as the build stage left it (text_embedding built there).
     copies = [ln.split()[1:] for ln in final if ln.upper().startswith("COPY ")]
-    assert ["functions", _chart().values["modelRepository"]["imagePath"]] in copies
+    image_path = _chart().values["modelRepository"]["imagePath"]
+    assert ["--from=build", "/src/functions", image_path] in copies
+    build = (ROOT / "Dockerfile").read_text().split("\nFROM ")[1]
+    assert "WORKDIR /src" in build and "COPY functions functions" in build
+    assert "functions/build_text_embedding.py" in build
     cmd = json.loads(next(ln for ln in final if ln.upper().startswith("CMD ")).split(None, 1)[1])
     assert conch_parser().parse_args(cmd).command == "gateway"
     ignore = (ROOT / ".dockerignore").read_text().splitlines()

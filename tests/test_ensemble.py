@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -491,3 +492,37 @@ def test_perf_analyzer_runs_the_sentiment_ensemble(url: str, tmp_path: Path) -> 
     assert throughputs and throughputs[0] > 0, out[-3000:]
     # With statistics advertised, perf_analyzer reads the ensemble's and its steps' stats.
     assert "Server: " in out and "Composing models:" in out, out[-3000:]
+
+
+def test_an_async_job_on_an_ensemble_runs_its_graph_on_a_worker(url: str, db: str) -> None:
+    """The job answers what infer answers; its steps wait at the async step; the ensemble
+    counts it; a failing step fails the job with the step's error."""
+    from test_jobs import result, submit, wait_done
+
+    a, b = np.ones((2, 4), np.float32), np.full((2, 4), 2.0, np.float32)
+    before = statistic(url, "ens_add")
+    job = submit(url, "ens_add", [fp32("A", a), fp32("B", b)])
+    assert wait_done(url, job)["status"] == "SUCCESS"
+    np.testing.assert_array_equal(result(url, job).as_numpy("OUT"), a + b)
+    assert statistic(url, "ens_add") == before + 2
+    bad = submit(url, "sentiment", [text_input([b"\xff\xfe not utf-8"])])
+    status = wait_done(url, bad)
+    assert status["status"] == "FAILURE"
+    assert "preprocessing" in status["error"] and "UTF-8" in status["error"], status
+
+
+def test_a_cancelled_async_job_on_an_ensemble_never_runs(url: str) -> None:
+    """Jobs beyond what the worker's drivers run at once (--job-concurrency, 4) wait on
+    conch.jobs; one cancelled there never sends a step."""
+    from test_jobs import submit, wait_done
+
+    x = np.zeros((1, 4), np.float32)
+    before = statistic(url, "slow_a")
+    jobs = [submit(url, "ens_parallel", [fp32("X", x)]) for _ in range(9)]
+    r = requests.delete(f"http://{url}/v2/jobs/{jobs[-1]}")
+    assert r.status_code == 200 and r.json()["status"] == "REVOKED", r.text
+    for job in jobs[:-1]:
+        assert wait_done(url, job, timeout=30)["status"] == "SUCCESS"
+    time.sleep(0.5)
+    assert statistic(url, "slow_a") == before + 8  # the cancelled job sent no step
+    assert requests.get(f"http://{url}/v2/jobs/{jobs[-1]}").json()["status"] == "REVOKED"

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from test_jobs import result, submit, wait_done
 from test_offline import put_jsonl, read_jsonl, submit_batch
 
-from harness import ROOT, fresh_db, serving, start_grpc, wait_grpc_model_ready
+from harness import ROOT, fresh_db, serving, start_grpc, wait_grpc_model_ready, wait_until
 
 FUNCTIONS = ROOT / "functions"
 STEPS = ("text_embedding_tokenizer", "text_embedding_encoder", "text_embedding_pooling")
@@ -165,7 +165,8 @@ def test_text_that_is_not_utf8_fails_its_own_request_only(stack: str, reference)
 
 def test_an_async_job_answers_what_infer_answers(stack: str, reference) -> None:
     job = submit(stack, "text_embedding", [_text_input(httpclient.InferInput, SENTENCES)])
-    assert wait_done(stack, job, timeout=60)["status"] == "SUCCESS"
+    status = wait_done(stack, job, timeout=60)
+    assert status["status"] == "SUCCESS", str(status)
     assert_agrees(result(stack, job).as_numpy("EMBEDDING"), reference)
 
 
@@ -192,3 +193,45 @@ def test_an_offline_batch_job_embeds_a_jsonl_corpus(stack: str, s3, reference) -
     got = np.array([o["outputs"][0]["data"] for o in out], dtype=np.float32)
     assert_agrees(got, reference)
     assert requests.get(f"http://{stack}/v2/models/text_embedding/ready").status_code == 200
+
+
+def test_an_async_job_does_not_wait_for_a_running_batch_job(stack: str, s3, reference) -> None:
+    """Both run on the worker's job drivers (--job-concurrency): a long batch job on the
+    ensemble leaves room for an async job, which also overtakes the job's lines."""
+    bucket = f"corpus-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    line = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
+    lines = []
+    for i in range(400):
+        line["inputs"][0]["data"] = [f"{SENTENCES[i % 7]} ({i})"]
+        lines.append(json.dumps(line))
+    put_jsonl(s3, bucket, "long.jsonl", lines)
+    spec = {"input": f"s3://{bucket}/long.jsonl", "output": f"s3://{bucket}/long-out.jsonl"}
+    batch = submit_batch(stack, "text_embedding", spec).json()["id"]
+    wait_until(
+        lambda: requests.get(f"http://{stack}/v2/jobs/{batch}").json()["status"] == "STARTED",
+        30,
+        "the batch job to start",
+    )
+    job = submit(stack, "text_embedding", [_text_input(httpclient.InferInput, SENTENCES[:2])])
+    quick = wait_done(stack, job, timeout=60)
+    assert quick["status"] == "SUCCESS", str(quick)
+    assert_agrees(result(stack, job).as_numpy("EMBEDDING"), reference[:2])
+    long = wait_done(stack, batch, timeout=300)
+    assert long["status"] == "SUCCESS" and long["progress"] == {"lines": 400, "failed": 0}
+    assert quick["finished"] < long["finished"], (quick, long)
+
+
+def test_the_readme_example_runs(stack: str) -> None:
+    """The README's text_embedding example, as written, against this stack."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## A real model: `text_embedding`", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    printed: list = []
+    exec(  # the README's own example
+        compile(code.replace("127.0.0.1:8000", stack), "README.md", "exec"),
+        {"print": printed.append},
+    )
+    similarities, shape = printed
+    assert shape == (2, 384)
+    np.testing.assert_allclose(np.diag(similarities), 1.0, atol=1e-5)

@@ -322,6 +322,9 @@ class Settings:
     # driver, for a group whose scaler does not count the jobs (it could be scaled down
     # mid-job). Triton has no batch jobs, so no such flag.
     batch_jobs: bool = True
+    # Jobs one worker's drivers run at once (Celery's thread pool on conch.jobs): batch
+    # jobs, and ensembles' async jobs, which must not wait for a long batch job to end.
+    job_concurrency: int = 4
     # Models whose workers may all be gone by design (scaled to zero): with no live worker
     # they read as ready and take requests, which wait in the queue for one to start.
     # ["*"]: every model.
@@ -863,6 +866,16 @@ FLAGS: tuple[Flag, ...] = (
         "run batch jobs' drivers (default true). false: never, for the workers of a group "
         "whose autoscaler does not count the jobs (no --jobs) and so could retire one "
         "mid-job. conch's own: Triton has no batch jobs",
+    ),
+    Flag(
+        "--job-concurrency",
+        "job_concurrency",
+        WORKER_ROLES,
+        "jobs this worker's drivers run at once: batch jobs and ensembles' async jobs "
+        "(default 4). conch's own: Triton has no jobs",
+        type=int,
+        metavar="N",
+        read=lambda n: _at_least(n, 1, "--job-concurrency"),
     ),
     Flag(
         "--models",

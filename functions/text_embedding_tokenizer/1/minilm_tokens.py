@@ -18,7 +18,13 @@ FILE = "tokenizer.json"
 def load(folder=None):
     """The tokenizer written beside this file (or in ``folder``)."""
     folder = folder or os.path.dirname(os.path.abspath(__file__))
-    return Tokenizer.from_file(os.path.join(folder, FILE))
+    path = os.path.join(folder, FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path} is missing: it is built, not committed; run `make functions` "
+            "(functions/build_text_embedding.py)"
+        )
+    return Tokenizer.from_file(path)
 
 
 def encode(tokenizer, texts):

@@ -11,14 +11,14 @@ never holds more of the dataset than the window.
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import queue
 import re
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -26,13 +26,16 @@ import orjson
 import redis
 
 from conch.core import inference, validation
-from conch.core.errors import ConchError, InvalidArgument, Unavailable
+from conch.core.ensemble_graph import ENSEMBLE
+from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable
 from conch.core.repository import ModelEntry, ModelRepository
 from conch.frontend import calls, v2_json
+from conch.frontend.ensemble_runner import GraphRunner
+from conch.frontend.job_keepalive import keepalive
 from conch.settings import Settings
 from conch.wire import broker, job_store
 from conch.wire.job_store import JobCancelled
-from conch.wire.messages import REPLY_PREFIX, REPLY_TTL_S, BadMessage, InferMessage, Reply
+from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +187,11 @@ def new_reply_key(job_id: str) -> str:
 
 
 def run_task(
-    settings: Settings, client: redis.Redis, repository: ModelRepository, payload: dict[str, Any]
+    settings: Settings,
+    client: redis.Redis,
+    repository: ModelRepository,
+    payload: dict[str, Any],
+    graph: GraphRunner | None = None,
 ) -> dict[str, Any]:
     """The body of the ``conch.batch_job`` Celery task, in the worker that took the task.
 
@@ -192,11 +199,12 @@ def run_task(
     overrides included), so a job on a model loaded with a config or ``file:`` override
     reads the model the gateway accepted it for. A cancelled job is recorded REVOKED and
     ``JobCancelled`` raised; the task then tells Celery to leave that state alone.
+    ``graph`` runs the lines of a job on an ensemble.
     """
     job_id = job_store.check_id(str(payload.get("id", "")))
     reply_key = new_reply_key(job_id)
     period = min(1.0, settings.visibility_timeout_s / 3)
-    with _keepalive(client, job_id, reply_key, period):
+    with keepalive(client, job_id, period, reply_key):
         try:
             return run(
                 client,
@@ -205,37 +213,11 @@ def run_task(
                 s3=s3_client(settings.s3_region),
                 max_line_bytes=settings.max_input_bytes,
                 reply_key=reply_key,
+                graph=graph,
             )
         except JobCancelled:
             job_store.revoke(client, job_id, settings.job_ttl_s)
             raise
-
-
-@contextlib.contextmanager
-def _keepalive(client: redis.Redis, job_id: str, reply_key: str, period: float) -> Iterator[None]:
-    """While the job runs, keep kombu from restoring the task's message (its delivery tag
-    is the job id), however long the job or one of its uploads takes, and its reply list
-    from expiring while the job is busy elsewhere (a slow read); and count it as work
-    owed, in flight (``broker.job_running``: a group at zero is woken by the jobs it
-    owes, and one running a job is not scaled down under it). The mark is renewed on
-    every beat, so a Redis that lost it (a restart) has it again."""
-    done = threading.Event()
-    broker.job_running(client, job_id)
-
-    def beat() -> None:
-        while not done.wait(period):
-            with contextlib.suppress(redis.RedisError):
-                broker.touch(client, [job_id])
-                broker.job_running(client, job_id)
-                client.expire(reply_key, REPLY_TTL_S)
-
-    threading.Thread(target=beat, name=f"job-{job_id[:8]}", daemon=True).start()
-    try:
-        yield
-    finally:
-        done.set()
-        with contextlib.suppress(redis.RedisError):
-            broker.job_ended(client, job_id)
 
 
 def run(
@@ -246,11 +228,13 @@ def run(
     s3: Any,
     max_line_bytes: int = 64 * 1024 * 1024,
     reply_key: str = "",
+    graph: GraphRunner | None = None,
 ) -> dict[str, Any]:
     """Run one batch job to the end; its summary is the Celery task's result.
 
     Its lines' replies come to ``reply_key`` (``new_reply_key``), which the caller keeps
-    alive while the job runs (workers give reply lists a short TTL).
+    alive while the job runs (workers give reply lists a short TTL). A job on an ensemble
+    runs each line's graph through ``graph`` instead.
     """
     record = job_store.JobRecord.load(client, job_id)
     if record is None:
@@ -262,21 +246,19 @@ def run(
     source = parse_uri(record.detail["input"], "input")
     target = parse_uri(record.detail["output"], "output")
     _check_writable(s3, target)  # before the work, not after it
-    reply_key = reply_key or new_reply_key(job_id)
-    publisher = broker.Publisher(client)
+    if entry.backend == ENSEMBLE:
+        if graph is None:
+            raise Unavailable(f"model '{entry.name}' is an ensemble: this driver cannot run it")
+        lines: _Lines = _Graphs(graph, entry, to.version)
+    else:
+        lines = _ModelQueue(client, entry.name, reply_key or new_reply_key(job_id), job_id)
     job_store.report_progress(client, job_id, lines=0, failed=0)
     last_report = time.monotonic()
-    with tempfile.TemporaryFile() as out:
+    with tempfile.TemporaryFile() as out, lines:
         window = _Window(out)
 
         def collect(block: float) -> None:
-            got = client.blmpop(block, 1, reply_key, direction="LEFT", count=256)
-            for raw in got[1] if got else ():
-                try:
-                    reply = Reply.unpack(raw)
-                except BadMessage as exc:
-                    log.warning("batch job %s: unreadable reply: %s", job_id, exc)
-                    continue
+            for reply in lines.replies(block):
                 sent = window.sent.pop(reply.id, None)
                 if sent is not None:
                     window.bytes -= sent[2]
@@ -303,12 +285,10 @@ def run(
             except ConchError as exc:
                 window.answer(line_no, _error_line(req.id if req else "", exc.message), True)
                 continue
-            msg = _message(to, req, reply_key)
+            msg = _message(to, req, lines.reply_key)
             window.sent[msg.id] = (line_no, req, len(line))
             window.bytes += len(line)
-            publisher.publish(
-                entry.name, msg.to_dict(), task_id=msg.id, priority=msg.priority, reply_to=reply_key
-            )
+            lines.send(msg)
             while len(window.sent) >= WINDOW or window.bytes > WINDOW_BYTES:
                 _wait(collect, window, progress, entry.name)
             progress()
@@ -326,6 +306,87 @@ def run(
     }
 
 
+class _Lines:
+    """Where a job's lines go to be answered, and where their replies come from."""
+
+    reply_key: str | None = None
+
+    def send(self, msg: InferMessage) -> None:
+        raise NotImplementedError
+
+    def replies(self, block: float) -> list[Reply]:
+        """The replies that came, waiting up to ``block`` seconds for the first."""
+        raise NotImplementedError
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _ModelQueue(_Lines):
+    """A model's lines: messages at the bulk step of its queue, replies on the job's list."""
+
+    def __init__(self, client: redis.Redis, model: str, reply_key: str, job_id: str) -> None:
+        self.client, self.model, self.reply_key, self.job_id = client, model, reply_key, job_id
+        self.publisher = broker.Publisher(client)
+
+    def send(self, msg: InferMessage) -> None:
+        self.publisher.publish(
+            self.model,
+            msg.to_dict(),
+            task_id=msg.id,
+            priority=msg.priority,
+            reply_to=self.reply_key,
+        )
+
+    def replies(self, block: float) -> list[Reply]:
+        got = self.client.blmpop(block, 1, self.reply_key, direction="LEFT", count=256)
+        out = []
+        for raw in got[1] if got else ():
+            try:
+                out.append(Reply.unpack(raw))
+            except BadMessage as exc:
+                log.warning("batch job %s: unreadable reply: %s", self.job_id, exc)
+        return out
+
+
+class _Graphs(_Lines):
+    """An ensemble's lines: each line's graph runs in a thread of its own (at most WINDOW
+    at once, as many as the window holds), its steps on their models' queues at the bulk
+    step, as the gateway runs an ensemble for a client."""
+
+    def __init__(self, graph: GraphRunner, entry: ModelEntry, version: int) -> None:
+        self.graph, self.entry, self.version = graph, entry, version
+        self.done: queue.SimpleQueue[Reply] = queue.SimpleQueue()
+        self.pool = ThreadPoolExecutor(WINDOW, thread_name_prefix="batch-graph")
+
+    def send(self, msg: InferMessage) -> None:
+        self.pool.submit(self._run, msg)
+
+    def _run(self, msg: InferMessage) -> None:
+        try:
+            reply = self.graph.reply(self.entry, msg, self.version, calls.Lane.BULK)
+        except Exception as exc:  # a broker error: this line fails, the job goes on
+            reply = Reply(msg.id, error=Internal(f"the line's graph failed: {exc}"))
+        self.done.put(reply)
+
+    def replies(self, block: float) -> list[Reply]:
+        try:
+            out = [self.done.get(timeout=block)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self.done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _wait(
     collect: Callable[[float], None], window: _Window, progress: Callable, model: str
 ) -> None:
@@ -341,7 +402,7 @@ def _wait(
         progress()
 
 
-def _message(to: calls.Target, req: inference.InferRequest, reply_key: str) -> InferMessage:
+def _message(to: calls.Target, req: inference.InferRequest, reply_key: str | None) -> InferMessage:
     """A line's message: the bulk lane, below online requests and async jobs."""
     return calls.build(to, req, lane=calls.Lane.BULK, reply_to=reply_key).msg
 

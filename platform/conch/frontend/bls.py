@@ -204,6 +204,13 @@ class BlsClient:
             depth=depth,
         )
 
+    def graph_runner(self) -> ensemble_runner.GraphRunner:
+        """Ensembles run for a job driver in this process, on this client's view of the
+        models and its dispatcher (``conch.frontend.ensemble_jobs``, batch jobs)."""
+        return ensemble_runner.GraphRunner(
+            self.client, self.view.serving, self.dispatcher, self.view.check_available
+        )
+
     def is_ready(self, name: str, version: str | int = "") -> bool:
         """``pb_utils.is_model_ready``: a live worker reports that version READY."""
         text = "" if version is None else str(version).strip()

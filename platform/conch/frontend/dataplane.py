@@ -19,24 +19,21 @@ so whatever its body holds, as Triton answers.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from conch import __version__
 from conch.core import custom_metrics, ensemble_graph, validation
 from conch.core.errors import (
-    ConchError,
     Forbidden,
     InvalidArgument,
     NotFound,
     Unavailable,
-    Unsupported,
 )
 from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
 from conch.core.repository import ModelEntry
 from conch.core.repository_keys import model_name_problem
-from conch.frontend import batch_job, calls, ensemble_runner, model_control
+from conch.frontend import batch_job, calls, ensemble_jobs, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher
 from conch.settings import Settings
@@ -320,34 +317,19 @@ class DataPlane:
         version: int,
         abandonment: Abandonment | None = None,
     ) -> list[WireTensor]:
-        """Run the graph here, each step on its model's queue; record it as Triton counts
-        an ensemble (the gateway is the only one that sees it run)."""
-        now = msg.enqueued
+        """Run the graph here, each step on its model's queue."""
         inputs = {t.name: (t.datatype, tuple(t.shape), t.raw) for t in request.inputs}
-        rows = (
-            request.inputs[0].shape[0] if entry.config.max_batch_size > 0 and request.inputs else 1
+        produced = ensemble_runner.execute_counted(
+            self._client,
+            entry,
+            inputs,
+            msg,
+            version,
+            resolve=self.view.serving,
+            dispatcher=self.dispatcher,
+            check=self.view.check_available,
+            abandonment=abandonment,
         )
-        run = statistics.Execution(version, batch_size=rows)
-        try:
-            produced = ensemble_runner.execute(
-                entry,
-                inputs,
-                msg.outputs,
-                msg,
-                resolve=self.view.serving,
-                dispatcher=self.dispatcher,
-                check=self.view.check_available,
-                abandonment=abandonment,
-            )
-        except ConchError:
-            # Triton counts a failed ensemble as OTHER whatever failed inside it (the step
-            # model counts its own reason).
-            run.failed(statistics.OTHER, int((time.time() - now) * 1e9))
-            statistics.record_now(self._client, entry.name, run)
-            raise
-        run.success, run.rows = 1, rows
-        run.success_ns = run.infer_ns = int((time.time() - now) * 1e9)
-        statistics.record_now(self._client, entry.name, run)
         return [(name, *produced[name]) for name in msg.outputs]
 
     def _outcome(
@@ -369,11 +351,6 @@ class DataPlane:
         """Queue an infer request as an async job, below every online request."""
         call = self._prepare(to, request, calls.Lane.ASYNC)
         model = to.entry.name
-        if to.entry.backend == ensemble_graph.ENSEMBLE:
-            raise Unsupported(
-                f"model '{model}' is an ensemble, which runs in the gateway; async jobs run "
-                "on a model's queue: submit the ensemble's steps, or call infer"
-            )
         msg = call.msg
         msg.job_ttl = self.settings.job_ttl_s
         record = job_store.JobRecord(
@@ -389,10 +366,13 @@ class DataPlane:
                 "binary_data_output": request.binary_data_output,
             },
         )
+        limit = self.settings.max_queued_jobs
+        if to.entry.backend == ensemble_graph.ENSEMBLE:  # a worker's job driver runs its graph
+            ensemble_jobs.submit(self._client, record, msg, limit)
+            return JobState(record, job_store.Outcome(job_store.PENDING))
         pipe = self._client.pipeline(transaction=False)
         record.save(pipe, msg.job_ttl)
         pipe.execute()
-        limit = self.settings.max_queued_jobs
         if not self.dispatcher.publisher.publish(
             model,
             msg.to_dict(),
@@ -415,11 +395,6 @@ class DataPlane:
         entry = self.view.serving(model)
         if version:
             entry.resolve_version(version)
-        if entry.backend == ensemble_graph.ENSEMBLE:
-            raise Unsupported(
-                f"model '{model}' is an ensemble, which runs in the gateway; batch jobs run on a "
-                "model's queue: submit a job per step model"
-            )
         record = batch_job.submit(
             self._client, entry, version, source, target, self.settings.job_ttl_s
         )

@@ -8,8 +8,11 @@ its model), and the outer request's deadline bounds them all.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
+
+import redis
 
 from conch.core import validation
 from conch.core.ensemble_graph import (
@@ -26,6 +29,8 @@ from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
 from conch.frontend.producer import Abandonment, Dispatcher, Pending
+from conch.wire import statistics
+from conch.wire.messages import InferMessage, Reply
 
 
 class StepCall(Protocol):
@@ -164,6 +169,7 @@ def execute(
     dispatcher: Dispatcher,
     check: Callable[[str], None] | None = None,
     abandonment: Abandonment | None = None,
+    lane: calls.Lane = calls.Lane.ONLINE,
     depth: int = 0,
 ) -> dict[str, Tensor]:
     """Run the graph with every step a request on its model's queue.
@@ -174,7 +180,8 @@ def execute(
     BLS's cycle check). The gateway and BLS both run ensembles through here.
     Through ``abandonment`` a caller that went away (a cancelled gRPC call) stops the
     graph, as Triton checks between steps: its steps still queued are withdrawn, and
-    no later step is sent.
+    no later step is sent. ``lane`` is the outer request's: a job's steps wait where the
+    job's own request would (``calls.Lane``), below online traffic.
     """
     if depth > MAX_DEPTH:
         raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
@@ -210,16 +217,82 @@ def execute(
                 dispatcher=dispatcher,
                 check=check,
                 abandonment=abandonment,
+                lane=lane,
                 depth=depth + 1,
             )
             return _Done(result)
-        call = calls.build(to, request, caller=caller)
+        call = calls.build(to, request, lane=lane, caller=caller)
         pending = dispatcher.submit(
             call.msg, max_queue_size=call.max_queue_size, version=call.version
         )
         return _Queued(pending, abandonment)
 
     return run(entry, inputs, wanted, start, config_of)
+
+
+def execute_counted(
+    client: redis.Redis,
+    entry: Any,
+    inputs: dict[str, Tensor],
+    outer: InferMessage,
+    version: int,
+    **run: Any,
+) -> dict[str, Tensor]:
+    """``execute`` the outputs ``outer`` asks for, counted in the ensemble's statistics as
+    Triton counts an ensemble (whoever runs the graph is the only one that sees it run):
+    a failure is OTHER whatever failed inside it (the step model counts its own reason)."""
+    cfg = entry.config
+    first = next(iter(inputs.values()), None)
+    rows = first[1][0] if cfg.max_batch_size > 0 and first is not None and first[1] else 1
+    execution = statistics.Execution(version, batch_size=rows)
+    try:
+        produced = execute(entry, inputs, outer.outputs, outer, **run)
+    except ConchError:
+        execution.failed(statistics.OTHER, int((time.time() - outer.enqueued) * 1e9))
+        statistics.record_now(client, entry.name, execution)
+        raise
+    execution.success, execution.rows = 1, rows
+    execution.success_ns = execution.infer_ns = int((time.time() - outer.enqueued) * 1e9)
+    statistics.record_now(client, entry.name, execution)
+    return produced
+
+
+class GraphRunner:
+    """Runs ensembles for a job driver in a worker process: the async job of an ensemble
+    and each line of a batch job on one, at the job's lane (``calls.Lane``)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        resolve: Callable[[str], Any],
+        dispatcher: Dispatcher,
+        check: Callable[[str], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.resolve = resolve
+        self.dispatcher = dispatcher
+        self.check = check
+
+    def reply(self, entry: Any, msg: InferMessage, version: int, lane: calls.Lane) -> Reply:
+        """The graph's answer to ``msg`` as a model's worker would give it: outputs, or
+        the error that failed it."""
+        inputs = {name: (dt, tuple(shape), raw) for name, dt, shape, raw in msg.inputs}
+        try:
+            produced = execute_counted(
+                self.client,
+                entry,
+                inputs,
+                msg,
+                version,
+                resolve=self.resolve,
+                dispatcher=self.dispatcher,
+                check=self.check,
+                lane=lane,
+            )
+        except ConchError as exc:
+            return Reply(msg.id, error=exc, version=version)
+        outputs = [(name, *produced[name]) for name in msg.outputs if name in produced]
+        return Reply(msg.id, outputs=outputs, version=version)
 
 
 def _guard(entry: Any, step: Step, fn: Callable[[], Any]) -> Any:

@@ -73,10 +73,12 @@ class Pending:
 
     def wait(self) -> Reply:
         """The reply; ``Unavailable`` once the message's deadline passes without one,
-        ``BrokerUnavailable`` when Redis went away (see the module docstring)."""
+        ``BrokerUnavailable`` when Redis went away (see the module docstring). A message
+        with no deadline (a job's step) waits as long as its queue keeps it waiting."""
         msg = self.msg
+        timeout = max(0.0, msg.deadline - time.time()) if msg.deadline else None
         try:
-            if not self._slot.event.wait(max(0.0, msg.deadline - time.time())):
+            if not self._slot.event.wait(timeout):
                 raise Unavailable(
                     f"Request timeout expired for model '{msg.model}': no reply within "
                     f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"

@@ -101,12 +101,16 @@ def envelope(
     priority: int,
     reply_to: str | None,
     task: str = TASK_NAME,
+    keep_result: bool | None = None,
 ) -> bytes:
     """A Celery protocol-2 message whose single argument is our msgpack payload.
 
     Infer requests (``TASK_NAME``) reply on their own list, so Celery keeps no result
-    for them; other tasks (an offline batch job) keep theirs in the result backend.
+    for them; other tasks (an offline batch job) keep theirs in the result backend,
+    unless ``keep_result`` is False (a task that writes its own).
     """
+    if keep_result is None:
+        keep_result = task != TASK_NAME
     body = msgpack.packb([[payload], {}, _EMBED], use_bin_type=True)
     return orjson.dumps(
         {
@@ -129,7 +133,7 @@ def envelope(
                 "argsrepr": "",
                 "kwargsrepr": "",
                 "origin": _ORIGIN,
-                "ignore_result": task == TASK_NAME,
+                "ignore_result": not keep_result,
             },
             "properties": {
                 "correlation_id": task_id,

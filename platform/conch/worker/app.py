@@ -29,7 +29,7 @@ from celery.exceptions import Ignore
 
 from conch.backends.completion import complete
 from conch.core.errors import ConchError
-from conch.frontend import batch_job, bls
+from conch.frontend import batch_job, bls, ensemble_jobs
 from conch.settings import Settings
 from conch.wire import broker, control_bus
 from conch.wire.redis_client import open_client
@@ -122,14 +122,23 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
     # or file: override reads the model the gateway accepted it for.
     repository = control_bus.open_repository(settings, client, complete=complete)
 
+    # Ensembles' jobs run their graphs here, as BLS runs one: steps on the model queues.
+    graph = bls.BlsClient(settings, repository, client=client).graph_runner()
+
     # A job's own errors (a bad input object, an unwritable output, a model gone) are
     # the client's to read in the job's state; Celery logs them without a traceback.
     @app.task(name=batch_job.TASK_NAME, throws=(ConchError,))
     def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:
         try:
-            return batch_job.run_task(settings, client, repository, payload)
+            return batch_job.run_task(settings, client, repository, payload, graph)
         except batch_job.JobCancelled:
             raise Ignore() from None  # Celery keeps the REVOKED state run_task wrote
+
+    # An ensemble's async job writes its result as a model's job does (job_store): Celery
+    # keeps no state of its own for it, so nothing it writes overwrites that result.
+    @app.task(name=ensemble_jobs.TASK_NAME, ignore_result=True, track_started=False)
+    def run_ensemble_job(payload: dict[str, Any]) -> None:
+        ensemble_jobs.run_task(settings, client, graph, payload)
 
 
 class ExitDeadline:
@@ -172,7 +181,7 @@ def run(settings: Settings, *, loglevel: str = "INFO") -> None:
         argv=[
             "worker",
             "--pool=threads",
-            "--concurrency=1",
+            f"--concurrency={settings.job_concurrency}",
             f"--loglevel={loglevel}",
             # --batch-jobs=false: the jobs queue excluded, Celery's consumer takes no
             # task at all (the model queues are the batchers'); it idles on its control
