@@ -373,20 +373,8 @@ def bench_batch(
 def mlserver_repository(dest: Path, http_port: int) -> Path:
     """MLServer's repository: text_embedding through bench/mlserver_te_runtime.py, adaptive
     batching up to the ensemble's max_batch_size (no wait: conch's steps set no delay)."""
-    from conch.devtools.redis_server import free_port
-
     config = run._triton_config(FUNCTIONS / MODEL)
-    dest.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "parallel_workers": 0,
-        "host": "127.0.0.1",
-        "http_port": http_port,
-        "grpc_port": free_port(),
-        "metrics_endpoint": None,
-        "debug": False,
-        "load_models_at_startup": True,
-    }
-    (dest / "settings.json").write_text(json.dumps(settings, indent=2))
+    run.write_mlserver_settings(dest, http_port)
     model_settings = {
         "name": MODEL,
         "implementation": "mlserver_te_runtime.TextEmbeddingModel",
@@ -657,39 +645,50 @@ def format_coexist_table(co: Coexist, job: BatchJob | None) -> str:
 # --------------------------------------------------------------------------- main
 
 
+def positive_ints(text: str) -> list[int]:
+    """An option's comma-separated positive integers."""
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated positive integers, e.g. 1,16")
+    return values
+
+
+SWITCHES = {
+    "--quick": "1 s windows, 2,000 lines, short in-process timing",
+    "--skip-mlserver": "do not run MLServer",
+    "--skip-triton": "do not run NVIDIA Triton",
+    "--skip-batch": "no offline batch job",
+    "--profile": "py-spy the worker during the batch stage's online run and job",
+}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="1 s windows, 2,000 lines, short timing")
-    p.add_argument("--skip-mlserver", action="store_true", help="do not run MLServer")
-    p.add_argument("--skip-triton", action="store_true", help="do not run NVIDIA Triton")
-    p.add_argument("--skip-batch", action="store_true", help="no offline batch job")
-    p.add_argument("--concurrency", default="1,16,64", help="perf_analyzer concurrencies")
+    for flag, meaning in SWITCHES.items():
+        p.add_argument(flag, action="store_true", help=meaning)
+    p.add_argument(
+        "--concurrency", type=positive_ints, default="1,16,64", help="perf_analyzer's, e.g. 1,16"
+    )
     p.add_argument("--window-ms", type=int, default=None, help="default 3000, quick 1000")
     p.add_argument("--stability-percentage", type=int, default=100)
     p.add_argument("--max-trials", type=int, default=5, help="windows per point at most")
     p.add_argument("--lines", type=int, default=None, help="corpus lines (20,000; quick 2,000)")
     p.add_argument(
         "--st-batch-sizes",
+        type=positive_ints,
         default=",".join(map(str, ST_BATCH_SIZES)),
         help="batch sizes for in-process encode over the corpus",
     )
     p.add_argument("--job-timeout-s", type=float, default=1800)
-    p.add_argument("--profile", action="store_true", help="py-spy the worker (batch stage)")
     p.add_argument("--profile-s", type=float, default=15, help="seconds per profile")
     args = p.parse_args(argv)
-    try:
-        args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
-        args.st_batch_sizes = [int(b) for b in args.st_batch_sizes.split(",") if b]
-    except ValueError:
-        p.error("--concurrency and --st-batch-sizes take comma-separated integers")
-    if not args.concurrency or min(args.concurrency) < 1:
-        p.error("--concurrency takes positive integers")
-    if args.window_ms is None:
-        args.window_ms = 1000 if args.quick else 3000
-    if args.lines is None:
-        args.lines = 2_000 if args.quick else 20_000
+    args.window_ms = args.window_ms or (1000 if args.quick else 3000)
+    args.lines = args.lines or (2_000 if args.quick else 20_000)
     return args
 
 
@@ -732,15 +731,47 @@ def report(args: argparse.Namespace, results: TeResults, run_dir: Path) -> None:
     print(f"\n(results, logs and perf_analyzer CSVs: {run_dir})")
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+def measure(args: argparse.Namespace, run_dir: Path, results: TeResults) -> None:
+    """Every stage the arguments ask for, in order; the results go into ``results``."""
+    say(f"run folder: {run_dir}")
+    missing = [
+        f
+        for f in (FUNCTIONS / ENCODER / "1" / "model.onnx", HELPER_DIRS[0] / "tokenizer.json")
+        if not f.exists()
+    ]
+    if missing:
+        raise RuntimeError(f"{', '.join(map(str, missing))} missing: run `make functions`")
+    texts = te_corpus.sentences(REQUEST_SENTENCES)
+    pa = run.PaOptions(
+        run.perf_analyzer_path(), args.window_ms, args.stability_percentage, args.max_trials
+    )
+    pa.input_files[MODEL] = run_dir / "input-text_embedding.json"
+    pa.input_files[MODEL].write_text(json.dumps(te_corpus.perf_analyzer_data(texts)))
+    with conch_stack(run_dir, with_s3=not args.skip_batch) as stack:
+        bench_conch_online(args, stack, pa, run_dir, results)
+        if not args.skip_batch:
+            bench_batch(args, stack, pa, run_dir, results)
+    if not args.skip_mlserver:
+        bench_mlserver(args, pa, run_dir, results)
+    if not args.skip_triton:
+        online_args = argparse.Namespace(models=[MODEL], concurrency=args.concurrency)
+        repo = triton_repository(run_dir / "triton-repo")
+        run.bench_triton(online_args, repo, pa, run_dir, results.online)
+    bench_inprocess(args, texts, results)
+    if not args.skip_batch:
+        bench_corpus_encode(args, results)
+    for name in ("worker-c16", "worker-job"):
+        raw = run_dir / f"pyspy-{name}.txt"
+        if raw.exists():
+            results.profiles[name] = pyspy_top.summarise(raw, 15)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Ctrl-C, SIGTERM and SIGHUP stop the run (and its processes), as bench/run.py's.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, run._interrupt)
     started = time.monotonic()
     run_dir = run.CACHE / "runs" / ("te-" + time.strftime("%Y%m%d-%H%M%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -753,47 +784,17 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_before": " ".join(f"{v:.2f}" for v in os.getloadavg()),
     }
     try:
-        say(f"run folder: {run_dir}")
-        missing = [
-            f
-            for f in (FUNCTIONS / ENCODER / "1" / "model.onnx", HELPER_DIRS[0] / "tokenizer.json")
-            if not f.exists()
-        ]
-        if missing:
-            raise RuntimeError(f"{', '.join(map(str, missing))} missing: run `make functions`")
-        texts = te_corpus.sentences(REQUEST_SENTENCES)
-        pa = run.PaOptions(
-            run.perf_analyzer_path(), args.window_ms, args.stability_percentage, args.max_trials
-        )
-        pa.input_files[MODEL] = run_dir / "input-text_embedding.json"
-        pa.input_files[MODEL].write_text(json.dumps(te_corpus.perf_analyzer_data(texts)))
-        with conch_stack(run_dir, with_s3=not args.skip_batch) as stack:
-            bench_conch_online(args, stack, pa, run_dir, results)
-            if not args.skip_batch:
-                bench_batch(args, stack, pa, run_dir, results)
-        if not args.skip_mlserver:
-            bench_mlserver(args, pa, run_dir, results)
-        if not args.skip_triton:
-            online_args = argparse.Namespace(models=[MODEL], concurrency=args.concurrency)
-            repo = triton_repository(run_dir / "triton-repo")
-            run.bench_triton(online_args, repo, pa, run_dir, results.online)
-        bench_inprocess(args, texts, results)
-        if not args.skip_batch:
-            bench_corpus_encode(args, results)
-        for name in ("worker-c16", "worker-job"):
-            raw = run_dir / f"pyspy-{name}.txt"
-            if raw.exists():
-                results.profiles[name] = pyspy_top.summarise(raw, 15)
+        measure(args, run_dir, results)
     except KeyboardInterrupt:
-        say("interrupted; every process this run started has been stopped")
+        say("interrupted: the processes it started are stopped; results.json has what was measured")
         return 130
-    except Exception as exc:
+    except Exception:
         traceback.print_exc(file=sys.stderr)
-        say(f"error: {exc}")
-        (run_dir / "results.json").write_text(json.dumps(_as_json(results), indent=2))
+        say("the benchmark failed (above); results.json has what was measured")
         return 2
-    results.settings["loadavg_after"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    (run_dir / "results.json").write_text(json.dumps(_as_json(results), indent=2))
+    finally:  # what was measured, also when a stage failed
+        results.settings["loadavg_after"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
+        (run_dir / "results.json").write_text(json.dumps(_as_json(results), indent=2))
     report(args, results, run_dir)
     print(f"(took {time.monotonic() - started:.0f} s)")
     return 0

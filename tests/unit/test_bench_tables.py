@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
+import bench_modules
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def run():
-    """bench/run.py as a module. It imports bench/models.py as ``models``, a name the test
-    suite's own tests/models.py holds in sys.modules: that one is set aside meanwhile."""
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_run"] = module  # dataclasses look their module up while defined
-    ours = sys.modules.pop("models", None)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop("models", None)
-        if ours is not None:
-            sys.modules["models"] = ours
-        sys.path.remove(str(ROOT / "bench"))
-    return module
+    """bench/run.py as a module."""
+    return bench_modules.load("run", "bench_run")
 
 
 BATCHED = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500 }\n"
