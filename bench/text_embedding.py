@@ -116,13 +116,13 @@ class TeResults:
 # --------------------------------------------------------------------------- repositories
 
 
-def conch_repository(dest: Path) -> Path:
-    """A repository holding only text_embedding's four models (links into functions/)."""
+def conch_repository(dest: Path, source: Path = FUNCTIONS) -> Path:
+    """A repository holding only text_embedding's four models (links into ``source``)."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in (MODEL, *STEPS):
         link = dest / name
         if not link.exists():
-            link.symlink_to(FUNCTIONS / name, target_is_directory=True)
+            link.symlink_to(source.resolve() / name, target_is_directory=True)
     return dest
 
 
@@ -190,7 +190,7 @@ class Stack:
 
 
 @contextmanager
-def conch_stack(run_dir: Path, *, with_s3: bool) -> Iterator[Stack]:
+def conch_stack(run_dir: Path, source: Path, *, with_s3: bool) -> Iterator[Stack]:
     """A private redis-server (Unix socket, as ``conch serve``), moto's S3 server, one worker
     serving the four models (reading and writing S3 there) and one gateway."""
     import boto3
@@ -208,7 +208,7 @@ def conch_stack(run_dir: Path, *, with_s3: bool) -> Iterator[Stack]:
                 endpoint = f"http://127.0.0.1:{redis_server.free_port()}"
                 host, port = endpoint.removeprefix("http://").split(":")
                 group.start("moto", [sys.executable, "-m", "moto.server", "-H", host, "-p", port])
-            repo = conch_repository(run_dir / "conch-repo")
+            repo = conch_repository(run_dir / "conch-repo", source)
             common = ["--model-repository", str(repo), "--redis-url", private.url]
             worker = group.start(
                 "conch-worker",
@@ -685,6 +685,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="batch sizes for in-process encode over the corpus",
     )
     p.add_argument("--job-timeout-s", type=float, default=1800)
+    p.add_argument(
+        "--conch-repository",
+        type=Path,
+        default=FUNCTIONS,
+        help="where conch takes text_embedding's four models from (default functions/): "
+        "to try other configs; the peers and in-process runs use functions/'s files",
+    )
     p.add_argument("--profile-s", type=float, default=15, help="seconds per profile")
     args = p.parse_args(argv)
     args.window_ms = args.window_ms or (1000 if args.quick else 3000)
@@ -747,7 +754,7 @@ def measure(args: argparse.Namespace, run_dir: Path, results: TeResults) -> None
     )
     pa.input_files[MODEL] = run_dir / "input-text_embedding.json"
     pa.input_files[MODEL].write_text(json.dumps(te_corpus.perf_analyzer_data(texts)))
-    with conch_stack(run_dir, with_s3=not args.skip_batch) as stack:
+    with conch_stack(run_dir, args.conch_repository, with_s3=not args.skip_batch) as stack:
         bench_conch_online(args, stack, pa, run_dir, results)
         if not args.skip_batch:
             bench_batch(args, stack, pa, run_dir, results)
