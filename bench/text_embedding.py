@@ -524,9 +524,10 @@ def _over(a: float | None, b: float | None) -> str:
 
 def format_online_table(results: TeResults, concurrency: list[int]) -> str:
     """conch against MLServer, Triton and both in-process embedders, per concurrency. The
-    in-process columns run at the encoder's mean batch conch formed (batch 1 when unknown)."""
+    in-process columns are each embedder's better rate of batch 1 and the encoder's rows
+    per execution in conch (the batch its batcher took; shapes that differ still run apart)."""
     head = (
-        "| conc | conch infer/s | p50 ms | p99 ms | encoder mean batch "
+        "| conc | conch infer/s | p50 ms | p99 ms | encoder rows/execution "
         "| MLServer infer/s | p50 ms | p99 ms | conch ÷ MLServer "
         "| Triton infer/s | p50 ms | p99 ms | conch ÷ Triton "
         f"| {ST_NAME} /s @ batch | conch ÷ it | {STEPS_NAME} /s @ batch | conch ÷ it |"
@@ -542,8 +543,10 @@ def format_online_table(results: TeResults, concurrency: list[int]) -> str:
         cells += [*_rate(m), _over(conch_rate, m.infer_per_s if m else None)]
         cells += [*_rate(t), _over(conch_rate, t.infer_per_s if t else None)]
         for name in (ST_NAME, STEPS_NAME):
-            rate = results.inprocess.get(name, {}).get(batch)
-            cells += [f"{rate:,.1f} @ {batch}" if rate else "n/a", _over(conch_rate, rate)]
+            table = results.inprocess.get(name, {})
+            b = max((k for k in (1, batch) if table.get(k)), key=table.get, default=None)
+            rate = table.get(b) if b else None
+            cells += [f"{rate:,.1f} @ {b}" if rate else "n/a", _over(conch_rate, rate)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

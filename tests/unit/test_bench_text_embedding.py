@@ -57,7 +57,7 @@ def _cells(table: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
 
 
-def test_the_online_table_compares_at_the_encoder_batch_formed(te) -> None:
+def test_the_online_table_compares_with_the_better_in_process_batch(te) -> None:
     results = te.TeResults()
     P = te.run.Point
     results.online.points += [
@@ -71,8 +71,8 @@ def test_the_online_table_compares_at_the_encoder_batch_formed(te) -> None:
     assert row[:5] == ["16", "120.0", "130.0", "200.0", "7.6"]
     assert row[8] == "1.20"  # ÷ MLServer
     assert row[12] == "0.80"  # ÷ Triton
-    # In process at batch round(7.6) = 8.
-    assert row[13:] == ["240.0 @ 8", "0.50", "160.0 @ 8", "0.75"]
+    # In process: each embedder's better of batch 1 and round(7.6) = 8.
+    assert row[13:] == ["240.0 @ 8", "0.50", "200.0 @ 1", "0.60"]
 
 
 def test_missing_peers_read_as_not_measured(te) -> None:
