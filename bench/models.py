@@ -37,7 +37,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "bench" / "models"
-GPU_OUT = ROOT / ".cache" / "bench" / "models-gpu"  # the ONNX models as KIND_GPU
 
 # Same ONNX flavour as functions/build_models.py (opset 17, IR version 8).
 OPSET = 17
@@ -192,7 +191,7 @@ def python_config(onnx_config: str, onnx_name: str) -> str:
     )
 
 
-def _link_or_copy(src: Path, dest: Path) -> None:
+def link_or_copy(src: Path, dest: Path) -> None:
     try:
         dest.hardlink_to(src)
     except OSError:
@@ -254,7 +253,7 @@ def build_large(seed: int = LARGE_SEED):
     return model
 
 
-def _digest() -> str:
+def digest() -> str:
     small = ROOT / "functions" / SMALL_NAME
     h = hashlib.sha256()
     h.update(
@@ -269,18 +268,17 @@ def _digest() -> str:
     return h.hexdigest()
 
 
-def build_repository(out: Path = DEFAULT_OUT, *, force: bool = False, gpu: bool = False) -> Path:
+def build_repository(out: Path = DEFAULT_OUT, *, force: bool = False) -> Path:
     """Write the models of ``ALL_MODELS`` under ``out``; returns ``out``.
 
     ``mlp`` is a copy of functions/mlp, ``mlp_large`` is generated, ``*_py`` hold a hard link
     (else a copy) of their twin's ``model.onnx`` and ``add_sub`` the model.py of
-    functions/add_sub. With ``gpu`` the ONNX models' instance is ``KIND_GPU`` (device 0):
-    ``bench/run.py --gpu``.
+    functions/add_sub. bench/gpu_models.py builds the GPU benchmark's repository on top.
     """
     out = Path(out)
     stamp = out / ".built"
-    digest = _digest() + ("-gpu" if gpu else "")
-    if not force and stamp.exists() and stamp.read_text() == digest:
+    wanted = digest()
+    if not force and stamp.exists() and stamp.read_text() == wanted:
         return out
     if out.exists():
         shutil.rmtree(out)
@@ -293,7 +291,7 @@ def build_repository(out: Path = DEFAULT_OUT, *, force: bool = False, gpu: bool 
     (out / LARGE_NAME / "config.pbtxt").write_text(LARGE_CONFIG)
     for onnx_name, py_name in TRITON_TWIN.items():
         (out / py_name / "1").mkdir(parents=True)
-        _link_or_copy(out / onnx_name / "1" / "model.onnx", out / py_name / "1" / "model.onnx")
+        link_or_copy(out / onnx_name / "1" / "model.onnx", out / py_name / "1" / "model.onnx")
         (out / py_name / "1" / "model.py").write_text(PY_MODEL)
         config = (out / onnx_name / "config.pbtxt").read_text()
         (out / py_name / "config.pbtxt").write_text(python_config(config, onnx_name))
@@ -302,14 +300,7 @@ def build_repository(out: Path = DEFAULT_OUT, *, force: bool = False, gpu: bool 
         ROOT / "functions" / ADD_SUB_NAME / "1" / "model.py", out / ADD_SUB_NAME / "1" / "model.py"
     )
     (out / ADD_SUB_NAME / "config.pbtxt").write_text(ADD_SUB_CONFIG)
-    if gpu:
-        for name in ONNX_MODELS:
-            config = out / name / "config.pbtxt"
-            text = config.read_text()
-            if "kind: KIND_CPU" not in text:
-                raise RuntimeError(f"{config} has no KIND_CPU instance to move to the GPU")
-            config.write_text(text.replace("kind: KIND_CPU", "kind: KIND_GPU\n    gpus: [ 0 ]"))
-    stamp.write_text(digest)
+    stamp.write_text(wanted)
     return out
 
 

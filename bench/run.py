@@ -63,6 +63,8 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
+import gpu_models  # noqa: E402
+import inprocess  # noqa: E402
 import procs  # noqa: E402
 
 import models  # noqa: E402
@@ -75,11 +77,6 @@ TRITON_VENV = CACHE / "triton-venv"
 ALL_MODELS = models.ALL_MODELS
 ALL_CONCURRENCY = (1, 16, 64)
 MLSERVER_VARIANTS = ("nobatch", "batch")
-
-# conch's onnxruntime session options (conch/backends/onnxruntime.py): the config sets no
-# intra_op_thread_count / inter_op_thread_count, so both are 1; optimization level default.
-ORT_INTRA_OP_THREADS = 1
-ORT_INTER_OP_THREADS = 1
 
 
 def say(msg: str) -> None:
@@ -115,6 +112,12 @@ class Results:
     points: list[Point] = field(default_factory=list)
     # model -> batch size -> rows/s in process
     inprocess: dict[str, dict[int, float]] = field(default_factory=dict)
+    # --gpu: workload -> batch size -> rows/s of sentence-transformers' encode
+    reference: dict[str, dict[int, float]] = field(default_factory=dict)
+    # --gpu: text model -> lowest cosine of its in-process embeddings against
+    # sentence-transformers'; model -> why it was not run (no TensorRT)
+    agreement: dict[str, float] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
     def get(self, server: str, model: str, concurrency: int) -> Point | None:
@@ -166,7 +169,8 @@ INPUT_SAMPLES = 8
 
 
 def write_input_data(repo: Path, model: str, dest: Path) -> Path:
-    """perf_analyzer ``--input-data`` JSON: standard-normal FP32 rows from a fixed seed.
+    """perf_analyzer ``--input-data`` JSON: standard-normal FP32 rows from a fixed seed, or
+    for a text input (``TYPE_STRING`` of one element) one of the benchmark's texts each.
 
     perf_analyzer's own random data is random bit patterns, which include NaN and inf;
     in JSON tensors (MLServer) those are not valid JSON, so both servers get these.
@@ -174,12 +178,18 @@ def write_input_data(repo: Path, model: str, dest: Path) -> Path:
     config = _triton_config(repo / model)
     rng = np.random.default_rng(20240801)
     samples = []
-    for _ in range(INPUT_SAMPLES):
+    for i in range(INPUT_SAMPLES):
         sample = {}
         for entry in config.get("input", []):
-            if entry.get("data_type") != "TYPE_FP32":
-                raise RuntimeError(f"model '{model}': the benchmark only generates FP32 inputs")
             dims = [int(d) for d in entry.get("dims", [])]
+            if entry.get("data_type") == "TYPE_STRING" and dims == [1]:
+                text = gpu_models.TEXT_SAMPLES[i % len(gpu_models.TEXT_SAMPLES)]
+                sample[entry["name"]] = {"content": [text], "shape": dims}
+                continue
+            if entry.get("data_type") != "TYPE_FP32":
+                raise RuntimeError(
+                    f"model '{model}': the benchmark generates FP32 inputs and one-text inputs only"
+                )
             values = rng.standard_normal(int(np.prod(dims)), dtype=np.float32)
             sample[entry["name"]] = {"content": [float(v) for v in values], "shape": dims}
         samples.append(sample)
@@ -332,7 +342,9 @@ def bench_conch(
             group.guard("redis-server", private.process.pid)
             common = ["--model-repository", str(repo), "--redis-url", private.url]
             port = redis_server.free_port()
-            worker = group.start("conch-worker", _conch("worker", *common))
+            # --gpu: the chosen models' own (an ensemble's steps), not the whole repository.
+            served = ["--models", ",".join(gpu_models.serves(args.models))] if args.gpu else []
+            worker = group.start("conch-worker", _conch("worker", *common, *served))
             gw_args = [
                 "--http-address",
                 "127.0.0.1",
@@ -373,11 +385,13 @@ def bench_conch(
             procs.wait_until(ready, 180, group, "conch readiness")
             r = redis.Redis.from_url(private.url)
             for model in args.models:
+                # The worker's counters of the model that batches: an ensemble's encoder.
+                counted = gpu_models.BY_NAME[model].batched if args.gpu else model
                 for c in args.concurrency:
                     for tag, target in urls.items():
                         group.check_alive()
                         say(f"{tag}: {model} at concurrency {c}")
-                        before = _fresh_counts(r, model, time.time())
+                        before = _fresh_counts(r, counted, time.time())
                         compute0 = _compute_infer(url, model)
                         cpu0 = _cpu_snapshot(cpu_pids, cpu_sessions)
                         t0 = time.monotonic()
@@ -393,7 +407,7 @@ def bench_conch(
                         )
                         point.wall_s = time.monotonic() - t0
                         cpu1 = _cpu_snapshot(cpu_pids, cpu_sessions)
-                        after = _fresh_counts(r, model, time.time())
+                        after = _fresh_counts(r, counted, time.time())
                         point.compute_ms = _compute_ms(compute0, _compute_infer(url, model))
                         _count_point(point, before, after, cpu0, cpu1)
                         results.points.append(point)
@@ -465,8 +479,8 @@ def write_mlserver_repo(
             "parameters": {
                 "extra": {
                     "model_file": str(repo / name / "1" / "model.onnx"),
-                    "intra_op_threads": ORT_INTRA_OP_THREADS,
-                    "inter_op_threads": ORT_INTER_OP_THREADS,
+                    "intra_op_threads": inprocess.ORT_INTRA_OP_THREADS,
+                    "inter_op_threads": inprocess.ORT_INTER_OP_THREADS,
                     "triton_config": config,
                 }
             },
@@ -709,41 +723,6 @@ def bench_triton(
 # --------------------------------------------------------------------------- in process
 
 
-def ort_session(model_file: Path, gpu: bool = False) -> Any:
-    """The session conch's worker makes for the model: CUDA's provider on device 0 with
-    ``gpu`` (as a KIND_GPU instance), else the CPU's."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = ORT_INTRA_OP_THREADS
-    opts.inter_op_num_threads = ORT_INTER_OP_THREADS
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    providers: list[Any] = ["CPUExecutionProvider"]
-    if gpu:
-        providers.insert(0, ("CUDAExecutionProvider", {"device_id": 0}))
-    session = ort.InferenceSession(str(model_file), opts, providers=providers)
-    if gpu and "CUDAExecutionProvider" not in session.get_providers():
-        raise RuntimeError(f"onnxruntime cannot run {model_file} on CUDA here")
-    return session
-
-
-def rows_per_second(session: Any, batch: int, budget_s: float) -> float:
-    inp = session.get_inputs()[0]
-    width = int(inp.shape[1])
-    x = np.random.default_rng(batch).standard_normal((batch, width), dtype=np.float32)
-    feed = {inp.name: x}
-    for _ in range(2):
-        session.run(None, feed)
-    runs = 0
-    start = time.perf_counter()
-    while True:
-        session.run(None, feed)
-        runs += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= budget_s and runs >= 3:
-            return batch * runs / elapsed
-
-
 ONNX_SOURCE = {py: onnx for onnx, py in models.TRITON_TWIN.items()}
 
 
@@ -763,23 +742,61 @@ def inprocess_models(chosen: list[str]) -> list[str]:
     return out
 
 
+def _batches_formed(results: Results, runs_on: Any) -> list[int]:
+    """1 and the mean batch sizes (rounded) conch formed over HTTP for the models for
+    which ``runs_on(model)`` is true: the batch sizes to time in process."""
+    return sorted(
+        {1}
+        | {
+            max(1, round(p.mean_batch))
+            for p in results.points
+            if p.server == "conch" and runs_on(p.model) and p.mean_batch is not None
+        }
+    )
+
+
+def _say_rate(what: str, batch: int, rows_per_s: float) -> None:
+    say(
+        f"in process: {what} batch {batch}: {rows_per_s:,.0f} rows/s "
+        f"({1000 * batch / rows_per_s:.3f} ms per execution)"
+    )
+
+
 def bench_inprocess(args: argparse.Namespace, repo: Path, results: Results) -> None:
     budget = 0.5 if args.quick else 1.5
     for model in inprocess_models(args.models):
-        session = ort_session(repo / model / "1" / "model.onnx", gpu=args.gpu)
-        sizes = {1} | {
-            max(1, round(p.mean_batch))
-            for p in results.points
-            if p.server == "conch" and onnx_source(p.model) == model and p.mean_batch is not None
-        }
+        session = inprocess.ort_session(repo / model / "1" / "model.onnx")
         table = results.inprocess.setdefault(model, {})
-        for b in sorted(sizes):
-            table[b] = rows_per_second(session, b, budget)
-            say(
-                f"in process: {model} batch {b}: {table[b]:,.0f} rows/s "
-                f"({1000 * b / table[b]:.3f} ms per execution)"
-            )
+        for b in _batches_formed(results, lambda m, model=model: onnx_source(m) == model):
+            table[b] = inprocess.rows_per_second(session, b, budget)
+            _say_rate(model, b, table[b])
         del session
+
+
+def bench_inprocess_gpu(args: argparse.Namespace, repo: Path, results: Results) -> None:
+    """Each served variant's files in process on the GPU (on the CPU with --rehearse), at
+    batch 1 and the batches conch formed; sentence-transformers on the same device at the
+    batches any text_embedding variant formed."""
+    budget = 0.5 if args.quick else 1.5
+    device = inprocess.CPU if args.rehearse else inprocess.CUDA
+    text_batches: set[int] = set()
+    for name in args.models:
+        variant = gpu_models.BY_NAME[name]
+        sizes = _batches_formed(results, lambda m, name=name: m == name)
+        table, agreement = inprocess.measure_variant(variant, repo, sizes, budget, device)
+        results.inprocess[name] = table
+        for b, value in table.items():
+            _say_rate(f"{name} ({variant.runtime})", b, value)
+        if agreement is not None:
+            results.agreement[name] = agreement
+            say(f"in process: {name}: lowest cosine against sentence-transformers {agreement:.6f}")
+        if variant.family == gpu_models.TEXT_NAME:
+            text_batches.update(sizes)
+    if text_batches:
+        table = inprocess.measure_sentence_transformers(sorted(text_batches), budget, device)
+        results.reference[gpu_models.TEXT_NAME] = table
+        for b, value in table.items():
+            _say_rate(f"sentence-transformers on {device}", b, value)
 
 
 # --------------------------------------------------------------------------- report
@@ -899,6 +916,50 @@ def format_mlserver_table(results: Results, args: argparse.Namespace) -> str:
                     f"| {model} | {c} | {v} | {_f(p.infer_per_s, ',.0f')}{note} "
                     f"| {_f(p.p50_ms, '.2f')} | {_f(p.p99_ms, '.2f')} |"
                 )
+    return "\n".join(lines)
+
+
+def format_gpu_table(results: Results, args: argparse.Namespace) -> str:
+    """--gpu: each variant served by conch (HTTP, then gRPC) against its own files in process
+    on the same device, at batch 1 and at the batch conch formed (an ensemble's encoder
+    step's), and text_embedding against sentence-transformers' encode at that batch."""
+    head = (
+        "| model | runtime | conc | HTTP infer/s | p50 ms | p99 ms | mean batch "
+        "| gRPC infer/s | gRPC ÷ HTTP | in process @ 1 | in process @ batch formed "
+        "| HTTP ÷ in process | sentence-transformers @ batch | HTTP ÷ sentence-transformers |"
+    )
+    lines = [head, "|" + "---|" * 14]
+    for model in results.settings.get("models", args.models):
+        variant = gpu_models.BY_NAME[model]
+        why = results.not_run.get(model)
+        if why:
+            lines.append(f"| {model} | {variant.runtime} | - | {why} |" + " - |" * 10)
+            continue
+        table = results.inprocess.get(model, {})
+        reference = results.reference.get(variant.family, {})
+        for c in args.concurrency:
+            p = results.get("conch", model, c) or Point("conch", model, c)
+            g = results.get("conch-grpc", model, c)
+            ratio_g = (
+                g.infer_per_s / p.infer_per_s if g and g.infer_per_s and p.infer_per_s else None
+            )
+            b = max(1, round(p.mean_batch)) if p.mean_batch is not None else None
+            inproc, ref = table.get(b) if b else None, reference.get(b) if b else None
+            lines.append(
+                f"| {model} | {variant.runtime} | {c} | {_f(p.infer_per_s, ',.0f')} "
+                f"| {_f(p.p50_ms, '.2f')} | {_f(p.p99_ms, '.2f')} | {_f(p.mean_batch, '.1f')} "
+                f"| {_f(g.infer_per_s if g else None, ',.0f')} | {_ratio(ratio_g)} "
+                f"| {_f(table.get(1), ',.0f')} | {f'{inproc:,.0f} @ {b}' if inproc else 'n/a'} "
+                f"| {_ratio(p.infer_per_s / inproc if p.infer_per_s and inproc else None)} "
+                f"| {f'{ref:,.0f} @ {b}' if ref else '-'} "
+                f"| {_ratio(p.infer_per_s / ref if p.infer_per_s and ref else None) if ref else '-'} |"
+            )
+    if results.agreement:
+        lines.append("")
+        lines.append(
+            "text_embedding in process, lowest cosine against sentence-transformers: "
+            + ", ".join(f"{m} {v:.6f}" for m, v in results.agreement.items())
+        )
     return "\n".join(lines)
 
 
@@ -1084,18 +1145,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--gpu",
         action="store_true",
-        help="the ONNX models as KIND_GPU instances and in process on CUDA (onnxruntime-gpu "
-        "and an NVIDIA GPU); MLServer and Triton are skipped, models default to mlp,mlp_large",
+        help="make bench-gpu: bench/gpu_models.py's KIND_GPU models (mlp_large and "
+        "text_embedding on onnxruntime's CUDA provider, its TensorRT provider where that runs, "
+        "and TorchScript) against the same files in process on the GPU; MLServer and Triton "
+        f"are skipped; models from {', '.join(gpu_models.BY_NAME)} (default: all but mlp). "
+        "Exits 2 without a CUDA GPU",
+    )
+    p.add_argument(
+        "--gpu-check",
+        action="store_true",
+        help="with --gpu: only check for a CUDA GPU, onnxruntime's CUDA provider and torch's "
+        "CUDA (exit 2 when one is missing) and say whether onnxruntime's TensorRT provider runs",
+    )
+    p.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="with --gpu: the same models and steps with KIND_CPU instances and in process on "
+        "the CPU, to check the benchmark itself on a machine without a GPU (numbers mean nothing)",
     )
     args = p.parse_args(argv)
+    if (args.gpu_check or args.rehearse) and not args.gpu:
+        p.error("--gpu-check and --rehearse go with --gpu")
+    known = gpu_models.BY_NAME if args.gpu else ALL_MODELS
     if args.gpu:
         args.skip_mlserver = args.skip_triton = True
         if args.models == ",".join(ALL_MODELS):
-            args.models = ",".join(models.ONNX_MODELS)
+            args.models = ",".join(gpu_models.DEFAULT_MODELS)
     args.models = [m for m in args.models.split(",") if m]
-    unknown = set(args.models) - set(ALL_MODELS)
+    unknown = set(args.models) - set(known)
     if unknown:
-        p.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(ALL_MODELS)}")
+        p.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(known)}")
     try:
         args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     except ValueError:
@@ -1130,8 +1209,31 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def gpu_preflight(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(why the GPU benchmark cannot run here, why onnxruntime's TensorRT provider does not
+    run here), each None when it can; on the CPU with --rehearse, neither is asked."""
+    if args.rehearse:
+        return None, None
+    problem = inprocess.gpu_problem()
+    if problem:
+        return problem, None
+    return None, inprocess.tensorrt_problem(
+        ROOT / "functions" / models.SMALL_NAME / "1" / "model.onnx"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problem, no_trt = gpu_preflight(args) if args.gpu else (None, None)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    if args.gpu_check:
+        if args.rehearse:
+            print("GPU: none needed (--rehearse runs everything on the CPU)")
+        else:
+            print(f"GPU: {inprocess.gpu_name()}; TensorRT: {no_trt or 'runs'}")
+        return 0
     # Ctrl-C raises KeyboardInterrupt even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -1158,11 +1260,25 @@ def main(argv: list[str] | None = None) -> int:
                 "the numbers will be lower and noisier than on an idle machine"
             )
         say("building the benchmark models (reused when up to date)")
-        repo = (
-            models.build_repository(models.GPU_OUT, gpu=True)
-            if args.gpu
-            else models.build_repository()
-        )
+        if args.gpu:
+            repo = (
+                gpu_models.build_repository(gpu_models.REHEARSAL_OUT, kind="KIND_CPU")
+                if args.rehearse
+                else gpu_models.build_repository()
+            )
+            results.settings["device"] = (
+                "cpu (--rehearse)" if args.rehearse else inprocess.gpu_name()
+            )
+            results.settings["models"] = list(args.models)
+            for name in [
+                m for m in args.models if gpu_models.BY_NAME[m].runtime == gpu_models.ORT_TRT
+            ]:
+                if no_trt:
+                    results.not_run[name] = f"no TensorRT: {no_trt}"
+                    args.models.remove(name)
+                    say(f"{name}: not run, no TensorRT: {no_trt}")
+        else:
+            repo = models.build_repository()
         pa = PaOptions(
             perf_analyzer_path(), args.window_ms, args.stability_percentage, args.max_trials
         )
@@ -1174,7 +1290,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_mlserver(args, repo, pa, run_dir, results)
         if not args.skip_triton:
             bench_triton(args, repo, pa, run_dir, results)
-        bench_inprocess(args, repo, results)
+        if args.gpu:
+            bench_inprocess_gpu(args, repo, results)
+        else:
+            bench_inprocess(args, repo, results)
     except KeyboardInterrupt:
         say("interrupted; every process this run started has been stopped")
         return 130
@@ -1189,6 +1308,15 @@ def main(argv: list[str] | None = None) -> int:
     if busy is not None and busy > 0.2:
         print(f"\nWARNING: the CPUs were {busy:.0%} busy with other work when the run began.")
     grpc_note = "" if args.skip_grpc else ", then -i grpc against conch"
+    if args.gpu:
+        print(
+            f"\nconch GPU benchmark ({results.settings['device']}, {os.cpu_count()} CPUs; "
+            f"perf_analyzer -i http{grpc_note}, {args.window_ms} ms windows, binary tensors)\n"
+        )
+        print(format_gpu_table(results, args))
+        print_cpu_and_overhead(results, args, repo)
+        print_notes(results)
+        return _footer(run_dir, started, 0)
     print(
         f"\nconch benchmark ({os.cpu_count()} CPUs; perf_analyzer -i http{grpc_note}, "
         f"{args.window_ms} ms windows; conch and Triton binary tensors, MLServer JSON)\n"
@@ -1214,6 +1342,20 @@ def main(argv: list[str] | None = None) -> int:
             "Triton's Python model running onnxruntime on the same file.\n"
         )
         print(format_triton_table(results, args))
+    print_cpu_and_overhead(results, args, repo)
+    if not args.skip_mlserver and any(p.server.startswith("mlserver-") for p in results.points):
+        print()
+        print(format_mlserver_table(results, args))
+    print_notes(results)
+    print("\nfloors (issue 3, point 8; issue 14, point 7):")
+    failed = False
+    for name, measured, verdict in floors(results, repo):
+        failed |= verdict == "FAIL"
+        print(f"  {verdict:4}  {name}: {measured}")
+    return _footer(run_dir, started, 1 if failed and args.strict else 0)
+
+
+def print_cpu_and_overhead(results: Results, args: argparse.Namespace, repo: Path) -> None:
     print(
         "\nCPU ms per request by process over each perf_analyzer run (python_stubs: Triton's "
         "Python backend stub processes; cores used = total x infer/s; this machine has "
@@ -1226,23 +1368,21 @@ def main(argv: list[str] | None = None) -> int:
             "request, same run) - its max_queue_delay:\n"
         )
         print(format_overhead_table(results, args, repo))
-    if not args.skip_mlserver and any(p.server.startswith("mlserver-") for p in results.points):
-        print()
-        print(format_mlserver_table(results, args))
+
+
+def print_notes(results: Results) -> None:
     notes = [p for p in results.points if p.error]
     if notes:
         print()
         for p in notes:
             print(f"note: {p.server} {p.model} c={p.concurrency}: {p.error}")
-    print("\nfloors (issue 3, point 8; issue 14, point 7):")
-    failed = False
-    for name, measured, verdict in floors(results, repo):
-        failed |= verdict == "FAIL"
-        print(f"  {verdict:4}  {name}: {measured}")
+
+
+def _footer(run_dir: Path, started: float, code: int) -> int:
     print(
         f"\n(results, logs and perf_analyzer CSVs: {run_dir}; took {time.monotonic() - started:.0f} s)"
     )
-    return 1 if failed and args.strict else 0
+    return code
 
 
 def _as_json(results: Results) -> dict[str, Any]:
@@ -1250,6 +1390,9 @@ def _as_json(results: Results) -> dict[str, Any]:
         "settings": results.settings,
         "points": [asdict(p) for p in results.points],
         "inprocess": {m: {str(b): v for b, v in t.items()} for m, t in results.inprocess.items()},
+        "reference": {m: {str(b): v for b, v in t.items()} for m, t in results.reference.items()},
+        "agreement": results.agreement,
+        "not_run": results.not_run,
     }
 
 

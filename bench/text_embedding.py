@@ -54,6 +54,7 @@ FUNCTIONS = ROOT / "functions"
 sys.path.insert(0, str(BENCH))
 
 import coexist  # noqa: E402
+import inprocess  # noqa: E402
 import procs  # noqa: E402
 import pyspy_top  # noqa: E402
 import run  # noqa: E402
@@ -389,8 +390,8 @@ def mlserver_repository(dest: Path, http_port: int) -> Path:
             "extra": {
                 "model_file": str(FUNCTIONS / ENCODER / "1" / "model.onnx"),
                 "tokenizer_dir": str(HELPER_DIRS[0]),
-                "intra_op_threads": run.ORT_INTRA_OP_THREADS,
-                "inter_op_threads": run.ORT_INTER_OP_THREADS,
+                "intra_op_threads": inprocess.ORT_INTRA_OP_THREADS,
+                "inter_op_threads": inprocess.ORT_INTER_OP_THREADS,
                 # One model here, not an ensemble: perf_analyzer would ask for the steps' configs.
                 "triton_config": {
                     **{k: v for k, v in config.items() if k != "ensemble_scheduling"},

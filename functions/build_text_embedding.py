@@ -130,8 +130,10 @@ def _torch_modules() -> Any:
             self.layers = nn.ModuleList(Layer(s) for _ in range(s.layers))
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            steps = torch.arange(input_ids.shape[1], device=input_ids.device)
-            x = self.norm(self.words(input_ids) + self.positions(steps) + self.segment)
+            # The first ``tokens`` position embeddings, sliced rather than looked up with an
+            # arange: a traced arange keeps the device it was traced on (TorchScript on CUDA).
+            steps = self.positions.weight[: input_ids.shape[1]]
+            x = self.norm(self.words(input_ids) + steps + self.segment)
             # Padding positions get the lowest float added to their scores: exp() makes them 0.
             keep = attention_mask[:, None, None, :].to(x.dtype)
             bias = (1.0 - keep) * torch.finfo(x.dtype).min

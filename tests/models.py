@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -449,3 +450,244 @@ def set_gate(allowed: Path, executions: int) -> None:
     tmp = allowed.with_suffix(".tmp")
     tmp.write_text(str(executions))
     tmp.replace(allowed)
+
+
+# -- sequence models (issue 17): running sums with Triton's control inputs and state ------
+
+# The accumulators' numeric types: config name, ONNX type, numpy type.
+SEQ_TYPES = {
+    "INT32": (TensorProto.INT32, np.int32),
+    "FP32": (TensorProto.FLOAT, np.float32),
+}
+
+
+def seq_config(
+    backend: str,
+    *,
+    strategy: str = "direct",
+    idle_us: int = 0,
+    max_batch_size: int = 8,
+    instances: int = 1,
+    inputs: str,
+    outputs: str,
+    controls: str = "",
+    state: str = "",
+    max_candidate_sequences: int = 4,
+    max_queue_delay_us: int = 0,
+) -> str:
+    """A sequence model's config.pbtxt: Direct or Oldest, with the given I/O and controls.
+    The ``seq_*_accumulator`` builders pass their ``options`` (the keyword arguments from
+    ``idle_us`` on) through to here."""
+    if strategy == "direct":
+        chosen = f"direct {{ max_queue_delay_microseconds: {max_queue_delay_us} }}"
+    elif strategy == "oldest":
+        chosen = (
+            f"oldest {{ max_candidate_sequences: {max_candidate_sequences} "
+            f"max_queue_delay_microseconds: {max_queue_delay_us} }}"
+        )
+    else:
+        raise ValueError(f"strategy is 'direct' or 'oldest', not {strategy!r}")
+    idle = f"max_sequence_idle_microseconds: {idle_us}\n  " if idle_us else ""
+    sequence = f"sequence_batching {{\n  {idle}{chosen}\n{controls}{state}}}\n"
+    return (
+        f'backend: "{backend}"\nmax_batch_size: {max_batch_size}\n'
+        f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n{sequence}"
+        f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
+    )
+
+
+def _seq_controls(names: dict[str, str], control: str) -> str:
+    """START and READY as ``control`` ("fp32" or "int32") flags, CORRID as UINT64."""
+    form = {"fp32": "fp32_false_true", "int32": "int32_false_true"}[control]
+    return (
+        "  control_input [\n"
+        f'    {{ name: "{names["START"]}" control [ {{ kind: CONTROL_SEQUENCE_START '
+        f"{form}: [ 0, 1 ] }} ] }},\n"
+        f'    {{ name: "{names["READY"]}" control [ {{ kind: CONTROL_SEQUENCE_READY '
+        f"{form}: [ 0, 1 ] }} ] }},\n"
+        f'    {{ name: "{names["CORRID"]}" control [ {{ kind: CONTROL_SEQUENCE_CORRID '
+        "data_type: TYPE_UINT64 } ] }\n"
+        "  ]\n"
+    )
+
+
+def _seq_state(state_in: str, state_out: str, dtype: str) -> str:
+    return (
+        f'  state [ {{ input_name: "{state_in}" output_name: "{state_out}" '
+        f"data_type: TYPE_{dtype} dims: [ 1 ] "
+        f'initial_state: {{ data_type: TYPE_{dtype} dims: [ 1 ] zero_data: true name: "zero" }} }} ]\n'
+    )
+
+
+# The accumulators' tensors: name -> TorchScript index (ONNX uses the bare names). Outputs
+# and inputs are numbered apart, as Triton's <name>__<index> convention has them.
+_ACC_INDEX = {
+    "INPUT": 0, "START": 1, "READY": 2, "CORRID": 3, "STATE_IN": 4,
+    "OUTPUT": 0, "STATE_OUT": 1, "CORRID_OUT": 2,
+}  # fmt: skip
+
+
+def _accumulator_config(
+    path: Path, backend: str, sep: str, dtype: str, control: str, strategy: str, options: dict
+) -> None:
+    """The accumulators' config.pbtxt; ``sep`` "__" names tensors ``<name>__<index>``."""
+    n = {k: f"{k}{sep}{i}" if sep else k for k, i in _ACC_INDEX.items()}
+    (path / "config.pbtxt").write_text(
+        seq_config(
+            backend,
+            strategy=strategy,
+            **options,
+            inputs=f'  {{ name: "{n["INPUT"]}" data_type: TYPE_{dtype} dims: [ 1 ] }}',
+            outputs=(
+                f'  {{ name: "{n["OUTPUT"]}" data_type: TYPE_{dtype} dims: [ 1 ] }},\n'
+                f'  {{ name: "{n["CORRID_OUT"]}" data_type: TYPE_UINT64 dims: [ 1 ] }}'
+            ),
+            controls=_seq_controls(n, control),
+            state=_seq_state(n["STATE_IN"], n["STATE_OUT"], dtype),
+        )
+    )
+
+
+def seq_onnx_accumulator(
+    path: Path,
+    strategy: str = "direct",
+    *,
+    dtype: str = "INT32",
+    control: str = "fp32",
+    **options: int,
+) -> None:
+    """A running sum kept in Triton's implicit state, as an ONNX graph.
+
+    INPUT [1] -> OUTPUT [1] = (START ? 0 : STATE_IN) + INPUT when READY, else STATE_IN;
+    STATE_OUT = OUTPUT; CORRID_OUT [1] (UINT64) echoes the CORRID control. START and READY
+    are ``control`` ("fp32" or "int32") flags; the state starts at zero.
+    """
+    onnx_type, _ = SEQ_TYPES[dtype]
+    flag_type = {"fp32": TensorProto.FLOAT, "int32": TensorProto.INT32}[control]
+    zero = helper.make_tensor("ZERO", onnx_type, [], [0])
+    nodes = [
+        helper.make_node("Cast", ["START"], ["start_b"], to=TensorProto.BOOL),
+        helper.make_node("Cast", ["READY"], ["ready_b"], to=TensorProto.BOOL),
+        helper.make_node("Where", ["start_b", "ZERO", "STATE_IN"], ["base"]),
+        helper.make_node("Add", ["base", "INPUT"], ["summed"]),
+        helper.make_node("Where", ["ready_b", "summed", "STATE_IN"], ["total"]),
+        helper.make_node("Identity", ["total"], ["OUTPUT"]),
+        helper.make_node("Identity", ["total"], ["STATE_OUT"]),
+        helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
+    ]
+
+    def vi(name: str, t: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, t, ["batch", 1])
+
+    graph = helper.make_graph(
+        nodes,
+        "seq_accumulator",
+        [
+            vi("INPUT", onnx_type),
+            vi("START", flag_type),
+            vi("READY", flag_type),
+            vi("CORRID", TensorProto.UINT64),
+            vi("STATE_IN", onnx_type),
+        ],
+        [vi("OUTPUT", onnx_type), vi("STATE_OUT", onnx_type), vi("CORRID_OUT", TensorProto.UINT64)],
+        initializer=[zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _save(model, path / "1" / "model.onnx")
+    _accumulator_config(path, "onnxruntime", "", dtype, control, strategy, options)
+
+
+def seq_torch_accumulator(
+    path: Path,
+    strategy: str = "direct",
+    *,
+    dtype: str = "INT32",
+    control: str = "fp32",
+    **options: int,
+) -> None:
+    """``seq_onnx_accumulator`` as TorchScript (``pytorch_libtorch``), with Triton's
+    ``<name>__<index>`` names: forward(INPUT__0, START__1, READY__2, CORRID__3,
+    STATE_IN__4) -> (OUTPUT__0, STATE_OUT__1, CORRID_OUT__2)."""
+    import torch
+
+    class Accumulator(torch.nn.Module):
+        def forward(
+            self,
+            x: torch.Tensor,
+            start: torch.Tensor,
+            ready: torch.Tensor,
+            corrid: torch.Tensor,
+            state: torch.Tensor,
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            base = torch.where(start != 0, torch.zeros_like(state), state)
+            total = torch.where(ready != 0, base + x, state)
+            return total, total.clone(), corrid.clone()
+
+    (path / "1").mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # torch 2.13 calls TorchScript deprecated; Triton serves it
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        torch.jit.save(torch.jit.script(Accumulator()), str(path / "1" / "model.pt"))
+    _accumulator_config(path, "pytorch", "__", dtype, control, strategy, options)
+
+
+SEQ_PYTHON_MODEL = '''\
+"""A running sum per sequence, kept by the model itself (Triton's python backend API)."""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            cid = request.correlation_id()
+            flags = request.flags()
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                self.sums[cid] = 0
+            total = self.sums.get(cid, 0) + int(x.sum())
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+                self.sums.pop(cid, None)
+            else:
+                self.sums[cid] = total
+            rows = x.shape[0]
+            seen = np.array([[str(cid).encode()]] * rows, dtype=object)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("OUTPUT", np.full((rows, 1), total, dtype=np.int32)),
+                        pb_utils.Tensor("CORRID_OUT", seen),
+                    ]
+                )
+            )
+        return responses
+'''
+
+
+def seq_python_accumulator(
+    path: Path,
+    strategy: str = "direct",
+    **options: int,
+) -> None:
+    """A Python model keeping each sequence's running sum by ``request.correlation_id()``:
+    reset on the START flag, dropped on END. INPUT INT32 [1] -> OUTPUT INT32 [1], the sum
+    so far, and CORRID_OUT STRING [1], the correlation id it saw (as text)."""
+    (path / "1").mkdir(parents=True, exist_ok=True)
+    (path / "1" / "model.py").write_text(SEQ_PYTHON_MODEL)
+    (path / "config.pbtxt").write_text(
+        seq_config(
+            "python",
+            strategy=strategy,
+            **options,
+            inputs='  { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }',
+            outputs=(
+                '  { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] },\n'
+                '  { name: "CORRID_OUT" data_type: TYPE_STRING dims: [ 1 ] }'
+            ),
+        )
+    )

@@ -61,8 +61,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, log_dir: Pat
     gate_model(root / "models" / MODEL, allowed, started, delay_us=DELAY_US)
     add_model(root / "models" / "idle")
     db = fresh_db(redis_url, 10)
+    # One job driver: a second batch job waits on conch.jobs while the first runs.
     worker = start_worker(
-        root / "models", db, log_dir, "--models", MODEL, env={"AWS_ENDPOINT_URL": s3_endpoint}
+        root / "models",
+        db,
+        log_dir,
+        "--models",
+        MODEL,
+        "--job-concurrency",
+        "1",
+        env={"AWS_ENDPOINT_URL": s3_endpoint},
     )
     gateway, url = start_gateway(root / "models", db, log_dir, "--request-timeout-secs", "120")
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,23 @@ import tritonclient.http as httpclient
 from test_jobs import result, submit, wait_done
 from test_offline import put_jsonl, read_jsonl, submit_batch
 
-from harness import ROOT, fresh_db, serving, start_grpc, wait_grpc_model_ready, wait_until
+from conch.backends.onnxruntime import gpu_available
+
+from harness import (
+    ROOT,
+    fresh_db,
+    serving,
+    start_gateway,
+    start_grpc,
+    wait_grpc_model_ready,
+    wait_model_ready,
+    wait_until,
+)
+
+# Whether a KIND_GPU encoder loads here (and why not), and the database its test serves
+# from: its own, since the module's CPU stack serves the same model names meanwhile.
+GPU = gpu_available()
+GPU_DB = 8
 
 FUNCTIONS = ROOT / "functions"
 STEPS = ("text_embedding_tokenizer", "text_embedding_encoder", "text_embedding_pooling")
@@ -235,3 +252,58 @@ def test_the_readme_example_runs(stack: str) -> None:
     similarities, shape = printed
     assert shape == (2, 384)
     np.testing.assert_allclose(np.diag(similarities), 1.0, atol=1e-5)
+
+
+def _repository_on(kind: str, root: Path) -> Path:
+    """functions/' text_embedding models under ``root``, the encoder one ``kind`` instance."""
+    for model in MODELS:
+        shutil.copytree(FUNCTIONS / model, root / model)
+    config = root / STEPS[1] / "config.pbtxt"
+    text = config.read_text()
+    assert "kind: KIND_CPU" in text
+    config.write_text(text.replace("kind: KIND_CPU", kind))
+    return root
+
+
+@pytest.mark.skipif(not GPU[0], reason=f"text_embedding's KIND_GPU encoder needs a GPU: {GPU[1]}")
+def test_served_with_its_encoder_on_a_gpu_it_matches_sentence_transformers(
+    redis_url: str, log_dir: Path, tmp_path: Path, reference
+) -> None:
+    """KIND_GPU encoder: onnxruntime's CUDA provider (TF32 matrix products on Ampere and
+    later) must still agree with sentence-transformers to a cosine of 0.999."""
+    repo = _repository_on("kind: KIND_GPU gpus: [ 0 ]", tmp_path / "models")
+    with serving(repo, fresh_db(redis_url, GPU_DB), log_dir, MODELS) as (url, _, _):
+        client = httpclient.InferenceServerClient(url)
+        got = client.infer("text_embedding", [_text_input(httpclient.InferInput, SENTENCES)])
+        assert_agrees(got.as_numpy("EMBEDDING"), reference)
+        one = client.infer("text_embedding", [_text_input(httpclient.InferInput, SENTENCES[:1])])
+        assert_agrees(one.as_numpy("EMBEDDING"), reference[:1])
+
+
+def test_with_a_response_cache_a_text_embedded_before_runs_no_step(
+    stack: str, db: str, log_dir: Path, reference
+) -> None:
+    """text_embedding enables the response cache: behind a gateway with --cache-config,
+    the second request for the same texts is answered whole from the cache."""
+    gateway, url = start_gateway(FUNCTIONS, db, log_dir, "--cache-config", "local,size=1048576")
+    try:
+        wait_model_ready(url, "text_embedding", 60, gateway)
+        client = httpclient.InferenceServerClient(url)
+
+        def counts() -> tuple[int, int, int]:
+            ens = client.get_inference_statistics("text_embedding")["model_stats"][0]
+            enc = client.get_inference_statistics(STEPS[1])["model_stats"][0]
+            stats = ens["inference_stats"]
+            return stats["cache_hit"]["count"], stats["cache_miss"]["count"], enc["execution_count"]
+
+        hits, misses, runs = counts()
+        texts = [_text_input(httpclient.InferInput, SENTENCES[:3])]
+        first = client.infer("text_embedding", texts).as_numpy("EMBEDDING")
+        again = client.infer("text_embedding", texts).as_numpy("EMBEDDING")
+        np.testing.assert_array_equal(again, first)
+        assert_agrees(again, reference[:3])
+        after = counts()
+        assert after[:2] == (hits + 1, misses + 1)
+        assert after[2] == runs + 1  # the encoder ran for the first request only
+    finally:
+        gateway.stop()

@@ -35,8 +35,9 @@ parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DI
 def server(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[str, object]]:
     repo = tmp_path_factory.mktemp("unsupported_repo")
     add_model(repo / "plain")
-    add_model(repo / "stateful", extra="sequence_batching { }")
-    add_model(repo / "cached", extra="response_cache { enable: true }")
+    add_model(
+        repo / "passive", extra="instance_group [ { count: 1 kind: KIND_CPU passive: true } ]"
+    )
     add_model(
         repo / "openvino",
         extra='optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }',
@@ -45,7 +46,7 @@ def server(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[st
     (py / "1").mkdir(parents=True)
     (py / "1" / "model.py").write_text(PYTHON_MODEL)
     (py / "config.pbtxt").write_text(PYTHON_CONFIG)
-    with serving(repo, fresh_db(redis_url, 13), log_dir, ("plain", "cached")) as (url, worker, _):
+    with serving(repo, fresh_db(redis_url, 13), log_dir, ("plain", "passive")) as (url, worker, _):
         yield url, worker
 
 
@@ -57,7 +58,6 @@ def _add(client: httpclient.InferenceServerClient, model: str) -> np.ndarray:
 @pytest.mark.parametrize(
     ("model", "field"),
     [
-        ("stateful", "sequence_batching"),
         ("openvino", "optimization.execution_accelerators.cpu_execution_accelerator"),
         ("py_env", "parameters.EXECUTION_ENV_PATH"),
     ],
@@ -90,8 +90,10 @@ def test_the_others_serve(server) -> None:
 def test_a_harmless_field_serves_and_the_log_names_it(server) -> None:
     url, worker = server
     client = httpclient.InferenceServerClient(url)
-    assert client.is_model_ready("cached")
+    assert client.is_model_ready("passive")
     np.testing.assert_array_equal(
-        _add(client, "cached"), 2 * np.arange(4, dtype=np.float32).reshape(1, 4)
+        _add(client, "passive"), 2 * np.arange(4, dtype=np.float32).reshape(1, 4)
     )
-    assert "model 'cached'" in worker.log() and "field response_cache is ignored" in worker.log()
+    assert "model 'passive'" in worker.log() and "field instance_group.passive is ignored" in (
+        worker.log()
+    )

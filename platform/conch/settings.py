@@ -15,8 +15,8 @@ which is how ``conch serve`` starts its worker and gateway. Settings that have n
 (the visibility timeout, attempts, job limits, the HTTP worker class, the local Redis
 probe, the S3 region) reach those children through the environment they inherit.
 
-This module imports only the standard library (and ``conch.core.restricted_apis``, which
-imports nothing else): the gateway reads its Settings before gevent patches the process,
+This module imports only the standard library (and ``conch.core.restricted_apis`` and
+``conch.core.cache_config``, which import nothing else): the gateway reads its Settings before gevent patches the process,
 and that must happen before redis is imported.
 """
 
@@ -30,6 +30,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from conch.core.cache_config import CacheConfig
 from conch.core.restricted_apis import RestrictedApis, group_names
 
 
@@ -90,6 +91,7 @@ class Role(StrEnum):
 GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
 RESTRICTED_API_ENV = "CONCH_HTTP_RESTRICTED_API"
 RESTRICTED_PROTOCOL_ENV = "CONCH_GRPC_RESTRICTED_PROTOCOL"
+CACHE_CONFIG_ENV = "CONCH_CACHE_CONFIG"
 GRPC_SHARED_PORT_ENV = "CONCH_GRPC_SHARED_PORT"
 # Triton's gRPC metadata key of a restricted protocol: this prefix, then the flag's key.
 GRPC_RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
@@ -304,6 +306,13 @@ class Settings:
     # Triton launch line starts, and named as ignored (grpcio keeps its own).
     grpc_infer_allocation_pool_size: int = 0
     grpc_max_response_pool_size: int = 0
+    # Triton's --cache-config: the response cache of the frontends (none: no caching).
+    # Its environment variable holds the flag's values one per line (a Redis password
+    # reaches conch serve's children that way, out of the process list).
+    cache_config: CacheConfig | None = field(
+        default=None,
+        metadata=_env(CACHE_CONFIG_ENV, parse=lambda text: CacheConfig.parse(text.splitlines())),
+    )
     # Beyond Triton: the load API's file: parameters (model code and weights from the
     # client) are refused unless this is on.
     allow_model_upload: bool = False
@@ -497,6 +506,13 @@ def _ignored_flag(name: str) -> Flag:
         metavar="N",
         read=_given,
         as_args=lambda flag, n: [flag, str(n)] if n else [],
+    )
+
+
+def _count_flag(name: str, setting: str, roles: Any, help: str) -> Flag:
+    """A flag that counts something there must be at least one of."""
+    return Flag(
+        name, setting, roles, help, type=int, metavar="N", read=lambda n: _at_least(n, 1, name)
     )
 
 
@@ -710,6 +726,18 @@ FLAGS: tuple[Flag, ...] = (
         to_env=lambda rules: "\n".join(rules.to_values()),
     ),
     Flag(
+        "--cache-config",
+        "cache_config",
+        FRONTEND_ROLES,
+        "Triton's response cache, for models whose config sets response_cache { enable: true }: "
+        "local,size=BYTES (each frontend process its own) or redis,host=H,port=P[,password=..]"
+        "[,db=N][,size=BYTES] (one cache shared by every frontend); repeatable, keys add up",
+        metavar="CACHE,KEY=VALUE",
+        action="append",
+        read=CacheConfig.parse,
+        to_env=lambda config: "\n".join(config.to_values()) if config else "",
+    ),
+    Flag(
         "--allow-model-upload",
         "allow_model_upload",
         FRONTEND_ROLES,
@@ -762,15 +790,12 @@ FLAGS: tuple[Flag, ...] = (
         "thread while its request is queued (default 64; Triton's is 2)",
         type=int,
     ),
-    Flag(
+    _count_flag(
         "--grpc-workers",
         "grpc_workers",
         GRPC_ROLES,
         "gRPC server processes, sharing the port (SO_REUSEPORT); conch's own flag, Triton "
         "has none (default: as --http-workers)",
-        type=int,
-        metavar="N",
-        read=lambda n: _at_least(n, 1, "--grpc-workers"),
     ),
     Flag(
         "--grpc-restricted-protocol",
@@ -867,15 +892,12 @@ FLAGS: tuple[Flag, ...] = (
         "whose autoscaler does not count the jobs (no --jobs) and so could retire one "
         "mid-job. conch's own: Triton has no batch jobs",
     ),
-    Flag(
+    _count_flag(
         "--job-concurrency",
         "job_concurrency",
         WORKER_ROLES,
         "jobs this worker's drivers run at once: batch jobs and ensembles' async jobs "
         "(default 4). conch's own: Triton has no jobs",
-        type=int,
-        metavar="N",
-        read=lambda n: _at_least(n, 1, "--job-concurrency"),
     ),
     Flag(
         "--models",

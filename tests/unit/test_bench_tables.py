@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import bench_modules
 import pytest
+from _bench import bench_run
 
 
 @pytest.fixture(scope="module")
 def run():
-    """bench/run.py as a module."""
-    return bench_modules.load("run", "bench_run")
+    return bench_run()
 
 
 BATCHED = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500 }\n"

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 
-import bench_modules
 import pytest
+from _bench import bench_module
 
 
 @pytest.fixture(scope="module")
 def te():
-    return bench_modules.load("text_embedding", "bench_text_embedding")
+    return bench_module("text_embedding")
 
 
 @pytest.fixture(scope="module")
 def corpus():
-    return bench_modules.load("te_corpus", "bench_te_corpus")
+    return bench_module("te_corpus")
 
 
 def test_sentences_are_fixed_by_the_seed_and_5_to_40_words(corpus) -> None:

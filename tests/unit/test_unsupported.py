@@ -21,7 +21,6 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
 
 # field -> the config text that asks for it (added to MLP_CONFIG)
 REFUSED = {
-    "sequence_batching": "sequence_batching { max_sequence_idle_microseconds: 1000 }",
     "batch_input": 'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" '
     'data_type: TYPE_FP32 source_input: "x" } ]',
     "batch_output": 'batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
@@ -33,7 +32,6 @@ REFUSED = {
     "model_repository_agents": 'model_repository_agents { agents [ { name: "checksum" } ] }',
 }
 WARNED = {
-    "response_cache": "response_cache { enable: true }",
     "instance_group.rate_limiter": "instance_group [ { count: 1 kind: KIND_CPU "
     'rate_limiter { resources [ { name: "R1" count: 2 } ] } } ]',
     "instance_group.passive": "instance_group [ { count: 1 kind: KIND_CPU passive: true } ]",
@@ -78,24 +76,39 @@ def test_harmless_field_serves_with_a_warning_that_names_it(tmp_path, field, cap
 
 
 def test_the_warning_is_given_once_per_model_and_field(tmp_path, caplog) -> None:
-    write_model(tmp_path, "cached_once", mlp, config=MLP_CONFIG + WARNED["response_cache"])
+    write_model(tmp_path, "passive_once", mlp, config=MLP_CONFIG + WARNED["instance_group.passive"])
     repo = ModelRepository(tmp_path, complete=complete, gpu_count=0)
     with caplog.at_level(logging.WARNING, logger=unsupported.__name__):
         repo.scan()
         repo.scan()  # a polled repository is read again
-    hits = [r for r in caplog.records if "field response_cache is ignored" in r.getMessage()]
+    hits = [
+        r for r in caplog.records if "field instance_group.passive is ignored" in r.getMessage()
+    ]
     assert len(hits) == 1
 
 
 def test_several_refused_fields_are_all_named(tmp_path) -> None:
-    text = MLP_CONFIG + REFUSED["sequence_batching"] + "\n" + REFUSED["batch_input"]
+    text = MLP_CONFIG + REFUSED["batch_output"] + "\n" + REFUSED["batch_input"]
     write_model(tmp_path, "both", mlp, config=text)
     error = _scan(tmp_path)["both"].error or ""
-    assert "field sequence_batching" in error and "field batch_input" in error
+    assert "field batch_output" in error and "field batch_input" in error
 
 
-def test_disabled_response_cache_is_not_a_warning(tmp_path, caplog) -> None:
-    write_model(tmp_path, "uncached", mlp, config=MLP_CONFIG + "response_cache { enable: false }")
+def test_the_response_cache_is_no_longer_an_ignored_field(tmp_path, caplog) -> None:
+    """conch has Triton's response cache now (frontend.response_cache): a model that
+    enables it serves with no warning."""
+    write_model(tmp_path, "cached", mlp, config=MLP_CONFIG + "response_cache { enable: true }")
     with caplog.at_level(logging.WARNING, logger=unsupported.__name__):
-        assert _scan(tmp_path)["uncached"].error is None
+        assert _scan(tmp_path)["cached"].error is None
     assert not [r for r in caplog.records if r.name == unsupported.__name__]
+
+
+def test_a_decoupled_model_may_not_enable_the_response_cache(tmp_path) -> None:
+    """Triton's rule, with Triton's words: one response per entry."""
+    text = (
+        MLP_CONFIG + "model_transaction_policy { decoupled: true }\nresponse_cache { enable: true }"
+    )
+    write_model(tmp_path, "streamed", mlp, config=text)
+    error = _scan(tmp_path)["streamed"].error or ""
+    assert "Response Cache does not currently support model 'streamed'" in error, error
+    assert "'decoupled' transaction policy" in error

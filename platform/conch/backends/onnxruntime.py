@@ -17,7 +17,9 @@ import numpy as np
 
 from conch.backends.autocomplete import check_and_fill, cuda_device_count, int_parameter
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
+from conch.core.datatypes import config_to_wire
 from conch.core.errors import InvalidArgument, ModelLoadError
+from conch.core.sequence import SequenceSpec
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +95,18 @@ def _io(session: Any, model: str) -> tuple[list[_Tensor], list[_Tensor]]:
 
 
 def _check_and_fill(config: Any, session: Any, *, fill: bool, default_max_batch_size: int) -> None:
-    """Fill missing config inputs/outputs from the model (``fill``) and check existing ones."""
+    """Fill missing config inputs/outputs from the model (``fill``) and check existing ones.
+
+    A sequence model's control and state inputs, and its state outputs, are the server's
+    to feed and read: they are neither added to the config nor refused for missing from it
+    (a state output the config lists, for clients to see, is checked like any output).
+    """
     inputs, outputs = _io(session, config.name)
+    spec = SequenceSpec.from_config(config)
+    if spec is not None:
+        listed = {o.name for o in config.output}
+        inputs = [t for t in inputs if t.name not in spec.input_types()]
+        outputs = [t for t in outputs if t.name not in spec.output_types() or t.name in listed]
     check_and_fill(
         config,
         inputs,
@@ -103,6 +115,54 @@ def _check_and_fill(config: Any, session: Any, *, fill: bool, default_max_batch_
         default_max_batch_size=default_max_batch_size,
         source="the ONNX model",
     )
+
+
+def _check_sequence_io(config: Any, session: Any) -> None:
+    """The model has each control and state tensor the config's sequence_batching names,
+    of its datatype, a control of shape [1] after the batch dimension (Triton's checks)."""
+    spec = SequenceSpec.from_config(config)
+    if spec is None:
+        return
+    model = config.name
+    inputs, outputs = _io(session, model)
+    by_name = {t.name: t for t in inputs}
+    produced = {t.name: t for t in outputs}
+    batched = config.max_batch_size > 0
+    for control in spec.controls:
+        t = by_name.get(control.name)
+        if t is None:
+            raise ModelLoadError(
+                f"model '{model}': configuration specified sequence control '{control.name}', "
+                "but model does not provide that input"
+            )
+        dims = list(t.shape[1:] if batched else t.shape)
+        if dims != [1] and dims != [-1]:
+            raise ModelLoadError(
+                f"unable to load model '{model}', sequence control '{control.name}' in model "
+                f"has dims {dims} but dims [1] is expected"
+            )
+        _same_type(model, f"sequence control '{control.name}'", t, control.datatype)
+    for state in spec.states:
+        for name, found, what in (
+            (state.input_name, by_name, "input"),
+            (state.output_name, produced, "output"),
+        ):
+            t = found.get(name)
+            if t is None:
+                raise ModelLoadError(
+                    f"model '{model}': sequence_batching state names {what} '{name}', which "
+                    "the ONNX model does not have"
+                )
+            _same_type(model, f"state {what} '{name}'", t, state.datatype)
+
+
+def _same_type(model: str, what: str, t: _Tensor, datatype: str) -> None:
+    if config_to_wire(t.dtype) != datatype:
+        raise ModelLoadError(
+            f"unable to load model '{model}', {what}, the model expects data-type "
+            f"{config_to_wire(t.dtype)} but the model configuration specifies data-type "
+            f"{datatype}"
+        )
 
 
 @dataclass(frozen=True)
@@ -254,6 +314,7 @@ class OnnxRuntimeBackend(TensorBackend):
                 f"{session.get_providers()} (CUDA libraries missing?)"
             )
         _check_and_fill(config, session, fill=False, default_max_batch_size=0)
+        _check_sequence_io(config, session)
         self._string_inputs = {a.name for a in session.get_inputs() if a.type == "tensor(string)"}
         self._string_outputs = {a.name for a in session.get_outputs() if a.type == "tensor(string)"}
         self._output_names = [a.name for a in session.get_outputs()]

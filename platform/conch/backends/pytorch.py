@@ -22,6 +22,7 @@ import contextlib
 import logging
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,9 @@ import numpy as np
 
 from conch.backends.autocomplete import int_parameter, type_name
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
+from conch.core.datatypes import wire_to_config
 from conch.core.errors import Internal, InvalidArgument, ModelLoadError
+from conch.core.sequence import SequenceSpec
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +136,14 @@ def check_config(config: Any) -> None:
                     f"model '{model}': {what} '{entry.name}' field reshape.shape "
                     f"{list(entry.reshape.shape)} has more than one -1; conch can infer one"
                 )
+    spec = SequenceSpec.from_config(config)
+    if spec is not None:
+        for name, datatype in {**spec.input_types(), **spec.output_types()}.items():
+            if wire_to_config(datatype) not in CONFIG_TO_TORCH:
+                raise ModelLoadError(
+                    f"model '{model}': sequence input or state '{name}' type "
+                    f"'{wire_to_config(datatype)}' is not supported by PyTorch."
+                )
 
 
 @dataclass(frozen=True)
@@ -161,12 +172,21 @@ def plan_io(
     config_outputs: list[str],
     arguments: list[Argument],
     returns: int | None,
+    *,
+    sequence_inputs: Sequence[str] = (),
+    state_outputs: Sequence[str] = (),
 ) -> IOPlan:
     """Apply Triton's TorchScript naming rules; raise ``ModelLoadError`` naming the tensor.
 
     ``arguments`` are ``forward()``'s, without ``self``; ``returns`` is how many tensors
-    it returns when the schema says (1 for a tensor, n for an n-tuple), else None.
+    it returns when the schema says (1 for a tensor, n for an n-tuple), else None. A
+    sequence model's control and state inputs (``sequence_inputs``) are arguments too,
+    named like the config's inputs (by argument name or ``<name>__<index>``, never by
+    config order, which they have none of); its state outputs (``state_outputs``) are
+    elements of the result by ``<name>__<index>``, with every output, as Triton requires.
     """
+    config_inputs = [*config_inputs, *sequence_inputs]
+    config_outputs = [*config_outputs, *(o for o in state_outputs if o not in config_outputs)]
     arg_names = [a.name for a in arguments]
     signature = f"forward({', '.join(f'{a.type} {a.name}' for a in arguments)})"
     if len(arguments) == 1 and arguments[0].kind == "DictType":
@@ -217,9 +237,20 @@ def plan_io(
                 signature,
             )
 
+    if sequence_inputs and mode == "order":
+        raise ModelLoadError(
+            f"model '{model}': the sequence control and state inputs {list(sequence_inputs)} "
+            f"and the config's inputs must all be argument names of {signature} or all follow "
+            "<name>__<index>"
+        )
     if all(named_index(name) is not None for name in config_outputs):
         output_mode = "index"
         outputs = {name: named_index(name) for name in config_outputs}
+    elif state_outputs:
+        raise ModelLoadError(
+            f"PyTorch model '{model}' is using sequence batching with state but not all "
+            f"outputs {config_outputs} follow the <name>__<index> naming convention."
+        )
     else:
         output_mode = "order"
         outputs = {name: i for i, name in enumerate(config_outputs)}
@@ -362,10 +393,9 @@ class PyTorchBackend(TensorBackend):
         self._inference_mode = True
         self._optimized = True
         self._clean_cache = False
-        self._input_dtypes: dict[str, str] = {}
-        self._output_dtypes: dict[str, str] = {}
-        self._inputs: dict[str, Any] = {}
-        self._outputs: dict[str, Any] = {}
+        self._input_types: dict[str, str] = {}
+        self._output_types: dict[str, str] = {}
+        self._outputs: list[str] = []
 
     @classmethod
     def auto_complete(cls, config: Any, model_file: Any, *, default_max_batch_size: int) -> None:
@@ -420,19 +450,24 @@ class PyTorchBackend(TensorBackend):
             ) from None
         module.eval()
         arguments, returns = describe_forward(module, name)
+        sequence = SequenceSpec.from_config(config)
+        extra_inputs = sequence.input_types() if sequence else {}
+        extra_outputs = sequence.output_types() if sequence else {}
         self.plan = plan_io(
             name,
             [e.name for e in config.input],
             [e.name for e in config.output],
             arguments,
             returns,
+            sequence_inputs=list(extra_inputs),
+            state_outputs=list(extra_outputs),
         )
-        self._inputs = {e.name: e for e in config.input}
-        self._outputs = {e.name: e for e in config.output}
-        self._input_dtypes = {e.name: CONFIG_TO_TORCH[type_name(e.data_type)] for e in config.input}
-        self._output_dtypes = {
-            e.name: CONFIG_TO_TORCH[type_name(e.data_type)] for e in config.output
-        }
+        self._outputs = [e.name for e in config.output]
+        # Every tensor forward() takes or gives, by name, as its config data type name.
+        self._input_types = {e.name: type_name(e.data_type) for e in config.input}
+        self._input_types.update({n: wire_to_config(t) for n, t in extra_inputs.items()})
+        self._output_types = {e.name: type_name(e.data_type) for e in config.output}
+        self._output_types.update({n: wire_to_config(t) for n, t in extra_outputs.items()})
         if device is not None and device.type == "cuda":
             self._stream = torch.cuda.Stream(device=device)
         self.device = device
@@ -476,10 +511,10 @@ class PyTorchBackend(TensorBackend):
         assert plan is not None
         tensors: dict[str, Any] = {}
         for name, arr in inputs.items():
-            entry = self._inputs.get(name)
-            if entry is None:
+            config_type = self._input_types.get(name)
+            if config_type is None:
                 raise InvalidArgument(f"unexpected input '{name}' for model '{self.spec.name}'")
-            tensor = numpy_to_torch(arr, self._input_dtypes[name])
+            tensor = numpy_to_torch(arr, CONFIG_TO_TORCH[config_type])
             if self.device is not None and self.device.type != "cpu":
                 tensor = tensor.to(self.device)
             tensors[name] = tensor
@@ -510,7 +545,7 @@ class PyTorchBackend(TensorBackend):
                 "tensor, or a tuple or list of tensors"
             )
         out: dict[str, np.ndarray] = {}
-        for name in outputs or list(self._outputs):
+        for name in outputs or self._outputs:
             if name not in plan.outputs:
                 raise InvalidArgument(f"model '{model}' has no output '{name}'")
             index = plan.outputs[name]
@@ -525,11 +560,10 @@ class PyTorchBackend(TensorBackend):
                     f"model '{model}': output '{name}' (element {index} of forward()'s result) "
                     f"is {type(tensor).__name__}, not a tensor"
                 )
-            want = self._output_dtypes[name]
-            if tensor.dtype != getattr(torch, want):
-                entry = self._outputs[name]
+            config_type = self._output_types[name]
+            if tensor.dtype != getattr(torch, CONFIG_TO_TORCH[config_type]):
                 raise Internal(
-                    f"model '{model}': output '{name}' is {type_name(entry.data_type)} in the "
+                    f"model '{model}': output '{name}' is {config_type} in the "
                     f"config but the model produced {tensor.dtype}"
                 )
             arr = torch_to_numpy(tensor)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conch.core.model_config import wire_type
+from conch.core.model_config import response_cache_problem, wire_type
 
 ENSEMBLE = "ensemble"
 MAX_DEPTH = 8  # ensembles of ensembles
@@ -202,6 +202,8 @@ def link(entry: Any, entries: dict[str, Any]) -> None:
             if tensor in outputs and labels and tensor not in entry.output_labels:
                 entry.output_labels[tensor] = labels
     entry.config.model_transaction_policy.decoupled = decoupled
+    problem = response_cache_problem(entry.config)
+    entry.error = f"ensemble '{entry.name}': {problem}" if problem else None
 
 
 def link_all(entries: dict[str, Any]) -> None:

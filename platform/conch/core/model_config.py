@@ -129,7 +129,32 @@ def json_to_config(obj: dict[str, Any] | str, *, model: str = "") -> Any:
     return cfg
 
 
-__all__ = ["config_to_json", "json_to_config", "model_config_pb2", "new_config", "parse_config"]
+def response_cache_problem(cfg: Any) -> str | None:
+    """Why ``cfg`` may not enable the response cache, or None. Triton's rules: a decoupled
+    model (an ensemble with a decoupled step is one) sends many responses per request,
+    and a cache entry is one; a sequence model's answer depends on the steps before it."""
+    if cfg.response_cache.enable and cfg.HasField("sequence_batching"):
+        return (
+            f"Response Cache does not currently support model {cfg.name} with sequence "
+            "batching scheduler. Please disable the response cache."
+        )
+    if cfg.response_cache.enable and cfg.model_transaction_policy.decoupled:
+        return (
+            f"Response Cache does not currently support model '{cfg.name}' with 'decoupled' "
+            "transaction policy. Please disable the response cache "
+            "(response_cache { enable: false })"
+        )
+    return None
+
+
+__all__ = [
+    "config_to_json",
+    "json_to_config",
+    "model_config_pb2",
+    "new_config",
+    "parse_config",
+    "response_cache_problem",
+]
 
 
 def wire_type(data_type: int) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from conch.core import ensemble_graph, unsupported
+from conch.core import ensemble_graph, sequence, unsupported
 from conch.core.backend_table import (
     BACKENDS,
     backend_for_filename,
@@ -24,7 +24,13 @@ from conch.core.backend_table import (
 )
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
-from conch.core.model_config import config_to_json, json_to_config, new_config, parse_config
+from conch.core.model_config import (
+    config_to_json,
+    json_to_config,
+    new_config,
+    parse_config,
+    response_cache_problem,
+)
 from conch.core.model_spec import InstanceSpec, ModelSpec
 from conch.core.repository_keys import VERSION_NAME, is_model_name, model_name_problem
 
@@ -358,6 +364,10 @@ class ModelRepository:
 
         _normalize(cfg)
         _validate(cfg, where)
+        try:
+            sequence.check(cfg, entry.backend)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{where}: {exc.message}") from None
         entry.output_labels = _read_labels(cfg, path, where)
 
     def _backend(self, cfg: Any, path: Path, on_disk: list[int], where: str) -> str:
@@ -475,6 +485,13 @@ def _normalize(cfg: Any) -> None:
         and not batcher.preferred_batch_size
     ):
         batcher.preferred_batch_size.append(cfg.max_batch_size)
+    if cfg.HasField("sequence_batching"):
+        # Triton's defaults for a sequence model, so its config reads as Triton's does.
+        sb = cfg.sequence_batching
+        if not sb.max_sequence_idle_microseconds:
+            sb.max_sequence_idle_microseconds = sequence.DEFAULT_IDLE_US
+        if sb.HasField("oldest") and cfg.max_batch_size > 0 and not sb.oldest.preferred_batch_size:
+            sb.oldest.preferred_batch_size.append(cfg.max_batch_size)
 
 
 def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:
@@ -494,6 +511,9 @@ def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:
 
 
 def _validate(cfg: Any, where: str) -> None:
+    problem = response_cache_problem(cfg)
+    if problem:
+        raise ModelLoadError(f"{where}: {problem}")
     if cfg.max_batch_size < 0:
         raise ModelLoadError(
             f"{where}: field max_batch_size must be >= 0, got {cfg.max_batch_size}"

@@ -1,8 +1,8 @@
 """Config fields Triton honours and conch does not (yet): refused, or named in a warning.
 
 A Triton user's ``config.pbtxt`` may ask for behaviour conch does not build. Silently
-ignoring such a field gives that user wrong answers (a stateful model run as a stateless
-one) or a weaker server than the one they configured, with nothing saying so. So each
+ignoring such a field gives that user wrong answers (a model never fed the batch inputs
+it declares) or a weaker server than the one they configured, with nothing saying so. So each
 field Triton reads and conch does not is listed here once, with what conch does about it:
 
 - ``REFUSE``: ignoring it would change what the model computes, what runs, or where; the
@@ -63,13 +63,6 @@ def _optimization(name: str) -> Callable[[Any], bool]:
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
-        "sequence_batching",
-        Action.REFUSE,
-        "conch has no sequence batcher yet: a stateful model would run as a stateless one, "
-        "its requests spread over instances with no sequence state or control inputs",
-        _has("sequence_batching"),
-    ),
-    Feature(
         "batch_input",
         Action.REFUSE,
         "conch does not generate Triton's batch inputs (ragged batching): the model would "
@@ -106,12 +99,6 @@ FEATURES: tuple[Feature, ...] = (
         "conch runs no repository agents (such as checksum), so the model files would be "
         "served without what the agent does to them",
         _has("model_repository_agents"),
-    ),
-    Feature(
-        "response_cache",
-        Action.WARN,
-        "conch has no response cache yet: every request runs the model (results are the same)",
-        lambda cfg: cfg.HasField("response_cache") and cfg.response_cache.enable,
     ),
     Feature(
         "instance_group.rate_limiter",

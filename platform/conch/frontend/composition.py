@@ -3,12 +3,13 @@
 The HTTP gateway (``frontend.http.app``) and the gRPC server (``frontend.grpc.server``)
 each run one ``DataPlane`` built here, the same way: one Redis client, the model view
 following the repository (with the repository's auto-completer, the one edge from a
-frontend to backend code) and the dispatcher.
+frontend to backend code), the dispatcher and the response cache (``--cache-config``).
 """
 
 from __future__ import annotations
 
 from conch.backends import completion
+from conch.frontend import response_cache
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
@@ -20,6 +21,7 @@ def build_dataplane(settings: Settings) -> DataPlane:
     """A data plane over ``settings.redis_url``, its model view following the repository."""
     client = open_client(settings.redis_url)
     view = ModelView(settings, client, complete=completion.complete)
-    plane = DataPlane(settings, view, Dispatcher(client))
+    cache = response_cache.open_cache(settings.cache_config, client)
+    plane = DataPlane(settings, view, Dispatcher(client), cache)
     view.follow()
     return plane

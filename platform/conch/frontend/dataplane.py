@@ -19,6 +19,7 @@ so whatever its body holds, as Triton answers.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,8 @@ from conch.core.repository_keys import model_name_problem
 from conch.frontend import batch_job, calls, ensemble_jobs, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher
+from conch.frontend.response_cache import ResponseCache
+from conch.frontend.sequence_route import SequenceRoute
 from conch.settings import Settings
 from conch.wire import job_store, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
@@ -91,6 +94,8 @@ class ModelMetrics:
     counters: dict[int, dict[str, int]]  # version -> statistics counters
     ready: list[int]  # versions a live worker reports READY
     work: ModelWork | None  # waiting in its queue and in flight; None: an ensemble's
+    cached: bool = False  # the frontends keep a response cache and the model uses it
+    sequence_model: bool = False  # it has sequence_batching (its live sequences count)
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -102,11 +107,19 @@ class ModelMetrics:
 class DataPlane:
     """Triton's v2 operations, for any frontend (see the module docstring)."""
 
-    def __init__(self, settings: Settings, view: ModelView, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        view: ModelView,
+        dispatcher: Dispatcher,
+        cache: ResponseCache | None = None,
+    ) -> None:
         self.settings = settings
         self.view = view
         self.dispatcher = dispatcher
+        self.cache = cache  # --cache-config's; None: no model is cached
         self._client = dispatcher.client
+        self.sequences = SequenceRoute(self._client)  # sequence models' mailboxes
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -153,6 +166,8 @@ class DataPlane:
         else:
             entry = view.serving(model)
             wanted = {model: [entry.resolve_version(version)] if version else entry.versions}
+        if self.cache is not None:
+            self.cache.flush()  # this process's cache counters, before they are read
         out = []
         for name, versions in wanted.items():
             counters = statistics.read(self._client, name)
@@ -171,6 +186,8 @@ class DataPlane:
         work = work_owed(
             self._client, [n for n, e in served if e.backend != ensemble_graph.ENSEMBLE]
         )
+        if self.cache is not None:
+            self.cache.flush()
         out = []
         for name, entry in served:
             recorded = statistics.read(self._client, name)
@@ -181,6 +198,8 @@ class DataPlane:
                     {v: recorded.get(v, {}) for v in sorted({*entry.versions, *recorded})},
                     [int(v) for v, st in versions.items() if st == worker_reports.READY],
                     work.get(name),
+                    self.cache is not None and self.cache.applies(entry.config),
+                    self.sequences.spec(entry.config) is not None,
                 )
             )
         return out
@@ -274,22 +293,55 @@ class DataPlane:
         """
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
         call = self._prepare(to, request, calls.Lane.ONLINE, caller)
+        cache = self.cache
+        if cache is not None and cache.applies(to.entry.config):
+            return self._infer_cached(cache, to, request, call, abandonment)
+        version, results = self._run(to, request, call, abandonment)
+        return self._outcome(to.entry, request, version, results)
+
+    def _run(
+        self,
+        to: calls.Target,
+        request: InferRequest,
+        call: calls.Call,
+        abandonment: Abandonment | None,
+    ) -> tuple[int, list[WireTensor]]:
+        """Queue the call (or run the ensemble's graph): the version that ran, and the outputs."""
         entry, msg = to.entry, call.msg
         if entry.backend == ensemble_graph.ENSEMBLE:
-            version = call.version
-            results = self._run_ensemble(entry, request, msg, version, abandonment)
+            return call.version, self._run_ensemble(entry, request, msg, call.version, abandonment)
+        spec = self.sequences.spec(entry.config) if msg.sequence is not None else None
+        reply = self.dispatcher.call(
+            msg,
+            max_queue_size=call.max_queue_size,
+            version=call.version,
+            abandonment=abandonment,
+            route=None if spec is None else self.sequences.route(spec),
+        )
+        if reply.error is not None:
+            raise reply.error
+        return reply.version if reply.version > 0 else call.version, list(reply.outputs or ())
+
+    def _infer_cached(
+        self,
+        cache: ResponseCache,
+        to: calls.Target,
+        request: InferRequest,
+        call: calls.Call,
+        abandonment: Abandonment | None,
+    ) -> InferOutcome:
+        """``infer`` for a model that uses the response cache: a hit is answered here,
+        never queued; a miss runs, and its answer is stored (``frontend.response_cache``)."""
+        since = time.perf_counter_ns()
+        msg = call.msg
+        lookup = cache.lookup(to.entry.name, to.version, msg.inputs, msg.outputs, msg.params)
+        if lookup.found is not None:
+            version, results = lookup.found
+            cache.hit(lookup, since)
         else:
-            reply = self.dispatcher.call(
-                msg,
-                max_queue_size=call.max_queue_size,
-                version=call.version,
-                abandonment=abandonment,
-            )
-            if reply.error is not None:
-                raise reply.error
-            results = list(reply.outputs or ())
-            version = reply.version if reply.version > 0 else call.version
-        return self._outcome(entry, request, version, results)
+            version, results = self._run(to, request, call, abandonment)
+            cache.store_answer(lookup, version, results)
+        return self._outcome(to.entry, request, version, results)
 
     def _prepare(
         self,
@@ -299,15 +351,24 @@ class DataPlane:
         caller: calls.Caller = calls.CLIENT,
     ) -> calls.Call:
         """Every 4xx about the request is raised here, before anything is queued."""
-        validation.validate_request(request, to.entry.config, model_name=to.entry.name)
-        self.view.check_available(to.entry.name)
-        return calls.build(
+        entry = to.entry
+        validation.validate_request(request, entry.config, model_name=entry.name)
+        spec = self.sequences.spec(entry.config)
+        if spec is not None and lane is not calls.Lane.ONLINE:
+            raise self.sequences.refuse_job(entry.name)
+        self.view.check_available(entry.name)
+        call = calls.build(
             to,
             request,
             lane=lane,
             caller=caller,
             default_timeout_s=self.settings.request_timeout_s,
         )
+        rows = (
+            request.inputs[0].shape[0] if entry.config.max_batch_size > 0 and request.inputs else 1
+        )
+        self.sequences.mark(spec, entry.name, request, rows, call.msg)
+        return call
 
     def _run_ensemble(
         self,
@@ -329,6 +390,7 @@ class DataPlane:
             dispatcher=self.dispatcher,
             check=self.view.check_available,
             abandonment=abandonment,
+            cache=self.cache,
         )
         return [(name, *produced[name]) for name in msg.outputs]
 
@@ -395,6 +457,8 @@ class DataPlane:
         entry = self.view.serving(model)
         if version:
             entry.resolve_version(version)
+        if self.sequences.spec(entry.config) is not None:
+            raise self.sequences.refuse_job(model)
         record = batch_job.submit(
             self._client, entry, version, source, target, self.settings.job_ttl_s
         )

@@ -9,7 +9,7 @@ its model), and the outer request's deadline bounds them all.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import redis
@@ -25,12 +25,13 @@ from conch.core.ensemble_graph import (
     needed,
     steps,
 )
-from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument
+from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument, Unsupported
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
 from conch.frontend.producer import Abandonment, Dispatcher, Pending
+from conch.frontend.response_cache import ResponseCache
 from conch.wire import statistics
-from conch.wire.messages import InferMessage, Reply
+from conch.wire.messages import InferMessage, Reply, WireTensor
 
 
 class StepCall(Protocol):
@@ -50,11 +51,18 @@ StepRunner = Callable[[Step, dict[str, Tensor], list[str]], StepCall]
 
 
 class _Queued:
-    """A step sent to its model's queue (withdrawn from it if the caller goes away)."""
+    """A step sent to its model's queue (withdrawn from it if the caller goes away);
+    ``answered`` sees its successful reply (the response cache stores it)."""
 
-    def __init__(self, pending: Pending, abandonment: Abandonment | None) -> None:
+    def __init__(
+        self,
+        pending: Pending,
+        abandonment: Abandonment | None,
+        answered: Callable[[Reply], None] | None = None,
+    ) -> None:
         self.pending = pending
         self.abandonment = abandonment
+        self.answered = answered
         if abandonment is not None:
             abandonment.watch(pending)
 
@@ -65,7 +73,9 @@ class _Queued:
             self._done()
         if reply.error is not None:
             raise reply.error
-        return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in reply.outputs or ()}
+        if self.answered is not None:
+            self.answered(reply)
+        return _tensors(reply.outputs or ())
 
     def cancel(self) -> None:
         self.pending.cancel()
@@ -74,6 +84,10 @@ class _Queued:
     def _done(self) -> None:
         if self.abandonment is not None:
             self.abandonment.done(self.pending)
+
+
+def _tensors(outputs: Iterable[WireTensor]) -> dict[str, Tensor]:
+    return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in outputs}
 
 
 class _Done:
@@ -171,6 +185,7 @@ def execute(
     abandonment: Abandonment | None = None,
     lane: calls.Lane = calls.Lane.ONLINE,
     depth: int = 0,
+    cache: ResponseCache | None = None,
 ) -> dict[str, Tensor]:
     """Run the graph with every step a request on its model's queue.
 
@@ -181,7 +196,9 @@ def execute(
     Through ``abandonment`` a caller that went away (a cancelled gRPC call) stops the
     graph, as Triton checks between steps: its steps still queued are withdrawn, and
     no later step is sent. ``lane`` is the outer request's: a job's steps wait where the
-    job's own request would (``calls.Lane``), below online traffic.
+    job's own request would (``calls.Lane``), below online traffic. With a ``cache`` (the
+    gateway's), a step whose model enables the response cache is looked up first and, on
+    a hit, never sent.
     """
     if depth > MAX_DEPTH:
         raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
@@ -198,6 +215,11 @@ def execute(
         if abandonment is not None and abandonment.gone:
             raise Cancelled(abandonment.gone)
         to = calls.target(resolve(step.model), step.version)
+        if to.entry.config.HasField("sequence_batching"):
+            raise Unsupported(
+                f"model '{step.model}' is a sequence model: conch does not run one as an "
+                "ensemble step (its requests need the sequence's order and slot); call it directly"
+            )
         # The step's inputs are checked against its own config, as a client's would be.
         request = InferRequest(
             id=outer.client_id,
@@ -219,13 +241,26 @@ def execute(
                 abandonment=abandonment,
                 lane=lane,
                 depth=depth + 1,
+                cache=cache,
             )
             return _Done(result)
         call = calls.build(to, request, lane=lane, caller=caller)
+        answered = None
+        if cache is not None and cache.applies(to.entry.config):
+            since, msg = time.perf_counter_ns(), call.msg
+            lookup = cache.lookup(step.model, to.version, msg.inputs, msg.outputs, msg.params)
+            if lookup.found is not None:
+                cache.hit(lookup, since)
+                return _Done(_tensors(lookup.found[1]))
+
+            def answered(reply: Reply) -> None:
+                ran = reply.version if reply.version > 0 else call.version
+                cache.store_answer(lookup, ran, reply.outputs or ())
+
         pending = dispatcher.submit(
             call.msg, max_queue_size=call.max_queue_size, version=call.version
         )
-        return _Queued(pending, abandonment)
+        return _Queued(pending, abandonment, answered)
 
     return run(entry, inputs, wanted, start, config_of)
 

@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
 
@@ -166,9 +167,10 @@ class Dispatcher:
         max_queue_size: int = 0,
         version: int = 0,
         abandonment: Abandonment | None = None,
+        route: Callable[[InferMessage], None] | None = None,
     ) -> Reply:
         """Enqueue ``msg`` and block until its reply, its deadline or ``abandonment``."""
-        pending = self.submit(msg, max_queue_size=max_queue_size, version=version)
+        pending = self.submit(msg, max_queue_size=max_queue_size, version=version, route=route)
         if abandonment is None:
             return pending.wait()
         abandonment.watch(pending)
@@ -177,17 +179,33 @@ class Dispatcher:
         finally:
             abandonment.done(pending)
 
-    def submit(self, msg: InferMessage, *, max_queue_size: int = 0, version: int = 0) -> Pending:
+    def submit(
+        self,
+        msg: InferMessage,
+        *,
+        max_queue_size: int = 0,
+        version: int = 0,
+        route: Callable[[InferMessage], None] | None = None,
+    ) -> Pending:
         """Enqueue ``msg`` now; the returned ``Pending`` waits for its reply.
 
         Several requests can be in flight from one caller (an ensemble's parallel steps).
         A full queue (``max_queue_size``) refuses it with a 503, counted as ``REJECTED``
         under ``version`` (the one resolved for it: the message may say "latest").
+        ``route`` sends the message somewhere other than its model's queue (a sequence's
+        mailbox, ``conch.frontend.sequence_route``); it raises what refuses it.
         """
         self._ensure_listener()
         slot = _Slot()
         self._pending[msg.id] = slot
         msg.reply_to = self.reply_key
+        if route is not None:
+            try:
+                route(msg)
+            except BaseException:
+                self._pending.pop(msg.id, None)
+                raise
+            return Pending(self, msg, slot, b"", version)
         try:
             queued = self.publisher.publish(
                 msg.model,

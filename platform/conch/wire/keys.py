@@ -80,6 +80,20 @@ Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
     conch.override.files.<model>   hash     model control API: a load's  workers, gateways (explicit
       [OVERRIDE_FILES_PREFIX]               file: overrides, path->bytes mode; SCANned for models)
 
+The shared response cache (``--cache-config redis,...``; ``conch.wire.cache_store``)::
+
+    conch.cache.entry.<hash>       string   gateways, gRPC servers: an   the same (GET on a cached
+      [CACHE_ENTRY_PREFIX]                  answer, msgpack (the insert  model's request; the get
+                                            script)                      script)
+    conch.cache.lru                zset     the get and insert scripts:  the insert script (evicts
+      [CACHE_LRU]                           <hash> -> last use (clock)   the least recently used)
+    conch.cache.sizes              hash     insert script: <hash> ->     insert script (what an
+      [CACHE_SIZES]                         bytes                        eviction frees)
+    conch.cache.bytes              string   insert script (INCRBY,       insert script (the bound)
+      [CACHE_BYTES]                         DECRBY): bytes held          operators
+    conch.cache.clock              string   the scripts (INCR): the      the scripts
+      [CACHE_CLOCK]                         last-use order
+
 kombu's own bookkeeping for the Celery queue (``_kombu.binding.*``, ``unacked_mutex``)
 is kombu's and not named here.
 """
@@ -122,8 +136,20 @@ LOAD_IDS = "conch.models.load_ids"  # explicit mode: model -> id of its latest l
 OVERRIDE_PREFIX = "conch.override.config."  # explicit load's config override, by model
 OVERRIDE_FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
 
+# The shared response cache (conch.wire.cache_store): entries, and the LRU bookkeeping.
+CACHE_ENTRY_PREFIX = "conch.cache.entry."  # + the request's hash (hex)
+CACHE_LRU = "conch.cache.lru"
+CACHE_SIZES = "conch.cache.sizes"
+CACHE_BYTES = "conch.cache.bytes"
+CACHE_CLOCK = "conch.cache.clock"
+
 __all__ = [
     "ATTEMPTS",
+    "CACHE_BYTES",
+    "CACHE_CLOCK",
+    "CACHE_ENTRY_PREFIX",
+    "CACHE_LRU",
+    "CACHE_SIZES",
     "CONTROL_COMMANDS",
     "CUSTOM_METRICS_PREFIX",
     "DATASET",

@@ -35,6 +35,28 @@ class BadMessage(ValueError):
     """A broker message that is not one of ours; it is dead-lettered, never executed."""
 
 
+MAX_SEQUENCE_ID = 2**64 - 1
+MAX_SEQUENCE_STRING_BYTES = 256
+
+
+def _sequence(value: Any) -> tuple[int | str, bool, bool] | None:
+    """A message's sequence field, checked: [uint64 or short string id, start, end]."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise BadMessage("seq is not [id, start, end]")
+    seq_id, start, end = value
+    if isinstance(seq_id, bool) or not isinstance(seq_id, int | str):
+        raise BadMessage("seq id is not an integer or a string")
+    if isinstance(seq_id, int) and not 0 < seq_id <= MAX_SEQUENCE_ID:
+        raise BadMessage("seq id is out of range")
+    if isinstance(seq_id, str) and not 0 < len(seq_id.encode()) <= MAX_SEQUENCE_STRING_BYTES:
+        raise BadMessage("seq id string is empty or too long")
+    if not isinstance(start, bool) or not isinstance(end, bool):
+        raise BadMessage("seq flags are not booleans")
+    return seq_id, start, end
+
+
 @dataclass
 class InferMessage:
     id: str
@@ -58,6 +80,9 @@ class InferMessage:
     # An async job (conch.wire.job_store): its result is stored for this many seconds instead of
     # being pushed to a reply list; 0 for a request someone waits on.
     job_ttl: int = 0
+    # A sequence model's request (conch.wire.sequences): its correlation id (uint64 or
+    # string), and whether it starts and ends the sequence; None for any other model.
+    sequence: tuple[int | str, bool, bool] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -81,6 +106,8 @@ class InferMessage:
             body["chain"] = list(self.chain)
         if self.job_ttl:
             body["job"] = self.job_ttl
+        if self.sequence is not None:
+            body["seq"] = list(self.sequence)
         return body
 
     @classmethod
@@ -112,6 +139,7 @@ class InferMessage:
                 timeout_us=_int(m.get("tmo", 0)),
                 chain=[_model_name(c) for c in _list(m.get("chain") or [], MAX_CHAIN)],
                 job_ttl=_int(m.get("job", 0)),
+                sequence=_sequence(m.get("seq")),
             )
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None
@@ -141,7 +169,7 @@ class Reply:
 
     @classmethod
     def unpack(cls, data: bytes) -> Reply:
-        m = _unpack(data)
+        m = unpack(data)
         if not isinstance(m, dict):
             raise BadMessage("reply is not a map")
         rid = _str(m.get("id"))
@@ -160,7 +188,8 @@ class Reply:
         )
 
 
-def _unpack(data: bytes) -> Any:
+def unpack(data: bytes) -> Any:
+    """Broker bytes as msgpack values, decoded as untrusted (``BadMessage`` if not)."""
     try:
         # strict_map_key keeps keys to str/bytes; no ext hooks: ext types stay inert.
         return msgpack.unpackb(data, raw=False, strict_map_key=True)

@@ -15,6 +15,8 @@ before execution, an ensemble whose step failed). ``fail`` is their sum.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +25,8 @@ import redis
 
 from conch.wire.keys import STATS_PREFIX
 from conch.wire.redis_link import CommandQueue
+
+log = logging.getLogger(__name__)
 
 # Triton's inference_stats entries, each {"count", "ns"}.
 DURATIONS = (
@@ -39,6 +43,7 @@ BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
 # Triton's failure reasons (``nv_inference_request_failure``'s ``reason`` label).
 REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+CACHE_ERRORS = "cache_error.count"  # conch's: response cache calls that failed (a miss each)
 
 
 # KEYS: the model's hash. ARGV: version, last-inference ms (0: leave it), then field/amount
@@ -160,6 +165,81 @@ def _add(
     pipe.eval(_RECORD_LUA, 1, key(model), *args)
 
 
+def cache_hit_counts(took_ns: int, hit_ns: int) -> dict[str, int]:
+    """A request the gateway answered from the response cache, counted as Triton counts
+    it: a success (``took_ns`` from arrival to answer) with its queue and compute counts
+    but none of their time, no inference and no execution; ``cache_hit`` holds the lookup
+    and extraction (``hit_ns``)."""
+    return {
+        "success.count": 1,
+        "success.ns": took_ns,
+        **{f"{phase}.count": 1 for phase in ("queue", *BATCH_PHASES)},
+        "cache_hit.count": 1,
+        "cache_hit.ns": hit_ns,
+    }
+
+
+def cache_miss_counts(miss_ns: int, *, errors: int = 0) -> dict[str, int]:
+    """A request the cache did not answer (its worker counts the rest): the lookup and
+    insertion (``miss_ns``), which Triton also adds to the request's duration; and
+    ``errors`` (conch's ``cache_error``): cache calls that failed, each taken as a miss."""
+    return {
+        "success.ns": miss_ns,
+        "cache_miss.count": 1,
+        "cache_miss.ns": miss_ns,
+        CACHE_ERRORS: errors,
+    }
+
+
+class Tally:
+    """Counters added up in this process and written in one round trip at most every
+    ``period_s`` (and on ``flush``): a cache hit costs the gateway no Redis call of its
+    own. What a process has not flushed yet (at most ``period_s`` of it) is lost if it dies."""
+
+    def __init__(self, client: redis.Redis, period_s: float = 0.05) -> None:
+        self.client = client
+        self.period_s = period_s
+        self._lock = threading.Lock()
+        self._due: dict[tuple[str, int], dict[str, int]] = {}
+        self._writer: threading.Thread | None = None
+
+    def add(self, model: str, version: int, increments: dict[str, int]) -> None:
+        with self._lock:
+            due = self._due.setdefault((model, version), {})
+            for name, amount in increments.items():
+                due[name] = due.get(name, 0) + amount
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._run, name="stats-tally", daemon=True)
+                self._writer.start()
+
+    def flush(self) -> None:
+        """Write what has been added up; kept for the next flush if Redis refuses it."""
+        with self._lock:
+            due, self._due = self._due, {}
+        if not due:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for (model, version), increments in due.items():
+            _add(pipe, model, version, 0, increments)
+        try:
+            pipe.execute()
+        except redis.RedisError:
+            with self._lock:
+                for where, increments in due.items():
+                    kept = self._due.setdefault(where, {})
+                    for name, amount in increments.items():
+                        kept[name] = kept.get(name, 0) + amount
+            raise
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.period_s)
+            try:
+                self.flush()
+            except redis.RedisError as exc:
+                log.warning("statistics not written yet (kept for the next try): %s", exc)
+
+
 def record_now(client: redis.Redis, model: str, run: Execution) -> None:
     """Record ``run`` in a round trip of its own (what the gateway runs: ensembles)."""
     pipe = client.pipeline(transaction=False)
@@ -215,11 +295,15 @@ def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, 
 
 __all__ = [
     "BACKEND",
+    "CACHE_ERRORS",
     "CANCELED",
     "FAILURE_REASONS",
     "OTHER",
     "REJECTED",
     "Execution",
+    "Tally",
+    "cache_hit_counts",
+    "cache_miss_counts",
     "failure_field",
     "failures_by_reason",
     "key",

@@ -55,6 +55,7 @@ from conch.wire.broker import (
     queue_name,
 )
 from conch.wire.keys import JOBS_QUEUE, QUEUE_PREFIX, UNACKED
+from conch.wire.sequences import live_key
 
 # The wire contract with KEDA's metrics-api trigger: GET this on the metrics port, with
 # JOBS_PARAM=1 to count the batch jobs queue too (the group that runs jobs).
@@ -66,9 +67,10 @@ PRIORITY_CLASSES = (ONLINE, ASYNC, OFFLINE)
 _MODELS_PER_CALL = 64  # models counted by one script run (Redis runs nothing else meanwhile)
 _SREM_CHUNK = 1000  # tags per SREM: Lua's unpack has a stack limit
 
-# KEYS: unacked, then per queue its in-flight set and its priority sub-lists in order.
-# ARGV: the number of sub-lists per queue. Returns per queue each sub-list's length,
-# then the tags of its set still in unacked; tags no longer there are forgotten.
+# KEYS: unacked, then per queue its in-flight set, its model's live sequences (a zset,
+# conch.wire.sequences) and its priority sub-lists in order. ARGV: the number of
+# sub-lists per queue. Returns per queue each sub-list's length, the tags of its set
+# still in unacked (tags no longer there are forgotten), then its live sequences.
 _COUNT_LUA = """
 local steps = tonumber(ARGV[1])
 local out = {}
@@ -86,10 +88,11 @@ while i <= #KEYS do
     redis.call('SREM', KEYS[i], unpack(gone, j, math.min(j + %d - 1, #gone)))
   end
   for s = 1, steps do
-    out[#out + 1] = redis.call('LLEN', KEYS[i + s])
+    out[#out + 1] = redis.call('LLEN', KEYS[i + 1 + s])
   end
   out[#out + 1] = held
-  i = i + 1 + steps
+  out[#out + 1] = redis.call('ZCARD', KEYS[i + 1])
+  i = i + 2 + steps
 end
 return out
 """ % (_SREM_CHUNK, _SREM_CHUNK)  # noqa: UP031 (Lua braces would need escaping in f-strings)
@@ -101,12 +104,17 @@ class _Owed:
     waiting: int
     in_flight: int
 
+    sequences: int = 0
+
     @property
     def owed(self) -> int:
-        return self.waiting + self.in_flight
+        return self.waiting + self.in_flight + self.sequences
 
     def totals(self) -> dict[str, int]:
-        return {"owed": self.owed, "waiting": self.waiting, "in_flight": self.in_flight}
+        out = {"owed": self.owed, "waiting": self.waiting, "in_flight": self.in_flight}
+        if self.sequences:
+            out["sequences"] = self.sequences
+        return out
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,9 @@ class ModelWork(_Owed):
     waiting: int  # in every priority sub-list of its queue
     in_flight: int  # popped by a worker (running or prefetched), not acked
     steps: tuple[int, ...] = ()  # waiting per priority step, 0 (highest) first
+    # A sequence model's live sequences: each holds (or waits for) a worker's slot until
+    # it ends or idles out, so scaling down must not strand it.
+    sequences: int = 0
 
     def by_class(self) -> dict[str, int]:
         """Waiting work as online requests, async jobs and offline (batch job) lines."""
@@ -143,16 +154,19 @@ class JobsWork(_Owed):
         return self.totals()
 
 
-def _count(client: redis.Redis, queues: list[str]) -> list[tuple[tuple[int, ...], int]]:
-    """(waiting per priority step, in flight) of each queue, in one script run."""
+def _count(
+    client: redis.Redis, queues: list[tuple[str, str]]
+) -> list[tuple[tuple[int, ...], int, int]]:
+    """(waiting per priority step, in flight, live sequences) of each (queue, its live
+    sequences' key), in one script run."""
     keys: list[str] = [UNACKED]
-    for queue in queues:
-        keys += [in_flight_key(queue), *priority_keys(queue)]
+    for queue, live in queues:
+        keys += [in_flight_key(queue), live, *priority_keys(queue)]
     script = client.register_script(_COUNT_LUA)
     flat = [int(v) for v in script(keys=keys, args=[len(PRIORITY_STEPS)])]
-    width = len(PRIORITY_STEPS) + 1
+    width = len(PRIORITY_STEPS) + 2
     rows = (flat[k * width : (k + 1) * width] for k in range(len(queues)))
-    return [(tuple(row[:-1]), row[-1]) for row in rows]
+    return [(tuple(row[:-2]), row[-2], row[-1]) for row in rows]
 
 
 def work_owed(client: redis.Redis, models: Iterable[str]) -> dict[str, ModelWork]:
@@ -161,15 +175,15 @@ def work_owed(client: redis.Redis, models: Iterable[str]) -> dict[str, ModelWork
     out: dict[str, ModelWork] = {}
     for first in range(0, len(names), _MODELS_PER_CALL):
         chunk = names[first : first + _MODELS_PER_CALL]
-        counts = _count(client, [queue_name(name) for name in chunk])
-        for name, (steps, in_flight) in zip(chunk, counts, strict=True):
-            out[name] = ModelWork(name, sum(steps), in_flight, steps)
+        counts = _count(client, [(queue_name(n), live_key(n)) for n in chunk])
+        for name, (steps, in_flight, live) in zip(chunk, counts, strict=True):
+            out[name] = ModelWork(name, sum(steps), in_flight, steps, live)
     return out
 
 
 def jobs_owed(client: redis.Redis) -> JobsWork:
     """The batch jobs queue's work owed (every worker's Celery consumer takes it)."""
-    ((steps, in_flight),) = _count(client, [JOBS_QUEUE])
+    ((steps, in_flight, _),) = _count(client, [(JOBS_QUEUE, live_key(JOBS_QUEUE))])
     return JobsWork(sum(steps), in_flight)
 
 
@@ -195,6 +209,9 @@ def summary(work: Mapping[str, ModelWork], jobs: JobsWork | None = None) -> dict
         "in_flight": sum(w.in_flight for w in parts),
         "models": {name: w.to_json() for name, w in work.items()},
     }
+    live = sum(w.sequences for w in parts)
+    if live:  # sequence models' live sequences, in "owed" too
+        out["sequences"] = live
     if jobs is not None:
         out["jobs"] = jobs.to_json()
     return out

@@ -25,10 +25,12 @@ from conch.backends.base import BlsPort
 from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
 from conch.core.repository import ModelRepository
+from conch.core.sequence import SequenceSpec, state_in_redis
 from conch.settings import Settings
 from conch.wire import control_bus, model_metrics, worker_reports
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from conch.worker.metrics_publisher import MetricsPublisher
+from conch.worker.sequence_batcher import SequenceBatcher
 from conch.worker.warmup import run_warmup
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ class LoadedModel:
     reason: str | None = None
     loading: bool = False
     planned: list[int] = field(default_factory=list)  # versions being loaded
-    batchers: list[Batcher] = field(default_factory=list)
+    batchers: list[Batcher | SequenceBatcher] = field(default_factory=list)
     load_id: str = ""  # the load command this state answers (explicit mode)
 
 
@@ -237,7 +239,7 @@ class ModelHost:
             except Exception:
                 log.exception("model '%s': unload failed", old.name)
 
-    def _load(self, entry: Any) -> tuple[dict[int, list[Backend]], list[Batcher]]:
+    def _load(self, entry: Any) -> tuple[dict[int, list[Backend]], list[Batcher | SequenceBatcher]]:
         cls = backend_class(entry.backend)
         specs = entry.instances()
         versions: dict[int, list[Backend]] = {}
@@ -257,6 +259,9 @@ class ModelHost:
                 except Exception:
                     log.exception("model '%s': unload after a failed load failed", entry.name)
             raise
+        seq = SequenceSpec.from_config(entry.config)
+        if seq is not None:
+            return versions, self._sequence_batchers(entry, seq, versions, specs)
         policy = BatchPolicy.from_config(entry.config)
         cfg = entry.config
         ordered = cfg.HasField("dynamic_batching") and cfg.dynamic_batching.preserve_ordering
@@ -277,6 +282,32 @@ class ModelHost:
             for k, spec in enumerate(specs)
         ]
         return versions, batchers
+
+    def _sequence_batchers(
+        self,
+        entry: Any,
+        seq: SequenceSpec,
+        versions: dict[int, list[Backend]],
+        specs: list[Any],
+    ) -> list[SequenceBatcher]:
+        """A sequence model's instances: each a slot of sequences (``sequence_batcher``)."""
+        initial = seq.initial_state(entry.path)
+        return [
+            SequenceBatcher(
+                client=self.client,
+                model=entry.name,
+                backends={v: inst[k] for v, inst in versions.items()},
+                spec=seq,
+                max_batch_size=entry.config.max_batch_size,
+                worker_id=self.worker_id,
+                slot=spec.name,
+                initial_state=initial,
+                state_moves=state_in_redis(entry.config),
+                on_batch=self.telemetry.add,
+                name=f"sequences-{spec.name}",
+            )
+            for k, spec in enumerate(specs)
+        ]
 
     def _states(self) -> dict[str, dict[str, Any]]:
         out = {}

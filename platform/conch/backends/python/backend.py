@@ -48,6 +48,7 @@ from conch.backends.python import pb_utils as pb
 from conch.core import call_context
 from conch.core.errors import ConchError, Internal, ModelLoadError, Unavailable, from_code
 from conch.core.model_config import config_to_json, json_to_config
+from conch.core.sequence import SEQUENCE_PARAMETERS, sequence_params
 
 log = logging.getLogger(__name__)
 
@@ -370,15 +371,23 @@ class PythonBackend(Backend):
         return [self._result(req, resp) for req, resp in zip(requests, responses, strict=True)]
 
     def _request(self, req: BackendRequest) -> pb.InferenceRequest:
+        """The request a Python model sees. The sequence parameters become its
+        ``correlation_id()`` and ``flags()``, as in Triton, and leave ``parameters()``."""
         params = req.parameters or {}
+        sequence, start, end = sequence_params(params)
+        flags = (pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if start else 0) | (
+            pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if end else 0
+        )
+        if not SEQUENCE_PARAMETERS.isdisjoint(params):
+            params = {k: v for k, v in params.items() if k not in SEQUENCE_PARAMETERS}
         return pb.InferenceRequest(
             model_name=self.spec.name,
             requested_output_names=list(req.outputs),
             inputs=[pb.Tensor(name, arr) for name, arr in req.inputs.items()],
             request_id=req.request_id,
-            correlation_id=0,
+            correlation_id=sequence.value if sequence is not None else 0,
             model_version=self.spec.version,
-            flags=0,
+            flags=flags,
             timeout=req.timeout_us,
             parameters=_json_parameters(params),
         )

@@ -33,6 +33,7 @@ from conch.core.errors import ConchError, InvalidArgument, NotFound, Unsupported
 from conch.core.restricted_apis import ApiGroup, RestrictedApis
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.grpc import codec
+from conch.frontend.grpc.stream_order import SequenceLanes
 from conch.frontend.producer import Abandonment
 
 log = logging.getLogger(__name__)
@@ -277,12 +278,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 answer = _stream_error(request, f"internal error: {exc}")
             answers.put(answer)
 
+        lanes = SequenceLanes(self._stream_pool, run)  # a sequence's requests in order
+
         def read() -> None:
             count = 0
             try:
                 for request in request_iterator:
                     count += 1
-                    self._stream_pool.submit(run, request)
+                    lanes.submit(request)
             except grpc.RpcError:
                 pass  # the stream was cancelled: end() has let go of its requests
             finally:

@@ -25,6 +25,7 @@ from conch.core.errors import ConchError, InvalidArgument
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http.fast_path import error_answer, status_line
 from conch.wire import work_owed
+from conch.wire.statistics import CACHE_ERRORS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -70,6 +71,30 @@ COUNTERS = (
     ),
 )
 
+# Triton's response cache families, for the models that use the cache (``cached``).
+CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "cache_hit.count", 1, "Number of cache hits per model"),
+    ("nv_cache_num_misses_per_model", "cache_miss.count", 1, "Number of cache misses per model"),
+    (
+        "nv_cache_hit_duration_per_model",
+        "cache_hit.ns",
+        1000,
+        "Total cache hit duration per model, in microseconds",
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "cache_miss.ns",
+        1000,
+        "Total cache miss (insert + lookup) duration per model, in microseconds",
+    ),
+    (
+        "conch_cache_errors_per_model",
+        CACHE_ERRORS,
+        1,
+        "Response cache calls that failed (each request taken as a miss), per model",
+    ),
+)
+
 
 def _labels(labels: dict[str, str]) -> str:
     def esc(v: str) -> str:
@@ -98,13 +123,21 @@ def render(plane: DataPlane) -> bytes:
         names = (fields,) if isinstance(fields, str) else fields
         return sum(c.get(f, 0) for f in names) // divisor
 
-    for metric, fields, divisor, doc in COUNTERS:
-        rows = [
+    def counter_rows(
+        names: list[str], fields: str | tuple[str, ...], divisor: int
+    ) -> list[tuple[dict[str, str], int]]:
+        return [
             ({"model": m, "version": str(v)}, value(c, fields, divisor))
-            for m, by_version in counters.items()
-            for v, c in by_version.items()
+            for m in names
+            for v, c in counters[m].items()
         ]
-        family(metric, doc, "counter", rows)
+
+    for metric, fields, divisor, doc in COUNTERS:
+        family(metric, doc, "counter", counter_rows(list(counters), fields, divisor))
+    cached = [m.name for m in models if m.cached]
+    if cached:
+        for metric, fields, divisor, doc in CACHE_COUNTERS:
+            family(metric, doc, "counter", counter_rows(cached, fields, divisor))
     failures = [
         ({"model": m.name, "reason": reason, "version": str(v)}, count)
         for m in models
@@ -144,6 +177,13 @@ def render(plane: DataPlane) -> bytes:
         "yet answered.",
         "gauge",
         [({"model": m.name}, w.in_flight) for m, w in queued],
+    )
+    family(
+        "conch_sequences_live",
+        "Sequences of a sequence model that have started and not ended or idled out: each "
+        "holds, or waits for, a worker's slot (counted in the work owed).",
+        "gauge",
+        [({"model": m.name}, w.sequences) for m, w in queued if m.sequence_model],
     )
     jobs = plane.jobs_depth()  # the batch jobs queue, which every worker takes from
     family(
