@@ -28,7 +28,7 @@ import tritonclient.http as httpclient
 from test_chart import CHART, render
 
 from harness import fresh_db, start_gateway, start_worker, wait_model_ready
-from models import add_model
+from models import add_inputs, add_model
 
 DASHBOARD = CHART / "dashboards" / "conch.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -205,12 +205,7 @@ def exported(
     try:
         wait_model_ready(url, "add", 90, worker, gateway)
         client = httpclient.InferenceServerClient(url)
-        inputs = []
-        for name in ("A", "B"):
-            x = httpclient.InferInput(name, [1, 4], "FP32")
-            x.set_data_from_numpy(np.ones((1, 4), np.float32))
-            inputs.append(x)
-        client.infer("add", inputs)
+        client.infer("add", add_inputs(np.ones((1, 4), np.float32)))
         client.close()
         text = requests.get(f"http://{gateway.metrics_url}/metrics", timeout=10).text
     finally:

@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from harness import fresh_db, start_gateway, start_grpc, start_worker, wait_model_ready, wait_until
-from models import add_model
+from models import add_inputs, add_model
 
 
 class Stack:
@@ -73,11 +73,7 @@ def stack(
 
 def _infer(url: str, request_id: str) -> None:
     client = httpclient.InferenceServerClient(url)
-    inputs = []
-    for name in ("A", "B"):
-        x = httpclient.InferInput(name, [1, 4], "FP32")
-        x.set_data_from_numpy(np.ones((1, 4), np.float32))
-        inputs.append(x)
+    inputs = add_inputs(np.ones((1, 4), np.float32))
     try:
         assert client.infer("add", inputs, request_id=request_id).get_response()["id"] == request_id
     finally:
