@@ -27,6 +27,23 @@ from tritonclient.utils import InferenceServerException
 from harness import fresh_db, start_gateway, start_grpc, start_worker, wait_model_ready, wait_until
 from models import add_inputs, add_model
 
+# A Python model that logs a warning (whatever the verbose level) as it executes. (Its test
+# runs before the gRPC one, which turns warnings off for a while.)
+TALKER = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        pb_utils.Logger.log_warn("talker executes")
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
 
 class Stack:
     def __init__(self, url: str, grpc_url: str, logs: dict[str, Path]) -> None:
@@ -54,6 +71,13 @@ def stack(
     root = tmp_path_factory.mktemp("logs")
     repo = root / "models"
     add_model(repo / "add")
+    (repo / "talker" / "1").mkdir(parents=True)
+    (repo / "talker" / "1" / "model.py").write_text(TALKER)
+    (repo / "talker" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
     db = fresh_db(redis_url, 9)
     logs = {name: root / f"{name}.log" for name in ("worker", "gateway", "grpc")}
 
@@ -64,7 +88,8 @@ def stack(
     gateway, url = start_gateway(repo, db, log_dir, *flags("gateway"))
     grpc, grpc_url = start_grpc(repo, db, log_dir, *flags("grpc"))
     try:
-        wait_model_ready(url, "add", 90, worker, gateway)
+        for model in ("add", "talker"):
+            wait_model_ready(url, model, 90, worker, gateway)
         yield Stack(url, grpc_url, logs)
     finally:
         for service in (grpc, gateway, worker):
@@ -155,6 +180,26 @@ def test_a_wrong_setting_is_a_400_that_changes_nothing(stack: Stack, body: Any, 
     assert answer.status_code == 400
     assert set(answer.json()) == {"error"} and error in answer.json()["error"]
     assert stack.settings() == before
+
+
+def test_a_python_models_own_lines_name_the_request(stack: Stack) -> None:
+    x = httpclient.InferInput("X", [1, 1], "FP32")
+    x.set_data_from_numpy(np.ones((1, 1), np.float32))
+    client = httpclient.InferenceServerClient(stack.url)
+    try:
+        client.infer("talker", [x], request_id="py-1")
+    finally:
+        client.close()
+    wait_until(
+        lambda: bool(_about(stack.lines("worker"), "py-1")), 10, "the model's line about py-1"
+    )
+    (line,) = _about(stack.lines("worker"), "py-1")
+    assert (line["level"], line["message"], line["file"]) == (
+        "WARNING",
+        "talker executes",
+        "model.py",
+    )
+    assert line["conch_id"]
 
 
 def test_grpc_log_settings_change_the_gateway_too(stack: Stack) -> None:
