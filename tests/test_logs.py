@@ -46,10 +46,12 @@ class TritonPythonModel:
 
 
 class Stack:
-    def __init__(self, url: str, grpc_url: str, logs: dict[str, Path]) -> None:
+    def __init__(self, url: str, grpc_url: str, logs: dict[str, Path], repo: Path, db: str) -> None:
         self.url = url
         self.grpc_url = grpc_url
         self.logs = logs
+        self.repo = repo
+        self.db = db
 
     def lines(self, process: str) -> list[dict[str, Any]]:
         """Every line of ``process``'s log file, each a JSON object."""
@@ -90,7 +92,7 @@ def stack(
     try:
         for model in ("add", "talker"):
             wait_model_ready(url, model, 90, worker, gateway)
-        yield Stack(url, grpc_url, logs)
+        yield Stack(url, grpc_url, logs, repo, db)
     finally:
         for service in (grpc, gateway, worker):
             service.stop()
@@ -200,6 +202,31 @@ def test_a_python_models_own_lines_name_the_request(stack: Stack) -> None:
         "model.py",
     )
     assert line["conch_id"]
+
+
+def test_a_worker_started_later_follows_the_apis_settings(
+    stack: Stack, tmp_path: Path, log_dir: Path
+) -> None:
+    """The API's settings are kept in Redis: a worker that starts after the change (one
+    the autoscaler adds) writes verbose lines though its flags say --log-verbose 0."""
+    assert stack.post({"log_verbose_level": 1}).status_code == 200
+    late_log = tmp_path / "late.log"
+    late = start_worker(
+        stack.repo,
+        stack.db,
+        log_dir,
+        *("--log-verbose", "0", "--log-format", "json", "--log-file", str(late_log)),
+    )
+    try:
+
+        def verbose() -> bool:
+            text = late_log.read_text() if late_log.exists() else ""
+            return any(json.loads(x)["level"] == "VERBOSE" for x in text.splitlines())
+
+        wait_until(verbose, 30, "the late worker's verbose lines", late)
+    finally:
+        late.stop()
+        assert stack.post({"log_verbose_level": 0}).status_code == 200
 
 
 def test_grpc_log_settings_change_the_gateway_too(stack: Stack) -> None:

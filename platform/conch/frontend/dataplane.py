@@ -247,7 +247,8 @@ class DataPlane:
             server_log.current().updated(changes)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        log_control.publish(self._client, dict(changes))
+        # The log file is each process's own: only an unchanged one gets through the check.
+        log_control.publish(self._client, {k: v for k, v in changes.items() if k != "log_file"})
         return server_log.update(changes).to_json()
 
     # -- the model repository ----------------------------------------------------------
