@@ -377,6 +377,13 @@ class TritonPythonModel:
 """
 
 
+def python_model(path: Path, source: str, config: str) -> None:
+    """A Python model: ``source`` as its version 1's model.py, ``config`` its config.pbtxt."""
+    (path / "1").mkdir(parents=True)
+    (path / "1" / "model.py").write_text(source)
+    (path / "config.pbtxt").write_text(config)
+
+
 def batch_probe(path: Path, *, dynamic_batching: bool = True) -> None:
     """A Python model whose output says which execution served a request, and its size.
 

@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from harness import fresh_db, start_gateway, start_grpc, start_worker, wait_model_ready, wait_until
-from models import add_inputs, add_model
+from models import add_inputs, add_model, python_model
 
 # A Python model that logs a warning (whatever the verbose level) as it executes. (Its test
 # runs before the gRPC one, which turns warnings off for a while.)
@@ -43,6 +43,13 @@ class TritonPythonModel:
             for r in requests
         ]
 """
+
+
+TALKER_CONFIG = (
+    'backend: "python"\nmax_batch_size: 4\n'
+    'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+)
 
 
 class Stack:
@@ -73,13 +80,7 @@ def stack(
     root = tmp_path_factory.mktemp("logs")
     repo = root / "models"
     add_model(repo / "add")
-    (repo / "talker" / "1").mkdir(parents=True)
-    (repo / "talker" / "1" / "model.py").write_text(TALKER)
-    (repo / "talker" / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 4\n'
-        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-    )
+    python_model(repo / "talker", TALKER, TALKER_CONFIG)
     db = fresh_db(redis_url, 9)
     logs = {name: root / f"{name}.log" for name in ("worker", "gateway", "grpc")}
 
