@@ -67,6 +67,7 @@ class LogFormat(StrEnum):
 
     DEFAULT = "default"  # I0304 10:22:33.123456 <pid> <file>:<line>] ...
     ISO8601 = "ISO8601"  # 2024-03-04T10:22:33Z I <pid> <file>:<line>] ...
+    JSON = "json"  # conch's: one JSON object a line, for log shippers (Loki, Elasticsearch)
 
 
 class CompressionLevel(StrEnum):
@@ -643,7 +644,8 @@ FLAGS: tuple[Flag, ...] = (
         "--log-format",
         "log_format",
         "default: lines start 'I0304 10:22:33.123456 <pid> <file>:<line>]'; "
-        "ISO8601: '2024-03-04T10:22:33Z I <pid> <file>:<line>]' (UTC, as Triton)",
+        "ISO8601: '2024-03-04T10:22:33Z I <pid> <file>:<line>]' (UTC, as Triton); "
+        "json (conch's): one JSON object a line",
         LogFormat,
     ),
     Flag(

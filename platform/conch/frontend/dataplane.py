@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from conch import __version__
+from conch import __version__, server_log
 from conch.core import custom_metrics, ensemble_graph, validation
 from conch.core.errors import (
+    ConchError,
     Forbidden,
     InvalidArgument,
     NotFound,
@@ -34,13 +35,14 @@ from conch.core.errors import (
 from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
 from conch.core.repository import ModelEntry
 from conch.core.repository_keys import model_name_problem
+from conch.core.request_scope import RequestTag, about
 from conch.frontend import batch_job, calls, ensemble_jobs, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher
 from conch.frontend.response_cache import ResponseCache
 from conch.frontend.sequence_route import SequenceRoute
 from conch.settings import Settings
-from conch.wire import job_store, model_metrics, outage, statistics, worker_reports
+from conch.wire import job_store, log_control, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
 from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, work_owed
 
@@ -56,6 +58,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",  # GET/POST v2/logging, applied to every process (wire.log_control)
     "async_jobs",  # conch's own: /v2/models/<m>/jobs and /v2/jobs/<id> (http.job_routes)
 ]
 MAX_JOB_WAIT_S = 60.0  # the longest a job result call may be held waiting (long polling)
@@ -246,6 +249,23 @@ class DataPlane:
         summed over the live workers that have it (``conch.core.custom_metrics.merge``)."""
         return custom_metrics.merge(model_metrics.read(self._client))
 
+    # -- logging -----------------------------------------------------------------------
+
+    def log_settings(self) -> dict[str, Any]:
+        """Triton's logging extension: this process's log settings."""
+        return server_log.current().to_json()
+
+    def update_log_settings(self, changes: Any) -> dict[str, Any]:
+        """Change the log settings of every process (``conch.wire.log_control``); the
+        settings that follow here. A wrong value changes nothing anywhere (a 400)."""
+        try:
+            server_log.current().updated(changes)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        # The log file is each process's own: only an unchanged one gets through the check.
+        log_control.publish(self._client, {k: v for k, v in changes.items() if k != "log_file"})
+        return server_log.update(changes).to_json()
+
     # -- the model repository ----------------------------------------------------------
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -307,12 +327,20 @@ class DataPlane:
         still queued is then never run, nor is an ensemble's next step).
         """
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
-        call = self._prepare(to, request, calls.Lane.ONLINE, caller)
-        cache = self.cache
-        if cache is not None and cache.applies(to.entry.config):
-            return self._infer_cached(cache, to, request, call, abandonment)
-        version, results = self._run(to, request, call, abandonment)
-        return self._outcome(to.entry, request, version, results)
+        with about(RequestTag(request.id)):
+            call = self._prepare(to, request, calls.Lane.ONLINE, caller)
+        with about(RequestTag(request.id, call.msg.id)):
+            log.debug("infer: model '%s' version %s", to.entry.name, call.version)
+            try:
+                cache = self.cache
+                if cache is not None and cache.applies(to.entry.config):
+                    return self._infer_cached(cache, to, request, call, abandonment)
+                version, results = self._run(to, request, call, abandonment)
+                log.debug("infer: answered by version %s", version)
+            except ConchError as exc:
+                log.debug("infer: failed (%s): %s", exc.code, exc.message)
+                raise
+            return self._outcome(to.entry, request, version, results)
 
     def _run(
         self,

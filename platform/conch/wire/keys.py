@@ -82,6 +82,10 @@ Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
       [OVERRIDE_PREFIX]                     config JSON                  (explicit mode)
     conch.override.files.<model>   hash     model control API: a load's  workers, gateways (explicit
       [OVERRIDE_FILES_PREFIX]               file: overrides, path->bytes mode; SCANned for models)
+    conch.logging                  channel  logging API: JSON, the       workers, gateways
+      [LOG_COMMANDS]                        settings a POST changed
+    conch.logging.settings         string   logging API: JSON, every     workers, gateways (at start
+      [LOG_SETTINGS]                        setting the API has changed  and on what pub/sub lost)
 
 The shared response cache (``--cache-config redis,...``; ``conch.wire.cache_store``)::
 
@@ -139,6 +143,8 @@ LOAD_IDS = "conch.models.load_ids"  # explicit mode: model -> id of its latest l
 # Two prefixes neither of which starts the other: model "files.x" and model x's files.
 OVERRIDE_PREFIX = "conch.override.config."  # explicit load's config override, by model
 OVERRIDE_FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
+LOG_COMMANDS = "conch.logging"  # {"log_info": false, ...}: what one logging request changed
+LOG_SETTINGS = "conch.logging.settings"  # JSON: every log setting the logging API changed
 
 # The shared response cache (conch.wire.cache_store): entries, and the LRU bookkeeping.
 CACHE_ENTRY_PREFIX = "conch.cache.entry."  # + the request's hash (hex)
@@ -164,6 +170,8 @@ __all__ = [
     "JOB_RESULT_PREFIX",
     "LOADED_MODELS",
     "LOAD_IDS",
+    "LOG_COMMANDS",
+    "LOG_SETTINGS",
     "OVERRIDE_FILES_PREFIX",
     "OVERRIDE_PREFIX",
     "PRIORITY_SEP",

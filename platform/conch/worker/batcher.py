@@ -23,6 +23,7 @@ from conch.backends import Backend, BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
 from conch.core.model_config import output_types
+from conch.core.request_scope import RequestTag, about
 from conch.wire import broker, outage, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
 from conch.wire.redis_link import CommandQueue, Commands, RedisLink
@@ -361,7 +362,8 @@ class Batcher(threading.Thread):
             dead_letter(pipe, self.model, tag, raw, str(exc))
             return None
         if msg.deadline and now > msg.deadline:
-            log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
+            with about(RequestTag(msg.client_id, msg.id)):
+                log.info("%s: dropping a request: its deadline passed in the queue", self.name)
             failed.append((statistics.REJECTED, msg))
             if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
                 error = Unavailable(
@@ -396,7 +398,8 @@ class Batcher(threading.Thread):
                 f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
                 f"attempts: each one ended with its worker dying"
             )
-            log.error("%s: %s (id %s)", self.name, reason, msg.id)
+            with about(RequestTag(msg.client_id, msg.id)):
+                log.error("%s: %s", self.name, reason)
             dead_letter(pipe, self.model, tag, raw, reason)
             self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
             failed.append((statistics.OTHER, msg))
@@ -445,7 +448,18 @@ class Batcher(threading.Thread):
     def execute(self, batch: list[Item], *, alone: bool = False, cut: str = "") -> None:
         """Run ``batch`` as one execution, or with ``alone`` each request as one of its
         own (as Triton's default scheduler does); either way the replies go together.
-        ``cut``: why the dynamic batcher cut it (counted once, with its first execution)."""
+        ``cut``: why the dynamic batcher cut it (counted once, with its first execution).
+        Every line logged meanwhile (a Python model's too) names the batch's requests."""
+        with about(*(RequestTag(i.msg.client_id, i.msg.id) for i in batch)):
+            log.debug(
+                "%s: executing %d request(s), %d row(s)",
+                self.name,
+                len(batch),
+                sum(i.rows for i in batch),
+            )
+            self._execute(batch, alone, cut)
+
+    def _execute(self, batch: list[Item], alone: bool, cut: str) -> None:
         started = time.time()
         replies: dict[str, Reply] = {}
         backends = self.backends  # one consistent view, should a reload swap it
