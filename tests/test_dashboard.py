@@ -7,7 +7,7 @@
   variables are put in, and names only metric families and labels conch exports: those
   a real gateway serves on ``GET /metrics`` (a worker and a gateway started here, one
   model with the response cache, so the cache families are there too), plus the
-  ``PENDING`` families below; legends name only labels their query keeps.
+  GPU families below; legends name only labels their query keeps.
 - The chart ships it: ``dashboard.enabled`` renders a ConfigMap with Grafana's sidecar
   label and this very JSON.
 """
@@ -34,19 +34,6 @@ DASHBOARD = CHART / "dashboards" / "conch.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 # ---------------------------------------------------------------------------------------
-# PENDING: the families issue 18's metrics work (branch obs-metrics) adds, with their
-# labels. conch does not export them yet, so the dashboard's use of them is checked
-# against this list instead. ONCE obs-metrics IS MERGED, DELETE EACH ONE conch EXPORTS:
-# test_pending_families_are_not_exported_yet fails until you do, naming them.
-PENDING: dict[str, set[str]] = {
-    "nv_inference_request_summary_us": {"model", "version", "quantile"},
-    "nv_inference_first_response_histogram_ms_bucket": {"model", "version", "le"},
-    "conch_batch_size_bucket": {"model", "le"},
-    "conch_batch_cut_total": {"model", "reason"},
-    "nv_cpu_utilization": {"host"},
-    "nv_cpu_memory_total_bytes": {"host"},
-    "nv_cpu_memory_used_bytes": {"host"},
-}
 # Exported only by a worker host with a GPU (NVML), so never on a machine without one:
 # checked against /metrics where they are there, else against this list.
 GPU_ONLY: dict[str, set[str]] = {
@@ -200,8 +187,18 @@ def exported(
     repo = tmp_path_factory.mktemp("dashboard") / "models"
     add_model(repo / "add", extra="response_cache { enable: true }")
     db = fresh_db(redis_url, 8)
-    worker = start_worker(repo, db, log_dir)
-    gateway, url = start_gateway(repo, db, log_dir, "--cache-config", "local,size=1048576")
+    # Every family the dashboard reads: latency summaries and the first-response histogram
+    # are off unless --metrics-config turns them on (workers sample, gateways print).
+    observe = (
+        "--metrics-config",
+        "summary_latencies=true",
+        "--metrics-config",
+        "histogram_latencies=true",
+    )
+    worker = start_worker(repo, db, log_dir, *observe)
+    gateway, url = start_gateway(
+        repo, db, log_dir, "--cache-config", "local,size=1048576", *observe
+    )
     try:
         wait_model_ready(url, "add", 90, worker, gateway)
         client = httpclient.InferenceServerClient(url)
@@ -235,7 +232,7 @@ def _samples(text: str) -> dict[str, set[str]]:
 def test_every_query_names_families_and_labels_conch_exports(
     exported: dict[str, set[str]],
 ) -> None:
-    known = {**GPU_ONLY, **PENDING, **exported}
+    known = {**GPU_ONLY, **exported}
     for title, target in _queries():
         names = Names(_promql(target["expr"]))
         for metric, labels in names.selectors:
@@ -244,11 +241,6 @@ def test_every_query_names_families_and_labels_conch_exports(
         for labels, metrics in names.grouped:
             have = set().union(*(known[m] for m in metrics))
             assert labels <= have, (title, target["expr"], labels - have)
-
-
-def test_pending_families_are_not_exported_yet(exported: dict[str, set[str]]) -> None:
-    merged = sorted(set(PENDING) & set(exported))
-    assert not merged, f"conch exports {merged} now: delete them from PENDING"
 
 
 # -- shipped with the chart ----------------------------------------------------------------
