@@ -39,7 +39,10 @@ class FakeDrain:
         )
         self.queued.append((msg.id, raw, attempts))
 
-    def pop(self, count: int, how: str = "pop") -> list[tuple[str, bytes, int]]:
+    def pop(
+        self, count: int, bulk: int | None = None, how: str = "pop"
+    ) -> list[tuple[str, bytes, int]]:
+        # The fake's messages are all online (priority 0): ``bulk`` limits none of them.
         taken, self.queued = self.queued[:count], self.queued[count:]
         self.waiting = len(self.queued)
         if taken:
@@ -49,11 +52,13 @@ class FakeDrain:
     def wait(self, timeout: float) -> None:
         time.sleep(min(timeout, 0.01))
 
-    def queue_pop(self, pipe: Any, count: int) -> None:
+    def queue_pop(self, pipe: Any, count: int, bulk: int | None = None) -> None:
         pipe.execute_command("POP", count)
 
-    def popped(self, result: Any, count: int) -> list[tuple[str, bytes, int]]:
-        return self.pop(count, how="with the replies")
+    def popped(
+        self, result: Any, count: int, bulk: int | None = None
+    ) -> list[tuple[str, bytes, int]]:
+        return self.pop(count, bulk, how="with the replies")
 
 
 class FakeSink:
@@ -316,3 +321,28 @@ def test_a_batcher_that_loses_redis_while_admitting_lets_go_of_what_it_popped() 
     # Not held for ever (the heartbeat would keep it from the visibility timeout): let go,
     # for the visibility timeout to bring back; never run.
     assert inflight.snapshot() == [] and backend.batches == []
+
+
+def test_bulk_share_lets_batch_job_lines_take_a_share_of_the_time_while_online_work_runs() -> None:
+    import math
+
+    from conch.worker.batcher import BulkShare
+
+    now = [100.0]
+    share = BulkShare(clock=lambda: now[0])
+    assert share.allowance() is None  # nothing online about: lines take every slot
+    earned = 0.04 * BulkShare.SHARE / (1 - BulkShare.SHARE)  # per 40 ms online batch
+    runs = 0
+    while share.allowance() in (None, 0):  # online batches of 8 rows, 5 ms a row
+        share.ran(0.04, protected_rows=8, bulk_rows=0)
+        runs += 1
+    assert runs == math.ceil(0.005 / earned)  # lines get SHARE of the time, no more
+    assert share.allowance() == 1
+    share.ran(0.045, protected_rows=8, bulk_rows=1)  # the line ran: its time is spent
+    assert share.allowance() == int((runs * earned + earned * 45 / 40 - 0.005) / 0.005)
+    for _ in range(1000):  # however long online work runs, unused credit stays bounded
+        share.ran(0.04, protected_rows=8, bulk_rows=0)
+    assert share.allowance() == int(BulkShare.MAX_CREDIT_S / 0.005)
+    now[0] += BulkShare.QUIET_S + 0.01
+    assert share.allowance() is None  # online went quiet: every slot again
+    assert share.held_for() is None

@@ -35,17 +35,21 @@ POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 
 # KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set, then the
-# priority sub-lists in order.
-# ARGV: max count, now, routing key, wake cap.
+# priority sub-lists in order (the last: batch-job lines).
+# ARGV: max count, now, routing key, wake cap, max count from the last sub-list (-1: any;
+# otherwise the lines left there are not counted as waiting, nor given wake tokens).
 _POP_LUA = """
 local n = tonumber(ARGV[1])
+local bulk = tonumber(ARGV[5])
 local out = {}
 local waiting = 0
 local rk = cjson.encode(ARGV[3])
 for i = 6, #KEYS do
   local key = KEYS[i]
-  if n > 0 then
-    local items = redis.call('RPOP', key, n)
+  local take = n
+  if i == #KEYS and bulk >= 0 then take = math.min(n, bulk) end
+  if take > 0 then
+    local items = redis.call('RPOP', key, take)
     if items then
       for _, raw in ipairs(items) do
         local tag = string.match(raw, '"delivery_tag":%s*"([^"]+)"')
@@ -66,7 +70,10 @@ for i = 6, #KEYS do
       n = n - #items
     end
   end
-  waiting = waiting + redis.call('LLEN', key)
+  if i < #KEYS or bulk < 0 then
+    -- lines held back (bulk >= 0) are not waiting for this pop: no wake tokens for them
+    waiting = waiting + redis.call('LLEN', key)
+  end
 end
 redis.call('DEL', KEYS[1])
 if waiting > 0 then
@@ -110,42 +117,44 @@ class Drain:
         elif timeout > 0:
             time.sleep(min(timeout, POLL_S))
 
-    def pop(self, count: int) -> list[tuple[str, bytes, int]]:
-        """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight.
+    def pop(self, count: int, bulk: int | None = None) -> list[tuple[str, bytes, int]]:
+        """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight, at
+        most ``bulk`` of them batch-job lines (None: as many as come).
 
         ``self.waiting`` is then the number of messages still queued behind them.
         """
         if count <= 0:
             return []
-        got = self._link.call(
-            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count)
-        )
+        args = self._args(count, bulk)
+        got = self._link.call("EVALSHA", self._pop.sha, len(self.keys), *self.keys, *args)
         if isinstance(got, redis.exceptions.NoScriptError):  # Redis restarted or flushed
-            return self._unpack(self._pop(keys=self.keys, args=self._args(count)))
+            return self._unpack(self._pop(keys=self.keys, args=args))
         if isinstance(got, BaseException):
             raise got
         return self._unpack(got)
 
-    def queue_pop(self, pipe: CommandQueue, count: int) -> None:
+    def queue_pop(self, pipe: CommandQueue, count: int, bulk: int | None = None) -> None:
         """Queue a pop on ``pipe``, to share the round trip of the replies before it.
 
         ``popped`` reads its result. The script goes by SHA alone: redis-py's own
         pipelined scripts ask ``SCRIPT EXISTS`` first, a round trip of its own.
         """
         pipe.execute_command(
-            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count)
+            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count, bulk)
         )
 
-    def popped(self, result: object, count: int) -> list[tuple[str, bytes, int]]:
+    def popped(
+        self, result: object, count: int, bulk: int | None = None
+    ) -> list[tuple[str, bytes, int]]:
         """The messages a ``queue_pop`` took, given its slot of the pipeline's results."""
         if isinstance(result, redis.exceptions.NoScriptError):  # Redis restarted or flushed
-            return self.pop(count)
+            return self.pop(count, bulk)
         if isinstance(result, BaseException):
             raise result
         return self._unpack(result)
 
-    def _args(self, count: int) -> list:
-        return [count, time.time(), self.queue, WAKE_CAP]
+    def _args(self, count: int, bulk: int | None = None) -> list:
+        return [count, time.time(), self.queue, WAKE_CAP, -1 if bulk is None else max(0, bulk)]
 
     def _unpack(self, flat: list) -> list[tuple[str, bytes, int]]:
         self.waiting = int(flat[0])
