@@ -34,7 +34,13 @@ from conch.backends import Backend, BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable
 from conch.core.model_config import output_types
-from conch.core.sequence import READY, RowControl, SequenceSpec, control_tensors
+from conch.core.sequence import (
+    READY,
+    STATE_IN_REDIS,
+    RowControl,
+    SequenceSpec,
+    control_tensors,
+)
 from conch.wire import outage, sequences, statistics
 from conch.wire.broker import WAKE_CAP, decode
 from conch.wire.keys import WORKER_PREFIX
@@ -260,7 +266,7 @@ class SequenceBatcher(threading.Thread):
                     held.lost = (
                         "the model keeps this state itself"
                         if not self.spec.states
-                        else "the model keeps its state out of Redis (conch_state_in_redis)"
+                        else f"the model keeps its state out of Redis ({STATE_IN_REDIS} false)"
                     )
                 elif not blob:
                     held.lost = "its saved state expired"
