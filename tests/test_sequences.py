@@ -45,6 +45,8 @@ from models import (
 MODELS = ("seq_onnx", "seq_oldest", "seq_torch", "seq_python", "seq_idle", "seq_pa")
 # Served by the failover test's own workers, which it stops and kills.
 MOVING = ("seq_moving", "seq_pinned")
+# Served by its own worker, which the test pauses.
+REUSED = "seq_reused"
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     seq_onnx_accumulator(root / "seq_idle", "direct", max_batch_size=4, idle_us=500_000)
     # OUTPUT alone, so perf_analyzer can check every answer against its validation data.
     seq_onnx_accumulator(root / "seq_pa", "direct", max_batch_size=8, echo_corrid=False)
+    seq_onnx_accumulator(root / REUSED, "direct", max_batch_size=4)
     # Idle for a minute before they time out: long enough to outlive their workers.
     seq_onnx_accumulator(root / "seq_moving", "direct", max_batch_size=4, idle_us=60_000_000)
     seq_onnx_accumulator(root / "seq_pinned", "direct", max_batch_size=4, idle_us=60_000_000)
@@ -408,3 +411,39 @@ def test_perf_analyzer_drives_a_sequence_model(
     wait_until(
         lambda: work_owed(r, ["seq_pa"])["seq_pa"].sequences == 0, 10, "no live sequence left"
     )
+
+
+def test_a_sequence_id_started_again_before_its_end_ran(repo: Path, stack, db: str, log_dir):
+    """perf_analyzer reuses a sequence id at once: a new START can wait in the mailbox
+    behind the END of the id's last sequence. The slot goes on with the new sequence (it
+    used to let go of the id while the record still named the slot, so the START waited
+    forever); a request without START queued between them is refused as Triton does."""
+    url = stack[0]
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    r = redis.Redis.from_url(db)
+    mail = sequences.mail_key(REUSED, sequences.token(8001))
+    worker = start_worker(repo, db, log_dir, "--models", REUSED)
+    try:
+        wait_model_ready(url, REUSED, 60, worker)
+        assert step(client, REUSED, 8001, 5, start=True) == 5
+        worker.send(signal.SIGSTOP)  # both requests wait in the mailbox, END first
+        with ThreadPoolExecutor(3) as pool:
+
+            def own_client(value: int, **flags: bool) -> int:  # a client is one thread's
+                return step(httpclient.InferenceServerClient(url), REUSED, 8001, value, **flags)
+
+            ended = pool.submit(own_client, 1, end=True)
+            wait_until(lambda: r.llen(mail) == 1, 10, "the END in the mailbox")
+            late = pool.submit(own_client, 9)  # no START: the ended sequence does not go on
+            wait_until(lambda: r.llen(mail) == 2, 10, "a continuing request behind it")
+            again = pool.submit(own_client, 7, start=True)
+            wait_until(lambda: r.llen(mail) == 3, 10, "the new START behind them")
+            worker.send(signal.SIGCONT)
+            assert ended.result(timeout=30) == 6
+            with pytest.raises(InferenceServerException, match="must specify the START flag"):
+                late.result(timeout=30)
+            assert again.result(timeout=30) == 7  # a new sum, from the initial state
+        assert step(client, REUSED, 8001, 3, end=True) == 10
+    finally:
+        worker.send(signal.SIGCONT)
+        worker.stop()
