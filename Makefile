@@ -82,12 +82,15 @@ $(TRITON_STAMP): | $(STAMP)
 
 triton: $(TRITON_STAMP)
 
-# conch vs in-process onnxruntime vs MLServer vs Triton, driven by perf_analyzer (bench/README.md).
-# BENCH_ARGS passes flags to bench/run.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton".
+# conch vs in-process onnxruntime vs MLServer vs Triton, driven by perf_analyzer (bench/README.md);
+# then a sequence model (issue 17) against conch and in process. BENCH_ARGS passes flags to
+# bench/run.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton"; SEQ_BENCH_ARGS to
+# bench/sequences.py, e.g. SEQ_BENCH_ARGS="--quick --concurrency 16".
 bench: $(STAMP) redis-server perf-analyzer \
   $(if $(findstring --skip-mlserver,$(BENCH_ARGS)),,$(MLSERVER_STAMP)) \
   $(if $(findstring --skip-triton,$(BENCH_ARGS)),,$(TRITON_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+	$(BIN)/python bench/sequences.py $(SEQ_BENCH_ARGS)
 
 # Every wheel conch needs, for one Python and platform, in one folder, for a machine without
 # internet (README, "Offline install"): tools/wheelhouse.py, knobs below. WHEEL_PYTHON: X.Y

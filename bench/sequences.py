@@ -280,11 +280,11 @@ def _abba(rounds: int) -> list[str]:
     return [m for i in range(rounds) for m in ((MODEL, LOCAL) if i % 2 == 0 else (LOCAL, MODEL))]
 
 
-def state_cost(redis_url: str, hidden: int, blocks: int = 30, calls: int = 100) -> dict[str, float]:
+def state_cost(redis_url: str, hidden: int, pairs: int = 200, calls: int = 25) -> dict[str, float]:
     """What the state adds to one step's commit, in microseconds: packing it
-    (``pack_state``) and its ``SET`` in the commit's round trip (a pipeline with and
-    without a SET of that many bytes, against the same Redis, in alternating blocks; the
-    median block of each, as this machine is shared)."""
+    (``pack_state``) and its ``SET`` in the commit's round trip: a pipeline with and one
+    without a SET of that many bytes, against the same Redis, timed in adjacent blocks; the
+    median of the pairs' differences, so the shared machine's drift cancels out."""
     import statistics
 
     import redis
@@ -308,18 +308,21 @@ def state_cost(redis_url: str, hidden: int, blocks: int = 30, calls: int = 100) 
             fn()
         return (time.perf_counter() - start) / calls * 1e6
 
-    timed: dict[str, list[float]] = {"without": [], "with": [], "pack": []}
-    for _ in range(blocks):
-        timed["without"].append(block(lambda: commit(False)))
-        timed["with"].append(block(lambda: commit(True)))
-        timed["pack"].append(block(lambda: pack_state(state)))
+    without, added, pack = [], [], []
+    for i in range(pairs):
+        first = i % 2 == 0  # which goes first alternates too
+        a = block(lambda w=first: commit(not w))
+        b = block(lambda w=first: commit(w))
+        plain, stated = (a, b) if first else (b, a)
+        without.append(plain)
+        added.append(stated - plain)
+        pack.append(block(lambda: pack_state(state)))
     client.delete("bench.seq.record", "bench.seq.state")
-    median = {k: statistics.median(v) for k, v in timed.items()}
     return {
         "bytes": float(len(blob)),
-        "pack_us": median["pack"],
-        "set_us": median["with"] - median["without"],
-        "commit_us": median["without"],
+        "pack_us": statistics.median(pack),
+        "set_us": statistics.median(added),
+        "commit_us": statistics.median(without),
     }
 
 
