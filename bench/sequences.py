@@ -240,40 +240,51 @@ def bench_conch(
             )
             # A B B A ...: the machine's drift hits the two state placements alike.
             for c in args.concurrency:
+                flags = (
+                    *("--sequence-length", str(SEQUENCE_LENGTH)),
+                    *("--sequence-length-variation", "20"),
+                    # ids ten times the live sequences, so one mostly comes back after its
+                    # END ran (perf_analyzer still reuses one at once now and then)
+                    *("--sequence-id-range", f"1:{10 * c + 1}"),
+                )
                 for protocol, target in urls.items():
                     for model in _abba(args.rounds):
                         group.check_alive()
-                        tag = PROTOCOLS[protocol]
-                        say(f"{tag}: {model}, {c} concurrent sequences")
-                        before = _counts(urls["http"], model)
-                        t0 = time.monotonic()
-                        point = run.run_perf_analyzer(
-                            pa,
-                            target,
-                            model,
-                            c,
-                            run_dir,
-                            tag,
-                            json=False,
-                            protocol=protocol,
-                            extra=(
-                                *("--sequence-length", str(SEQUENCE_LENGTH)),
-                                *("--sequence-length-variation", "20"),
-                                # ten times the live sequences: an id is not reused at once
-                                *("--sequence-id-range", f"1:{10 * c + 1}"),
-                            ),
+                        say(f"{PROTOCOLS[protocol]}: {model}, {c} concurrent sequences")
+                        point = _measure(
+                            pa, run_dir, urls["http"], target, protocol, model, c, flags
                         )
-                        point.wall_s = time.monotonic() - t0
-                        after = _counts(urls["http"], model)
-                        requests, executions = after[0] - before[0], after[1] - before[1]
-                        if executions > 0:
-                            point.executions = executions
-                            point.mean_batch = requests / executions
                         results.points.append(point)
                         run._report_point(point)
             results.state_us = state_cost(private.url, args.hidden)
     finally:
         private.stop()
+
+
+def _measure(
+    pa: run.PaOptions,
+    run_dir: Path,
+    stats_url: str,
+    target: str,
+    protocol: str,
+    model: str,
+    concurrency: int,
+    flags: tuple[str, ...],
+) -> run.Point:
+    """One perf_analyzer point, with the mean batch the worker formed during it."""
+    before = _counts(stats_url, model)
+    t0 = time.monotonic()
+    tag = PROTOCOLS[protocol]
+    point = run.run_perf_analyzer(
+        pa, target, model, concurrency, run_dir, tag, json=False, protocol=protocol, extra=flags
+    )
+    point.wall_s = time.monotonic() - t0
+    after = _counts(stats_url, model)
+    requests, executions = after[0] - before[0], after[1] - before[1]
+    if executions > 0:
+        point.executions = executions
+        point.mean_batch = requests / executions
+    return point
 
 
 def _abba(rounds: int) -> list[str]:
