@@ -43,17 +43,19 @@ test: $(STAMP) functions redis-server
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# MLServer, the peer `make bench` compares against, in its own venv with the onnxruntime
-# version conch's venv has. uvloop 0.23 kills MLServer 1.7.1's worker, hence the pin.
+# MLServer, the peer `make bench` compares against, in its own venv with the onnxruntime and
+# tokenizers versions conch's venv has (text_embedding's runtime tokenizes with the same
+# code). uvloop 0.23 kills MLServer 1.7.1's worker, hence the pin.
 MLSERVER_VENV := .cache/bench/mlserver-venv
-MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-mlserver-1.7.1
+MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-mlserver-1.7.1-tokenizers
 
 $(MLSERVER_STAMP): | $(STAMP)
 	@echo "installing MLServer 1.7.1 into $(MLSERVER_VENV)" >&2
 	@test -x $(MLSERVER_VENV)/bin/python || $(PYTHON) -m venv $(MLSERVER_VENV)
 	@ort=$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)') && \
+	  tok=$$($(BIN)/python -c 'import tokenizers; print(tokenizers.__version__)') && \
 	  $(MLSERVER_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-	    mlserver==1.7.1 uvloop==0.21.0 numpy "onnxruntime==$$ort"
+	    mlserver==1.7.1 uvloop==0.21.0 numpy "onnxruntime==$$ort" "tokenizers==$$tok"
 	@touch $@
 
 mlserver: $(MLSERVER_STAMP)
@@ -63,8 +65,9 @@ mlserver: $(MLSERVER_STAMP)
 # base $(PYTHON). numpy < 2: with numpy 2 the bundled stub returns empty outputs. The stub for
 # the venv's Python goes next to libtriton_python.so (same depth, so its RPATH still finds
 # nvidia_pytriton.libs). bench/run.py sets LD_LIBRARY_PATH and PATH when it starts the server.
+# tokenizers (conch's version) for text_embedding's Python model (bench/text_embedding.py).
 TRITON_VENV := .cache/bench/triton-venv
-TRITON_STAMP := $(TRITON_VENV)/.installed-nvidia-pytriton-0.7.0
+TRITON_STAMP := $(TRITON_VENV)/.installed-nvidia-pytriton-0.7.0-tokenizers
 
 $(TRITON_STAMP): | $(STAMP)
 	@echo "installing Triton (nvidia-pytriton 0.7.0) into $(TRITON_VENV)" >&2
@@ -72,8 +75,9 @@ $(TRITON_STAMP): | $(STAMP)
 	$(TRITON_VENV)/bin/python -m pip install -q --disable-pip-version-check \
 	  --no-warn-conflicts --no-deps nvidia-pytriton==0.7.0
 	@ort=$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)') && \
+	  tok=$$($(BIN)/python -c 'import tokenizers; print(tokenizers.__version__)') && \
 	  $(TRITON_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-	    --no-warn-conflicts numpy==1.26.4 "onnxruntime==$$ort"
+	    --no-warn-conflicts numpy==1.26.4 "onnxruntime==$$ort" "tokenizers==$$tok"
 	@t=$$($(TRITON_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pytriton/tritonserver && \
 	  v=$$($(TRITON_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])') && \
 	  cp "$$t/python_backend_stubs/$$v/triton_python_backend_stub" "$$t/backends/python/" && \
@@ -82,14 +86,20 @@ $(TRITON_STAMP): | $(STAMP)
 
 triton: $(TRITON_STAMP)
 
+# $(2), unless both benchmark scripts are told $(1) (a peer neither of them runs).
+unless_both_skip = $(if $(and $(findstring $(1),$(BENCH_ARGS)),$(findstring $(1),$(TE_BENCH_ARGS))),,$(2))
+
 # conch vs in-process onnxruntime vs MLServer vs Triton, driven by perf_analyzer (bench/README.md);
-# then a sequence model (issue 17) against conch and in process. BENCH_ARGS passes flags to
-# bench/run.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton"; SEQ_BENCH_ARGS to
-# bench/sequences.py, e.g. SEQ_BENCH_ARGS="--quick --concurrency 16".
-bench: $(STAMP) redis-server perf-analyzer \
-  $(if $(findstring --skip-mlserver,$(BENCH_ARGS)),,$(MLSERVER_STAMP)) \
-  $(if $(findstring --skip-triton,$(BENCH_ARGS)),,$(TRITON_STAMP))
+# then text_embedding (issue 16): online against the same three and in process, and an offline
+# batch job over a corpus in an S3 server; then a sequence model (issue 17) against conch and in
+# process. BENCH_ARGS passes flags to bench/run.py, TE_BENCH_ARGS to bench/text_embedding.py,
+# SEQ_BENCH_ARGS to bench/sequences.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton"
+# TE_BENCH_ARGS="--quick --skip-mlserver --skip-triton --skip-batch" SEQ_BENCH_ARGS="--quick".
+bench: $(STAMP) functions redis-server perf-analyzer \
+  $(call unless_both_skip,--skip-mlserver,$(MLSERVER_STAMP)) \
+  $(call unless_both_skip,--skip-triton,$(TRITON_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+	$(BIN)/python bench/text_embedding.py $(TE_BENCH_ARGS)
 	$(BIN)/python bench/sequences.py $(SEQ_BENCH_ARGS)
 
 # Every wheel conch needs, for one Python and platform, in one folder, for a machine without

@@ -445,10 +445,8 @@ def _metadata_tensors(entries: list[dict[str, Any]], batched: bool) -> list[dict
     return out
 
 
-def write_mlserver_repo(
-    variant: str, repo: Path, model_names: list[str], dest: Path, http_port: int
-) -> Path:
-    """An MLServer model repository for one variant, serving ``model_names`` from ``repo``."""
+def write_mlserver_settings(dest: Path, http_port: int) -> None:
+    """MLServer's server settings for the benchmark: one process, on loopback, quiet."""
     from conch.devtools.redis_server import free_port
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -462,6 +460,13 @@ def write_mlserver_repo(
         "load_models_at_startup": True,
     }
     (dest / "settings.json").write_text(json.dumps(settings, indent=2))
+
+
+def write_mlserver_repo(
+    variant: str, repo: Path, model_names: list[str], dest: Path, http_port: int
+) -> Path:
+    """An MLServer model repository for one variant, serving ``model_names`` from ``repo``."""
+    write_mlserver_settings(dest, http_port)
     for name in model_names:
         config = _triton_config(repo / name)
         batched = int(config.get("max_batch_size", 0)) > 0

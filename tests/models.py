@@ -93,6 +93,13 @@ def add_inputs(
     return inputs
 
 
+def python_model(path: Path, config: str, source: str) -> None:
+    """A Python backend model at ``path``: version 1's ``model.py`` and its config."""
+    (path / "1").mkdir(parents=True)
+    (path / "1" / "model.py").write_text(source)
+    (path / "config.pbtxt").write_text(config)
+
+
 def add_model(path: Path, *, max_batch_size: int = 8, delay_us: int = 0, extra: str = "") -> None:
     """OUT = A + B, FP32 [4]: small and exact, for batching and routing tests."""
     a = helper.make_tensor_value_info("A", TensorProto.FLOAT, ["batch", 4])

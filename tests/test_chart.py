@@ -71,6 +71,7 @@ EDGE = {
     "restrictedApis": {"http": HTTP_RULES, "grpc": GRPC_RULES},
     "redis": {"enabled": False},
     "externalRedis": {"url": "rediss://:pw@redis.example.internal:6380/2"},
+    "dashboard": {"enabled": True, "annotations": {"grafana_folder": "conch"}},
     "workers": {
         "groups": [
             {

@@ -570,7 +570,6 @@ def test_unimplemented_rpcs_say_so(client) -> None:
         (client.get_system_shared_memory_status, "shared memory"),
         (client.get_cuda_shared_memory_status, "CUDA shared memory"),
         (client.get_trace_settings, "trace settings"),
-        (client.get_log_settings, "log settings"),
     ):
         with pytest.raises(InferenceServerException) as err:
             call()

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 import redis
 import requests
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
-from harness import start_gateway, start_worker, wait_model_ready, wait_until
-from models import add_model
+from conch.devtools.redis_server import start_private
+
+from harness import start_gateway, start_worker, wait_model_ready, wait_until, waiting
+from models import add_inputs, add_model, python_model
 
 
 def sample(text: str, name: str, model: str) -> float:
@@ -79,3 +87,234 @@ def test_metrics_count_requests_and_queue(tmp_path: Path, redis_url: str, log_di
     finally:
         gateway.stop()
         worker.stop()
+
+
+FAILING = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("no")) for _ in requests]
+"""
+
+
+def series(text: str, name: str) -> dict[str, str]:
+    """Every sample of ``name`` (exactly that name): its label text -> its value."""
+    return {
+        m.group(1): m.group(2) for m in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M)
+    }
+
+
+def test_metrics_are_exact_across_two_gateways_and_two_workers(
+    tmp_path: Path, log_dir: Path
+) -> None:
+    """A known sequence of successes, rejections, cancellations and failures, through two
+    gateway processes and two workers: both gateways print the same exact counts, the
+    batcher's cuts by reason and sizes, and the workers' host once."""
+    repo = tmp_path / "models"
+    add_model(
+        repo / "cut",  # waits 100 ms for more, but a preferred size (4) or 8 rows go at once
+        extra="dynamic_batching { max_queue_delay_microseconds: 100000 preferred_batch_size: [4] }",
+    )
+    add_model(repo / "nodelay", extra="dynamic_batching { }")  # runs what the queue holds
+    add_model(
+        repo / "late",  # two may wait, each at most 100 ms
+        extra="dynamic_batching { default_queue_policy { timeout_action: REJECT "
+        "default_timeout_microseconds: 100000 max_queue_size: 2 } }",
+    )
+    add_model(repo / "held")
+    add_io = (repo / "held" / "config.pbtxt").read_text().split("\n", 1)[1]  # add's tensors
+    python_model(repo / "failing", 'backend: "python"\n' + add_io, FAILING)
+    server = start_private()
+    db = server.url
+    flags = (
+        *("--metrics-config", "summary_latencies=true"),
+        *("--metrics-config", "summary_quantiles=0.1:0.01,0.5:0.05,0.9:0.01"),
+        *("--metrics-config", "histogram_latencies=true"),
+    )
+    (ga, url_a), (gb, url_b) = (start_gateway(repo, db, log_dir, *flags) for _ in range(2))
+    workers: list = []
+    try:
+        one = np.ones((1, 4), np.float32)
+        # Before any worker: "late" takes two (one through each gateway) and refuses two
+        # more (503, REJECTED at the gateway); the two it took wait past their 100 ms.
+        with ThreadPoolExecutor(2) as pool:
+            waited = [
+                pool.submit(httpclient.InferenceServerClient(u).infer, "late", add_inputs(one))
+                for u in (url_a, url_b)
+            ]
+            wait_until(lambda: waiting(db, "late") == 2, 10, "two requests queued")
+            for u in (url_a, url_b):
+                with pytest.raises(InferenceServerException, match="Exceeds maximum queue size"):
+                    httpclient.InferenceServerClient(u).infer("late", add_inputs(one))
+            # An async job on "held", cancelled while it waits: CANCELED when a worker
+            # finds it.
+            body = {
+                "inputs": [
+                    {"name": n, "datatype": "FP32", "shape": [1, 4], "data": [1] * 4} for n in "AB"
+                ]
+            }
+            job = requests.post(f"http://{url_a}/v2/models/held/jobs", json=body, timeout=10)
+            assert job.status_code in (200, 202), job.text
+            assert requests.delete(f"http://{url_b}/v2/jobs/{job.json()['id']}").status_code == 200
+            time.sleep(0.2)  # past the 100 ms: the workers find both "late" ones expired
+            workers = [start_worker(repo, db, log_dir, *flags) for _ in range(2)]
+            for f in waited:  # REJECTED at the worker
+                with pytest.raises(InferenceServerException, match="Request timeout expired"):
+                    f.result(timeout=120)
+        for m in ("cut", "nodelay", "failing", "held"):
+            wait_model_ready(url_a, m, 90, *workers, ga)
+        a, b = httpclient.InferenceServerClient(url_a), httpclient.InferenceServerClient(url_b)
+        for k in range(3):  # one row alone: cut when its 100 ms delay expires
+            (a, b)[k % 2].infer("cut", add_inputs(one))
+        a.infer("cut", add_inputs(np.ones((8, 4), np.float32)))  # full
+        b.infer("cut", add_inputs(np.ones((4, 4), np.float32)))  # the preferred size
+        for c in (a, b):
+            c.infer("nodelay", add_inputs(one))  # nothing more queued, no delay: drained
+        for c in (a, b, a):
+            with pytest.raises(InferenceServerException, match="no"):
+                c.infer("failing", add_inputs(one))
+
+        failures = {
+            "late": {"REJECTED": 4},
+            "held": {"CANCELED": 1},
+            "failing": {"BACKEND": 3},
+            "cut": {},
+            "nodelay": {},
+        }
+        expected = {
+            f'model="{m}",reason="{r}",version="1"': str(by.get(r, 0))
+            for m, by in failures.items()
+            for r in ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+        }
+
+        def scrape(gateway: Any) -> str:
+            return requests.get(f"http://{gateway.metrics_url}/metrics", timeout=10).text
+
+        def failure_counts(text: str) -> dict[str, str]:
+            got = series(text, "nv_inference_request_failure")
+            return {k: v for k, v in got.items() if k in expected}
+
+        wait_until(lambda: failure_counts(scrape(ga)) == expected, 20, f"failures {expected}")
+        texts = [scrape(ga), scrape(gb)]
+        for text in texts:  # the same counts through either gateway
+            assert failure_counts(text) == expected
+            success = series(text, "nv_inference_request_success")
+            assert success['model="cut",version="1"'] == "5"
+            assert success['model="nodelay",version="1"'] == "2"
+            assert series(text, "nv_inference_count")['model="cut",version="1"'] == "15"
+            cuts = {k: v for k, v in series(text, "conch_batch_cut_total").items() if "cut" in k}
+            assert cuts == {
+                'model="cut",reason="full"': "1",
+                'model="cut",reason="preferred"': "1",
+                'model="cut",reason="delay"': "3",
+                'model="cut",reason="drained"': "0",
+            }
+            assert series(text, "conch_batch_cut_total")['model="nodelay",reason="drained"'] == "2"
+            assert series(text, "conch_model_loads_total")['model="cut"'] == "2"  # a worker each
+            assert float(series(text, "conch_model_load_seconds_total")['model="cut"']) > 0
+            assert "# TYPE conch_batch_size histogram" in text
+            sizes = series(text, "conch_batch_size_bucket")
+            assert [sizes[f'model="cut",le="{le}"'] for le in ("1", "2", "4", "8", "+Inf")] == [
+                "3",
+                "3",
+                "4",
+                "5",
+                "5",
+            ]
+            assert series(text, "conch_batch_size_sum")['model="cut"'] == "15"
+            assert series(text, "conch_batch_size_count")['model="cut"'] == "5"
+            # Summaries: quantiles over the samples both workers pushed (one per success),
+            # count and sum the counters'. Three of five requests waited out 100 ms.
+            request = series(text, "nv_inference_request_summary_us")
+            q = {
+                k: float(request[f'model="cut",version="1",quantile="{k}"'])
+                for k in ("0.1", "0.5", "0.9")
+            }
+            assert q["0.1"] < 100_000 <= q["0.5"] <= q["0.9"], q
+            assert (
+                series(text, "nv_inference_request_summary_us_count")['model="cut",version="1"']
+                == "5"
+            )
+            assert int(
+                series(text, "nv_inference_request_summary_us_sum")['model="cut",version="1"']
+            ) == int(series(text, "nv_inference_request_duration_us")['model="cut",version="1"'])
+            for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+                assert 'model="cut",version="1",quantile="0.5"' in series(
+                    text, f"nv_inference_{phase}_summary_us"
+                ), phase
+            # The first-response histogram: bucket counters summed over the workers.
+            first = series(text, "nv_inference_first_response_histogram_ms_bucket")
+            assert int(first['model="cut",version="1",le="100"']) <= 2  # three waited 100 ms
+            assert first['model="cut",version="1",le="+Inf"'] == "5"
+            counts = series(text, "nv_inference_first_response_histogram_ms_count")
+            assert counts['model="cut",version="1"'] == "5"
+            assert counts['model="failing",version="1"'] == "0"  # successes only
+            assert (
+                float(
+                    series(text, "nv_inference_first_response_histogram_ms_sum")[
+                        'model="cut",version="1"'
+                    ]
+                )
+                >= 300
+            )
+            # Two workers on one host: its CPU printed once, labelled by the host.
+            host = socket.gethostname()
+            cpu = series(text, "nv_cpu_utilization")
+            assert list(cpu) == [f'host="{host}"'] and 0 <= float(cpu[f'host="{host}"']) <= 1
+            total = series(text, "nv_cpu_memory_total_bytes")[f'host="{host}"']
+            assert int(total) == _meminfo("MemTotal")
+            used = int(series(text, "nv_cpu_memory_used_bytes")[f'host="{host}"'])
+            assert 0 < used < int(total)
+        # One sample per successful request, from either worker, in the model's list.
+        assert redis.Redis.from_url(db).llen("conch.samples.cut") == 5
+        # Async jobs: one that succeeds and one that fails, through either gateway.
+        for u, m in ((url_a, "cut"), (url_b, "failing")):
+            r = requests.post(f"http://{u}/v2/models/{m}/jobs", json=body, timeout=10)
+            done = requests.get(f"http://{u}/v2/jobs/{r.json()['id']}/result?wait=30", timeout=60)
+            assert done.status_code == (200 if m == "cut" else 500), done.text
+        # Jobs by what happened to them (the cancelled one from before the workers).
+        text = scrape(gb)
+        jobs = {
+            k: v
+            for k, v in series(text, "conch_jobs_total").items()
+            if 'kind="infer"' in k and v != "0"
+        }
+        assert jobs == {
+            'model="held",kind="infer",state="submitted"': "1",
+            'model="held",kind="infer",state="cancelled"': "1",
+            'model="cut",kind="infer",state="submitted"': "1",
+            'model="cut",kind="infer",state="succeeded"': "1",
+            'model="failing",kind="infer",state="submitted"': "1",
+            'model="failing",kind="infer",state="failed"': "1",
+        }
+    finally:
+        for svc in (ga, gb, *workers):
+            svc.stop()
+        server.stop()
+
+
+def _meminfo(name: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(name)
+
+
+def test_metrics_address_binds_the_metrics_port_apart(tmp_path: Path, log_dir: Path) -> None:
+    """--metrics-address: the metrics port listens there, not on the HTTP address."""
+    repo = tmp_path / "models"
+    add_model(repo / "add")
+    server = start_private()
+    gateway, url = start_gateway(repo, server.url, log_dir, "--metrics-address", "127.0.0.2")
+    try:
+        port = gateway.metrics_url.rsplit(":", 1)[1]
+        reply = requests.get(f"http://127.0.0.2:{port}/metrics", timeout=10)
+        assert reply.status_code == 200 and "nv_inference_count" in reply.text
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://{gateway.metrics_url}/metrics", timeout=10)
+        assert requests.get(f"http://{url}/v2/health/live", timeout=10).status_code == 200
+    finally:
+        gateway.stop()
+        server.stop()

@@ -22,7 +22,7 @@ import requests
 import tritonclient.http as httpclient
 from test_jobs import result, submit, wait_done
 
-from conch.wire import broker, keys, worker_reports
+from conch.wire import broker, job_store, keys, statistics, worker_reports
 from conch.wire.work_owed import JobsWork, jobs_owed
 from conch.worker.host import HEARTBEAT_S
 
@@ -89,12 +89,23 @@ def submit_batch(url: str, model: str, spec: dict) -> requests.Response:
     return requests.post(f"http://{url}/v2/models/{model}/batch", json=spec)
 
 
+def batch_jobs(db: str, model: str) -> dict[str, int]:
+    """``model``'s batch jobs by state, as ``conch_jobs_total`` prints them."""
+    own = statistics.read_all(redis.Redis.from_url(db), model)[1]
+    return statistics.jobs_by_state(own, job_store.BATCH)
+
+
+def changed(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
 def read_jsonl(s3, bucket: str, key: str) -> list[dict]:
     body = s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
     return [json.loads(line) for line in body.splitlines()]
 
 
-def test_a_batch_job_answers_every_line_in_order(stack: str, s3, bucket: str) -> None:
+def test_a_batch_job_answers_every_line_in_order(stack: str, db: str, s3, bucket: str) -> None:
+    before = batch_jobs(db, "mlp")
     lines = [json.dumps(mlp_line(i)) for i in range(150)]
     lines.insert(
         7,
@@ -117,6 +128,7 @@ def test_a_batch_job_answers_every_line_in_order(stack: str, s3, bucket: str) ->
     assert status["status"] == "SUCCESS", status
     assert status["progress"] == {"lines": 152, "failed": 2}
     assert status["output"] == spec["output"]
+    assert changed(before, batch_jobs(db, "mlp")) == {"submitted": 1, "succeeded": 1}
     assert requests.get(f"http://{stack}/v2/jobs/{job['id']}/result").json() == status
     out = read_jsonl(s3, bucket, "out/r.jsonl")
     assert len(out) == 152
@@ -157,13 +169,17 @@ def test_bad_batch_jobs_are_refused_before_anything_is_queued(
     assert len(client.keys("conch.job.*")) == records
 
 
-def test_a_missing_input_object_fails_the_job_and_says_so(served: tuple, bucket: str) -> None:
+def test_a_missing_input_object_fails_the_job_and_says_so(
+    served: tuple, db: str, bucket: str
+) -> None:
     stack, worker = served
+    before = batch_jobs(db, "mlp")
     spec = {"input": f"s3://{bucket}/absent.jsonl", "output": f"s3://{bucket}/out.jsonl"}
     r = submit_batch(stack, "mlp", spec)
     assert r.status_code == 202, r.text
     status = wait_done(stack, r.json()["id"], timeout=60)
     assert status["status"] == "FAILURE" and "absent.jsonl" in status["error"], status
+    assert changed(before, batch_jobs(db, "mlp")) == {"submitted": 1, "failed": 1}
     # The job's own error, not the worker's: Celery logs it as expected, with no traceback.
     wait_until(lambda: "absent.jsonl" in worker.log(), 10, "the worker to log the failure")
     failure = [line for line in worker.log().splitlines() if "absent.jsonl" in line]
@@ -269,6 +285,7 @@ def test_a_cancelled_batch_job_stops_and_writes_nothing(
 ) -> None:
     line = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0.1]}]}
     put_jsonl(s3, bucket, "long.jsonl", [json.dumps(line)] * 400)
+    before = batch_jobs(db, "batch_probe")
     spec = {"input": f"s3://{bucket}/long.jsonl", "output": f"s3://{bucket}/long-out.jsonl"}
     job = submit_batch(stack, "batch_probe", spec).json()["id"]
 
@@ -282,6 +299,11 @@ def test_a_cancelled_batch_job_stops_and_writes_nothing(
     status = wait_done(stack, job, timeout=30)
     assert status["status"] == "REVOKED" and "cancelled" in status["error"], status
     assert status["progress"]["lines"] < 400
+    wait_until(
+        lambda: changed(before, batch_jobs(db, "batch_probe")) == {"submitted": 1, "cancelled": 1},
+        10,
+        "the driver to count its end",
+    )
     client = redis.Redis.from_url(db)
     bulk = broker.priority_key(broker.queue_name("batch_probe"), broker.PRIORITY_BULK)
     wait_until(lambda: client.llen(bulk) == 0, 30, "the lines already queued to drain")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -102,6 +103,17 @@ def test_poison_request_is_dead_lettered(model_repo: Path, db: str, log_dir: Pat
             dead = redis.Redis.from_url(db).lrange(keys.DEADLETTER, 0, -1)
             assert len(dead) == 1 and b"dead-lettered" in dead[0]
             assert in_flight(db) == 0
+            # The metrics say so: taken again twice (attempts 2 and 3), set aside once,
+            # failed as OTHER, and loaded by each of the three workers.
+            text = requests.get(f"http://{gw.metrics_url}/metrics", timeout=10).text
+            for sample in (
+                'conch_redeliveries_total{model="slow"} 2',
+                'conch_dead_letters_total{model="slow"} 1',
+                'nv_inference_request_failure{model="slow",reason="OTHER",version="1"} 1',
+                'conch_model_loads_total{model="slow"} 3',
+            ):
+                assert sample in text.splitlines(), (sample, text)
+            assert 'conch_model_load_duration_seconds{model="slow"} ' in text
             # The worker is fine and serves the next request.
             wait_model_ready(url, "slow", 30, w)
             np.testing.assert_array_equal(slow_request(url, 3.0), np.full((1, 4), 4.0, np.float32))

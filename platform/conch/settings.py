@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from conch.core.cache_config import CacheConfig
+from conch.core.metrics_config import MetricsConfig
 from conch.core.restricted_apis import RestrictedApis, group_names
 
 
@@ -66,6 +67,7 @@ class LogFormat(StrEnum):
 
     DEFAULT = "default"  # I0304 10:22:33.123456 <pid> <file>:<line>] ...
     ISO8601 = "ISO8601"  # 2024-03-04T10:22:33Z I <pid> <file>:<line>] ...
+    JSON = "json"  # conch's: one JSON object a line, for log shippers (Loki, Elasticsearch)
 
 
 class CompressionLevel(StrEnum):
@@ -240,6 +242,14 @@ class Settings:
     # Triton's metrics port: GET /metrics there, with Triton's nv_inference_* names.
     allow_metrics: bool = True
     metrics_port: int = 8002
+    metrics_address: str | None = None  # None: the HTTP address (--http-address)
+    # Workers report their host's CPU and GPU use (nv_cpu_*, nv_gpu_*), sampled at most
+    # every metrics_interval_ms.
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
+    # Triton's --metrics-config: latency counters, summaries, the first-response histogram.
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
     # The gateway's sockets and processes (gunicorn's bind, workers and threads).
     http_address: str = "0.0.0.0"
     http_port: int = 8000
@@ -470,6 +480,28 @@ def _bool_flag(name: str, setting: str, roles: frozenset[Role], help: str) -> Fl
     return Flag(name, setting, roles, help, type=_bool, metavar="BOOL", as_args=_bool_arg)
 
 
+def _config_flag(
+    name: str,
+    setting: str,
+    roles: frozenset[Role],
+    help: str,
+    metavar: str,
+    parse: Callable[[list[str]], Any],
+) -> Flag:
+    """A repeatable Triton ``KEY=VALUE`` flag: its values parsed together into one
+    config, which writes them back with its ``items()``."""
+    return Flag(
+        name,
+        setting,
+        roles,
+        help,
+        metavar=metavar,
+        action="append",
+        read=parse,
+        as_args=lambda flag, config: _each(flag, config.items()),
+    )
+
+
 def _choice_flag(name: str, setting: str, help: str, choices: type[StrEnum]) -> Flag:
     """A flag whose values are an enum's, for every role."""
     return Flag(name, setting, ALL_ROLES, help, choices=tuple(choices), read=choices)
@@ -506,6 +538,13 @@ def _ignored_flag(name: str) -> Flag:
         metavar="N",
         read=_given,
         as_args=lambda flag, n: [flag, str(n)] if n else [],
+    )
+
+
+def _count_flag(name: str, setting: str, roles: Any, help: str) -> Flag:
+    """A flag that counts something there must be at least one of."""
+    return Flag(
+        name, setting, roles, help, type=int, metavar="N", read=lambda n: _at_least(n, 1, name)
     )
 
 
@@ -605,7 +644,8 @@ FLAGS: tuple[Flag, ...] = (
         "--log-format",
         "log_format",
         "default: lines start 'I0304 10:22:33.123456 <pid> <file>:<line>]'; "
-        "ISO8601: '2024-03-04T10:22:33Z I <pid> <file>:<line>]' (UTC, as Triton)",
+        "ISO8601: '2024-03-04T10:22:33Z I <pid> <file>:<line>]' (UTC, as Triton); "
+        "json (conch's): one JSON object a line",
         LogFormat,
     ),
     Flag(
@@ -643,16 +683,14 @@ FLAGS: tuple[Flag, ...] = (
         read=lambda on: False if on else None,
         as_args=lambda name, auto_complete: [],
     ),
-    Flag(
+    _config_flag(
         "--backend-config",
         "backend_config",
         ALL_ROLES,
         "Triton's form: [BACKEND,]default-max-batch-size=N is applied (for every backend, "
         "or for one); other settings are logged and ignored; repeatable",
-        metavar="[BACKEND,]SETTING=VALUE",
-        action="append",
-        read=BackendConfig.parse,
-        as_args=lambda name, config: _each(name, config.items()),
+        "[BACKEND,]SETTING=VALUE",
+        BackendConfig.parse,
     ),
     Flag(
         "--request-timeout-secs",
@@ -705,6 +743,46 @@ FLAGS: tuple[Flag, ...] = (
         "allow_metrics",
         HTTP_ROLES,
         "serve metrics (default true; --allow-metrics=false to turn them off)",
+    ),
+    Flag(
+        "--metrics-address",
+        "metrics_address",
+        HTTP_ROLES,
+        "the address the metrics port binds (default: --http-address's)",
+        read=_given,
+    ),
+    _bool_flag(
+        "--allow-cpu-metrics",
+        "allow_cpu_metrics",
+        WORKER_ROLES,
+        "workers report their host's CPU use and memory (nv_cpu_*; default true)",
+    ),
+    _bool_flag(
+        "--allow-gpu-metrics",
+        "allow_gpu_metrics",
+        WORKER_ROLES,
+        "workers report their GPUs' use, memory and power through NVML (nv_gpu_*; default "
+        "true; needs the gpu extra, nvidia-ml-py, and a GPU)",
+    ),
+    _config_flag(
+        "--metrics-config",
+        "metrics_config",
+        ALL_ROLES,
+        "Triton's: counter_latencies=<bool>, summary_latencies=<bool>, "
+        "summary_quantiles=<q>:<error>,..., histogram_latencies=<bool>; repeatable; give it "
+        "to workers too (they keep the samples summaries are computed from)",
+        "KEY=VALUE",
+        MetricsConfig.parse,
+    ),
+    Flag(
+        "--metrics-interval-ms",
+        "metrics_interval_ms",
+        WORKER_ROLES,
+        "how often workers sample CPU and GPU use (at most; they report it with each "
+        "heartbeat; default 2000)",
+        type=int,
+        metavar="MS",
+        read=lambda n: _at_least(n, 1, "--metrics-interval-ms"),
     ),
     Flag(
         "--http-restricted-api",
@@ -783,15 +861,12 @@ FLAGS: tuple[Flag, ...] = (
         "thread while its request is queued (default 64; Triton's is 2)",
         type=int,
     ),
-    Flag(
+    _count_flag(
         "--grpc-workers",
         "grpc_workers",
         GRPC_ROLES,
         "gRPC server processes, sharing the port (SO_REUSEPORT); conch's own flag, Triton "
         "has none (default: as --http-workers)",
-        type=int,
-        metavar="N",
-        read=lambda n: _at_least(n, 1, "--grpc-workers"),
     ),
     Flag(
         "--grpc-restricted-protocol",
@@ -888,15 +963,12 @@ FLAGS: tuple[Flag, ...] = (
         "whose autoscaler does not count the jobs (no --jobs) and so could retire one "
         "mid-job. conch's own: Triton has no batch jobs",
     ),
-    Flag(
+    _count_flag(
         "--job-concurrency",
         "job_concurrency",
         WORKER_ROLES,
         "jobs this worker's drivers run at once: batch jobs and ensembles' async jobs "
         "(default 4). conch's own: Triton has no jobs",
-        type=int,
-        metavar="N",
-        read=lambda n: _at_least(n, 1, "--job-concurrency"),
     ),
     Flag(
         "--models",

@@ -14,6 +14,7 @@ from conch.backends.python import pb_utils as pb
 from conch.core import custom_metrics as cm
 from conch.core.errors import InvalidArgument, Unsupported
 from conch.frontend.http import metrics
+from conch.settings import Settings
 from conch.wire import model_metrics
 from conch.wire.redis_link import Commands
 from conch.wire.work_owed import JobsWork
@@ -249,7 +250,9 @@ def test_render_writes_custom_families_after_tritons() -> None:
     reg.observe("sizes", (), 9)
     reg.hold_family("nv_inference_count", "an impostor", cm.GAUGE)  # Triton's own name
     plane = SimpleNamespace(
+        settings=Settings(),
         metrics=list,
+        hosts=lambda: ({}, {}),
         jobs_depth=lambda: JobsWork(waiting=0, in_flight=0),
         custom_metrics=lambda: cm.merge([reg.snapshot()]),
     )

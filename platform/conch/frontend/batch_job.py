@@ -33,7 +33,7 @@ from conch.frontend import calls, v2_json
 from conch.frontend.ensemble_runner import GraphRunner
 from conch.frontend.job_keepalive import keepalive
 from conch.settings import Settings
-from conch.wire import broker, job_store
+from conch.wire import broker, job_store, statistics
 from conch.wire.job_store import JobCancelled
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 
@@ -123,6 +123,9 @@ def submit(
     pipe = client.pipeline(transaction=True)
     record.save(pipe, ttl_s)
     pipe.lpush(broker.JOBS_QUEUE, message)
+    statistics.count_model(
+        pipe, entry.name, statistics.job_field(job_store.BATCH, statistics.JOB_SUBMITTED)
+    )
     pipe.execute()
     return record
 
@@ -204,9 +207,10 @@ def run_task(
     job_id = job_store.check_id(str(payload.get("id", "")))
     reply_key = new_reply_key(job_id)
     period = min(1.0, settings.visibility_timeout_s / 3)
+    state = statistics.JOB_FAILED
     with keepalive(client, job_id, period, reply_key):
         try:
-            return run(
+            summary = run(
                 client,
                 job_id,
                 repository.read_model,
@@ -215,9 +219,27 @@ def run_task(
                 reply_key=reply_key,
                 graph=graph,
             )
+            state = statistics.JOB_SUCCEEDED
+            return summary
         except JobCancelled:
             job_store.revoke(client, job_id, settings.job_ttl_s)
+            state = statistics.JOB_CANCELLED
             raise
+        finally:
+            _count_end(client, job_id, state)
+
+
+def _count_end(client: redis.Redis, job_id: str, state: str) -> None:
+    """The job ended in ``state``: counted under its model (``conch_jobs_total``)."""
+    record = job_store.JobRecord.load(client, job_id)
+    if record is None:
+        return  # expired: no model to count it under
+    try:
+        pipe = client.pipeline(transaction=False)
+        statistics.count_model(pipe, record.model, statistics.job_field(job_store.BATCH, state))
+        pipe.execute()
+    except redis.RedisError as exc:  # a metric: the job's own outcome stands
+        log.warning("batch job %s: its end was not counted: %s", job_id, exc)
 
 
 def run(

@@ -3,17 +3,20 @@
 The HTTP gateway (``frontend.http.app``) and the gRPC server (``frontend.grpc.server``)
 each run one ``DataPlane`` built here, the same way: one Redis client, the model view
 following the repository (with the repository's auto-completer, the one edge from a
-frontend to backend code), the dispatcher and the response cache (``--cache-config``).
+frontend to backend code), the dispatcher and the response cache (``--cache-config``);
+and the process follows the logging API's changes (``conch.wire.log_control``).
 """
 
 from __future__ import annotations
 
+from conch import server_log
 from conch.backends import completion
 from conch.frontend import response_cache
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
+from conch.wire import log_control
 from conch.wire.redis_client import open_client
 
 
@@ -24,4 +27,5 @@ def build_dataplane(settings: Settings) -> DataPlane:
     cache = response_cache.open_cache(settings.cache_config, client)
     plane = DataPlane(settings, view, Dispatcher(client), cache)
     view.follow()
+    log_control.follow(client, server_log.apply)
     return plane

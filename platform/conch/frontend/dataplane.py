@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from conch import __version__
+from conch import __version__, server_log
 from conch.core import custom_metrics, ensemble_graph, validation
 from conch.core.errors import (
+    ConchError,
     Forbidden,
     InvalidArgument,
     NotFound,
@@ -34,13 +35,14 @@ from conch.core.errors import (
 from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
 from conch.core.repository import ModelEntry
 from conch.core.repository_keys import model_name_problem
+from conch.core.request_scope import RequestTag, about
 from conch.frontend import batch_job, calls, ensemble_jobs, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher
 from conch.frontend.response_cache import ResponseCache
 from conch.frontend.sequence_route import SequenceRoute
 from conch.settings import Settings
-from conch.wire import job_store, model_metrics, outage, statistics, worker_reports
+from conch.wire import job_store, log_control, model_metrics, outage, statistics, worker_reports
 from conch.wire.messages import InferMessage, WireTensor
 from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, work_owed
 
@@ -56,6 +58,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",  # GET/POST v2/logging, applied to every process (wire.log_control)
     "async_jobs",  # conch's own: /v2/models/<m>/jobs and /v2/jobs/<id> (http.job_routes)
 ]
 MAX_JOB_WAIT_S = 60.0  # the longest a job result call may be held waiting (long polling)
@@ -95,6 +98,9 @@ class ModelMetrics:
     ready: list[int]  # versions a live worker reports READY
     work: ModelWork | None  # waiting in its queue and in flight; None: an ensemble's
     cached: bool = False  # the frontends keep a response cache and the model uses it
+    # version -> phase -> recent latencies (us), for the summaries; None: summaries off
+    samples: dict[int, dict[str, list[int]]] | None = None
+    own: dict[str, int] = field(default_factory=dict)  # the model's own counters (loads, ...)
     sequence_model: bool = False  # it has sequence_batching (its live sequences count)
 
     @property
@@ -188,9 +194,12 @@ class DataPlane:
         )
         if self.cache is not None:
             self.cache.flush()
+        summaries = self.settings.metrics_config.summary_latencies
+        since_ms = int((time.time() - statistics.SAMPLES_WINDOW_S) * 1000)
         out = []
         for name, entry in served:
-            recorded = statistics.read(self._client, name)
+            recorded, own = statistics.read_all(self._client, name)
+            queued = entry.backend != ensemble_graph.ENSEMBLE
             versions = states.get(name, {}).get("versions", {})
             out.append(
                 ModelMetrics(
@@ -199,7 +208,11 @@ class DataPlane:
                     [int(v) for v, st in versions.items() if st == worker_reports.READY],
                     work.get(name),
                     self.cache is not None and self.cache.applies(entry.config),
-                    self.sequences.spec(entry.config) is not None,
+                    statistics.read_samples(self._client, name, since_ms)
+                    if summaries and queued
+                    else None,
+                    own,
+                    sequence_model=self.sequences.spec(entry.config) is not None,
                 )
             )
         return out
@@ -226,10 +239,32 @@ class DataPlane:
         """The work the batch jobs queue owes (``conch.wire.work_owed.jobs_owed``)."""
         return jobs_owed(self._client)
 
+    def hosts(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The live workers' hosts: CPU use per host and GPU use per GPU UUID
+        (``worker_reports.hosts``)."""
+        return worker_reports.hosts(worker_reports.snapshot(self._client))
+
     def custom_metrics(self) -> list[dict[str, Any]]:
         """The metric families models defined (``pb_utils.MetricFamily``), each metric
         summed over the live workers that have it (``conch.core.custom_metrics.merge``)."""
         return custom_metrics.merge(model_metrics.read(self._client))
+
+    # -- logging -----------------------------------------------------------------------
+
+    def log_settings(self) -> dict[str, Any]:
+        """Triton's logging extension: this process's log settings."""
+        return server_log.current().to_json()
+
+    def update_log_settings(self, changes: Any) -> dict[str, Any]:
+        """Change the log settings of every process (``conch.wire.log_control``); the
+        settings that follow here. A wrong value changes nothing anywhere (a 400)."""
+        try:
+            server_log.current().updated(changes)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        # The log file is each process's own: only an unchanged one gets through the check.
+        log_control.publish(self._client, {k: v for k, v in changes.items() if k != "log_file"})
+        return server_log.update(changes).to_json()
 
     # -- the model repository ----------------------------------------------------------
 
@@ -292,12 +327,20 @@ class DataPlane:
         still queued is then never run, nor is an ensemble's next step).
         """
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
-        call = self._prepare(to, request, calls.Lane.ONLINE, caller)
-        cache = self.cache
-        if cache is not None and cache.applies(to.entry.config):
-            return self._infer_cached(cache, to, request, call, abandonment)
-        version, results = self._run(to, request, call, abandonment)
-        return self._outcome(to.entry, request, version, results)
+        with about(RequestTag(request.id)):
+            call = self._prepare(to, request, calls.Lane.ONLINE, caller)
+        with about(RequestTag(request.id, call.msg.id)):
+            log.debug("infer: model '%s' version %s", to.entry.name, call.version)
+            try:
+                cache = self.cache
+                if cache is not None and cache.applies(to.entry.config):
+                    return self._infer_cached(cache, to, request, call, abandonment)
+                version, results = self._run(to, request, call, abandonment)
+                log.debug("infer: answered by version %s", version)
+            except ConchError as exc:
+                log.debug("infer: failed (%s): %s", exc.code, exc.message)
+                raise
+            return self._outcome(to.entry, request, version, results)
 
     def _run(
         self,
@@ -431,6 +474,7 @@ class DataPlane:
         limit = self.settings.max_queued_jobs
         if to.entry.backend == ensemble_graph.ENSEMBLE:  # a worker's job driver runs its graph
             ensemble_jobs.submit(self._client, record, msg, limit)
+            self._count_job(model, job_store.INFER)
             return JobState(record, job_store.Outcome(job_store.PENDING))
         pipe = self._client.pipeline(transaction=False)
         record.save(pipe, msg.job_ttl)
@@ -449,7 +493,14 @@ class DataPlane:
                 f"Exceeds maximum queue size: model '{model}' already has {limit} async jobs "
                 "waiting (CONCH_MAX_QUEUED_JOBS); retry later"
             )
+        self._count_job(model, job_store.INFER)
         return JobState(record, job_store.Outcome(job_store.PENDING))
+
+    def _count_job(self, model: str, kind: str) -> None:
+        """One more ``kind`` job submitted for ``model`` (``conch_jobs_total``)."""
+        pipe = self._client.pipeline(transaction=False)
+        statistics.count_model(pipe, model, statistics.job_field(kind, statistics.JOB_SUBMITTED))
+        pipe.execute()
 
     def submit_batch(self, model: str, version: str, source: Any, target: Any) -> JobState:
         """An offline batch job: JSONL of infer requests at ``source`` (an s3:// URI),
@@ -472,7 +523,7 @@ class DataPlane:
         """Cancel a job that has not finished: a queued request never runs; a batch job
         stops sending lines (those already queued still run) and uploads nothing."""
         record = self._record(job_id)
-        if not job_store.cancel(self._client, record.id, self.settings.job_ttl_s):
+        if not job_store.cancel(self._client, record, self.settings.job_ttl_s):
             outcome = job_store.read(self._client, record.id)
             raise InvalidArgument(f"job {record.id} has already finished ({outcome.status})")
         return JobState(record, job_store.read(self._client, record.id))

@@ -288,6 +288,7 @@ def execute_counted(
         raise
     execution.success, execution.rows = 1, rows
     execution.success_ns = execution.infer_ns = int((time.time() - outer.enqueued) * 1e9)
+    execution.responses_ns, execution.queues_ns = [execution.success_ns], [0]
     statistics.record_now(client, entry.name, execution)
     return produced
 

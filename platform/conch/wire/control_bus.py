@@ -147,7 +147,10 @@ def get_override(client: redis.Redis, model: str) -> str | None:
 
 class Subscriber(threading.Thread):
     """Calls ``on_message(channel, payload)`` for each event or command, and
-    ``on_tick(generation_changed)`` every ``tick_s`` seconds; reconnects on its own."""
+    ``on_tick(generation_changed)`` every ``tick_s`` seconds; reconnects on its own.
+
+    It listens to the repository's ``channels`` and watches its ``generation`` key unless
+    told others (the log settings, ``conch.wire.log_control``, have their own)."""
 
     def __init__(
         self,
@@ -155,12 +158,17 @@ class Subscriber(threading.Thread):
         on_message: Callable[[str, dict[str, Any]], None],
         on_tick: Callable[[bool], None] | None = None,
         tick_s: float = 5.0,
+        *,
+        channels: tuple[str, ...] = (REPOSITORY_EVENTS, CONTROL_COMMANDS),
+        generation: str = REPOSITORY_GENERATION,
     ) -> None:
         super().__init__(name="conch-control", daemon=True)
         self.client = client
         self.on_message = on_message
         self.on_tick = on_tick
         self.tick_s = tick_s
+        self.channels = channels
+        self.generation_key = generation
         self.stopping = threading.Event()
         self._generation: bytes | None = None
 
@@ -177,8 +185,8 @@ class Subscriber(threading.Thread):
 
     def _listen(self) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(REPOSITORY_EVENTS, CONTROL_COMMANDS)
-        self._generation = self.client.get(REPOSITORY_GENERATION)
+        pubsub.subscribe(*self.channels)
+        self._generation = self.client.get(self.generation_key)
         # Catch up at once on what was sent before this subscription: a command published
         # while the process started (or while it reconnected) is not delivered again.
         if self.on_tick is not None:
@@ -202,7 +210,7 @@ class Subscriber(threading.Thread):
                         self._call(self.on_message, channel, payload)
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + self.tick_s
-                    generation = self.client.get(REPOSITORY_GENERATION)
+                    generation = self.client.get(self.generation_key)
                     changed, self._generation = generation != self._generation, generation
                     if self.on_tick is not None:
                         self._call(self.on_tick, changed)

@@ -21,6 +21,7 @@ import orjson
 import redis
 
 from conch.core.errors import Cancelled, ConchError, InvalidArgument, error_class, from_code
+from conch.wire import statistics
 from conch.wire.keys import JOB_RECORD_PREFIX, JOB_RESULT_PREFIX
 from conch.wire.messages import BadMessage, Reply, WireTensor, read_tensor
 from conch.wire.redis_link import CommandQueue
@@ -31,6 +32,25 @@ PENDING, STARTED, SUCCESS, FAILURE = "PENDING", "STARTED", "SUCCESS", "FAILURE"
 REVOKED = "REVOKED"  # Celery's name for a cancelled task
 INFER, BATCH = "infer", "batch"  # one request; an offline batch job (conch.frontend.batch_job)
 PROGRESS = ("lines", "failed")
+
+
+# KEYS: the job's result, its model's statistics hash. ARGV: the result, its TTL (s), the
+# counter to add 1 to if this result is the first (``conch_jobs_total``). Returns 1 then.
+_FIRST_RESULT_LUA = """
+if redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2], 'NX') then
+  redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+  return 1
+end
+return 0
+"""
+
+
+def _first_result(
+    pipe: CommandQueue, job_id: str, model: str, meta: bytes, ttl_s: int, state: str
+) -> None:
+    """Write the job's result unless one stands, counting it under ``state`` if written."""
+    counter = statistics.model_field(statistics.job_field(INFER, state))
+    pipe.eval(_FIRST_RESULT_LUA, 2, result_key(job_id), statistics.key(model), meta, ttl_s, counter)
 
 
 def result_key(job_id: str) -> str:
@@ -132,12 +152,12 @@ def store(pipe: CommandQueue, job_id: str, model: str, reply: Reply, ttl_s: int)
             "conch_code": err.code,
             "conch_status": err.status,
         }
-    key = result_key(job_id)
     meta = _meta(job_id, status, result)
     # The first result stands: a request run twice (redelivered after a crash) or one
-    # cancelled before it ran does not overwrite it.
-    pipe.set(key, meta, ex=ttl_s, nx=True)
-    pipe.publish(key, meta)  # what Celery's AsyncResult.get() listens for
+    # cancelled before it ran does not overwrite it (nor is it counted again).
+    state = statistics.JOB_SUCCEEDED if status == SUCCESS else statistics.JOB_FAILED
+    _first_result(pipe, job_id, model, meta, ttl_s, state)
+    pipe.publish(result_key(job_id), meta)  # what Celery's AsyncResult.get() listens for
 
 
 def _meta(job_id: str, status: str, result: Any) -> bytes:
@@ -154,15 +174,20 @@ def _meta(job_id: str, status: str, result: Any) -> bytes:
     )
 
 
-def cancel(client: redis.Redis, job_id: str, ttl_s: int) -> bool:
+def cancel(client: redis.Redis, record: JobRecord, ttl_s: int) -> bool:
     """Mark a job cancelled unless it has finished; False when it had.
 
-    A queued infer job is then dropped by the worker that pops it; a batch job stops
-    sending lines at its next progress report.
+    A queued infer job is then dropped by the worker that pops it (and counted cancelled
+    here); a batch job stops sending lines at its next progress report (its driver
+    counts it).
     """
+    job_id = record.id
     pipe = client.pipeline(transaction=True)
     pipe.hset(record_key(job_id), "cancelled", 1)
-    pipe.set(result_key(job_id), _revoked(job_id), ex=ttl_s, nx=True)
+    if record.kind == INFER:
+        _first_result(pipe, job_id, record.model, _revoked(job_id), ttl_s, statistics.JOB_CANCELLED)
+    else:
+        pipe.set(result_key(job_id), _revoked(job_id), ex=ttl_s, nx=True)
     _, stored = pipe.execute()
     if stored:
         client.publish(result_key(job_id), b"")  # wakes anyone waiting on it

@@ -59,6 +59,9 @@ Workers and statistics (``conch.wire.worker_reports``, ``conch.wire.statistics``
       [WORKER_PREFIX]                       expires unless refreshed     index, load results)
     conch.stats.<model>            hash     worker: <version>|<counter>  gateway (statistics API,
       [STATS_PREFIX]                        -> int, a script a batch     /metrics)
+    conch.samples.<model>          list     worker: recent requests'    gateway (/metrics
+      [SAMPLES_PREFIX]                      latencies, one entry each,   summaries)
+                                            trimmed to the newest few
     conch.custom_metrics.<id>      string   worker: JSON snapshot of its gateway (/metrics)
       [CUSTOM_METRICS_PREFIX]               models' custom metrics,
                                             expires unless refreshed
@@ -79,6 +82,10 @@ Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
       [OVERRIDE_PREFIX]                     config JSON                  (explicit mode)
     conch.override.files.<model>   hash     model control API: a load's  workers, gateways (explicit
       [OVERRIDE_FILES_PREFIX]               file: overrides, path->bytes mode; SCANned for models)
+    conch.logging                  channel  logging API: JSON, the       workers, gateways
+      [LOG_COMMANDS]                        settings a POST changed
+    conch.logging.settings         string   logging API: JSON, every     workers, gateways (at start
+      [LOG_SETTINGS]                        setting the API has changed  and on what pub/sub lost)
 
 The shared response cache (``--cache-config redis,...``; ``conch.wire.cache_store``)::
 
@@ -124,6 +131,7 @@ DATASET = "conch.dataset"  # names what Redis holds: gone or changed when Redis 
 WORKERS = "conch.workers"
 WORKER_PREFIX = "conch.worker."
 STATS_PREFIX = "conch.stats."
+SAMPLES_PREFIX = "conch.samples."
 CUSTOM_METRICS_PREFIX = "conch.custom_metrics."
 
 # Control plane.
@@ -135,6 +143,8 @@ LOAD_IDS = "conch.models.load_ids"  # explicit mode: model -> id of its latest l
 # Two prefixes neither of which starts the other: model "files.x" and model x's files.
 OVERRIDE_PREFIX = "conch.override.config."  # explicit load's config override, by model
 OVERRIDE_FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
+LOG_COMMANDS = "conch.logging"  # {"log_info": false, ...}: what one logging request changed
+LOG_SETTINGS = "conch.logging.settings"  # JSON: every log setting the logging API changed
 
 # The shared response cache (conch.wire.cache_store): entries, and the LRU bookkeeping.
 CACHE_ENTRY_PREFIX = "conch.cache.entry."  # + the request's hash (hex)
@@ -160,6 +170,8 @@ __all__ = [
     "JOB_RESULT_PREFIX",
     "LOADED_MODELS",
     "LOAD_IDS",
+    "LOG_COMMANDS",
+    "LOG_SETTINGS",
     "OVERRIDE_FILES_PREFIX",
     "OVERRIDE_PREFIX",
     "PRIORITY_SEP",
@@ -167,6 +179,7 @@ __all__ = [
     "REPLY_PREFIX",
     "REPOSITORY_EVENTS",
     "REPOSITORY_GENERATION",
+    "SAMPLES_PREFIX",
     "STATS_PREFIX",
     "UNACKED",
     "UNACKED_INDEX",

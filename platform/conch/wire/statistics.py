@@ -11,11 +11,23 @@ labels: ``REJECTED`` (its queue was full, or its queue timeout expired before it
 Triton's core leaves full-queue refusals out, conch counts them: an operator wants to
 see them), ``CANCELED`` (cancelled while queued), ``BACKEND`` (the model failed it) and ``OTHER`` (anything else: checks
 before execution, an ensemble whose step failed). ``fail`` is their sum.
+
+Two more kinds of count ride in the same hash: each batch the dynamic batcher cut, by
+why (``cut.<reason>.count``), and each successful request's time to its (first and
+only) response in the buckets of ``nv_inference_first_response_histogram_ms``
+(``first_response.<bound>.count``). A histogram kept as cumulative bucket counters adds
+up over workers exactly, as the counters do. Summaries cannot be added up: for those,
+workers that keep samples (``--metrics-config summary_latencies=true``) push each
+request's latencies onto a list per model (``samples``), trimmed to the newest
+``SAMPLES_KEPT``; a gateway computes the quantiles over the ones of the last
+``SAMPLES_WINDOW_S``.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +35,7 @@ from typing import Any
 
 import redis
 
-from conch.wire.keys import STATS_PREFIX
+from conch.wire.keys import SAMPLES_PREFIX, STATS_PREFIX
 from conch.wire.redis_link import CommandQueue
 
 log = logging.getLogger(__name__)
@@ -43,6 +55,28 @@ BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
 # Triton's failure reasons (``nv_inference_request_failure``'s ``reason`` label).
 REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+# Why the dynamic batcher cut a batch (conch's ``conch_batch_cut_total``'s ``reason``).
+CUT_FULL, CUT_PREFERRED, CUT_DELAY, CUT_DRAINED = "full", "preferred", "delay", "drained"
+CUT_REASONS = (CUT_FULL, CUT_PREFERRED, CUT_DELAY, CUT_DRAINED)
+# Triton's nv_inference_first_response_histogram_ms default buckets, in ms.
+FIRST_RESPONSE_BUCKETS_MS = (100, 500, 2000, 5000)
+FIRST_RESPONSE_NS = "first_response.ns"  # its sum
+# The summaries' samples: the latencies of each request, in this order (us).
+SAMPLE_PHASES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+SAMPLES_KEPT = 4096  # per model; the newest
+SAMPLES_WINDOW_S = 60.0  # a summary's window, as prometheus' default max age
+# The model's own counters (``count_model``), beside the versions' in its hash.
+_MODEL = "model"
+REDELIVERED, DEAD_LETTERED = "redelivered.count", "dead_letter.count"
+LOADS, LOAD_MS, LAST_LOAD_MS = "load.count", "load.ms", "load.last_ms"
+# Async (infer) and batch jobs, by what happened to them (``conch_jobs_total``).
+JOB_SUBMITTED, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED = (
+    "submitted",
+    "succeeded",
+    "failed",
+    "cancelled",
+)
+JOB_STATES = (JOB_SUBMITTED, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED)
 CACHE_ERRORS = "cache_error.count"  # conch's: response cache calls that failed (a miss each)
 
 
@@ -80,6 +114,9 @@ class Execution:
     input_ns: int = 0  # the execution's phases, once
     infer_ns: int = 0
     output_ns: int = 0
+    cut: str = ""  # why the dynamic batcher cut the batch (one of CUT_REASONS); "": not one
+    responses_ns: list[int] = field(default_factory=list)  # each success's time to answer
+    queues_ns: list[int] = field(default_factory=list)  # and its time queued
 
     def failed(self, reason: str, took_ns: int) -> None:
         """One of its requests failed, for ``reason`` (one of ``FAILURE_REASONS``)."""
@@ -88,8 +125,11 @@ class Execution:
         self.failures[reason] = self.failures.get(reason, 0) + 1
 
 
-def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
-    """Queue ``run``'s increments on ``pipe`` (the caller executes it)."""
+def record(
+    pipe: CommandQueue, model: str, run: Execution, now_ms: int, *, samples: bool = False
+) -> None:
+    """Queue ``run``'s increments on ``pipe`` (the caller executes it); with ``samples``,
+    its requests' latencies for the summaries too."""
     ok = run.success
     increments = {
         "inference_count": run.rows,
@@ -113,7 +153,76 @@ def record(pipe: CommandQueue, model: str, run: Execution, now_ms: int) -> None:
         f"batch.{run.batch_size}.compute_infer": run.infer_ns,
         f"batch.{run.batch_size}.compute_output": run.output_ns,
     }
+    if run.cut:
+        increments[cut_field(run.cut)] = 1
+    for took in run.responses_ns:
+        bucket = _FIRST_RESPONSE_FIELDS[bisect.bisect_left(_FIRST_RESPONSE_BOUNDS_NS, took)]
+        increments[bucket] = increments.get(bucket, 0) + 1
+    if run.responses_ns:
+        increments[FIRST_RESPONSE_NS] = sum(run.responses_ns)
     _add(pipe, model, run.version, now_ms if ok else 0, increments)
+    if samples and run.responses_ns:
+        phases = (run.input_ns // 1000, run.infer_ns // 1000, run.output_ns // 1000)
+        entries = [
+            sample_entry(now_ms, run.version, (took // 1000, queued // 1000, *phases))
+            for took, queued in zip(run.responses_ns, run.queues_ns, strict=True)
+        ]
+        pipe.lpush(samples_key(model), *entries)
+        pipe.ltrim(samples_key(model), 0, SAMPLES_KEPT - 1)
+
+
+def first_response_counts(took_ns: int) -> dict[str, int]:
+    """One response, ``took_ns`` after its request arrived, in the histogram's buckets."""
+    bucket = _FIRST_RESPONSE_FIELDS[bisect.bisect_left(_FIRST_RESPONSE_BOUNDS_NS, took_ns)]
+    return {bucket: 1, FIRST_RESPONSE_NS: took_ns}
+
+
+def first_response_field(bound: float | None) -> str:
+    """The counter of responses in the bucket up to ``bound`` ms (None: above the last)."""
+    return f"first_response.{'inf' if bound is None else bound}.count"
+
+
+def first_responses(counters: dict[str, int]) -> tuple[list[tuple[str, int]], int, float]:
+    """(cumulative (le, count) pairs, ``+Inf`` last; count; sum in ms) of the histogram."""
+    pairs, total = [], 0
+    for bound in (*FIRST_RESPONSE_BUCKETS_MS, None):
+        total += counters.get(first_response_field(bound), 0)
+        pairs.append(("+Inf" if bound is None else str(bound), total))
+    return pairs, total, counters.get(FIRST_RESPONSE_NS, 0) / 1e6
+
+
+def samples_key(model: str) -> str:
+    return SAMPLES_PREFIX + model
+
+
+def sample_entry(at_ms: int, version: int, us: tuple[int, ...]) -> str:
+    """One request's latencies (``SAMPLE_PHASES``, us), when and in which version."""
+    return " ".join(str(v) for v in (at_ms, version, *us))
+
+
+def read_samples(client: redis.Redis, model: str, since_ms: int) -> dict[int, dict[str, list[int]]]:
+    """version -> phase -> the latencies (us) of the requests recorded since ``since_ms``."""
+    out: dict[int, dict[str, list[int]]] = {}
+    for raw in client.lrange(samples_key(model), 0, -1):
+        fields = [int(v) for v in raw.split()]
+        if len(fields) != 2 + len(SAMPLE_PHASES) or fields[0] < since_ms:
+            continue
+        by_phase = out.setdefault(fields[1], {p: [] for p in SAMPLE_PHASES})
+        for phase, value in zip(SAMPLE_PHASES, fields[2:], strict=True):
+            by_phase[phase].append(value)
+    return out
+
+
+def quantile(values: list[int], q: float) -> float:
+    """The ``q`` quantile of ``values``, exact (the nearest rank); NaN for none."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
+
+
+_FIRST_RESPONSE_BOUNDS_NS = tuple(b * 1_000_000 for b in FIRST_RESPONSE_BUCKETS_MS)
+_FIRST_RESPONSE_FIELDS = tuple(first_response_field(b) for b in (*FIRST_RESPONSE_BUCKETS_MS, None))
 
 
 def record_failures(
@@ -147,6 +256,26 @@ def failure_field(reason: str) -> str:
     return f"fail.{reason}.count"
 
 
+def cut_field(reason: str) -> str:
+    """The counter of batches cut for ``reason``."""
+    return f"cut.{reason}.count"
+
+
+def cuts_by_reason(counters: dict[str, int]) -> dict[str, int]:
+    """Batches the dynamic batcher cut, per reason, every reason present."""
+    return {r: counters.get(cut_field(r), 0) for r in CUT_REASONS}
+
+
+def batch_sizes(counters: dict[str, int]) -> dict[int, int]:
+    """Executions per batch size (rows run together), as recorded (``batch.N.count``)."""
+    out = {}
+    for name, n in counters.items():
+        size, _, rest = name.removeprefix("batch.").partition(".")
+        if name.startswith("batch.") and rest == "count" and size.isdigit():
+            out[int(size)] = n
+    return out
+
+
 def failures_by_reason(counters: dict[str, int]) -> dict[str, int]:
     """Failures per reason, every reason present. Failures recorded before reasons were
     kept count as ``BACKEND``, the one reason reported then, so the sum is ``fail``."""
@@ -176,6 +305,7 @@ def cache_hit_counts(took_ns: int, hit_ns: int) -> dict[str, int]:
         **{f"{phase}.count": 1 for phase in ("queue", *BATCH_PHASES)},
         "cache_hit.count": 1,
         "cache_hit.ns": hit_ns,
+        **first_response_counts(took_ns),
     }
 
 
@@ -249,14 +379,47 @@ def record_now(client: redis.Redis, model: str, run: Execution) -> None:
 
 def read(client: redis.Redis, model: str) -> dict[int, dict[str, int]]:
     """version -> its counters, as recorded so far."""
-    out: dict[int, dict[str, int]] = {}
+    return read_all(client, model)[0]
+
+
+def read_all(client: redis.Redis, model: str) -> tuple[dict[int, dict[str, int]], dict[str, int]]:
+    """(version -> its counters, the model's own counters: ``count_model``'s)."""
+    versions: dict[int, dict[str, int]] = {}
+    own: dict[str, int] = {}
     for raw_field, raw_value in client.hgetall(key(model)).items():
         text = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
         version, _, name = text.partition("|")
-        if not version.isdigit():
-            continue
-        out.setdefault(int(version), {})[name] = int(raw_value)
-    return out
+        if version.isdigit():
+            versions.setdefault(int(version), {})[name] = int(raw_value)
+        elif version == _MODEL:
+            own[name] = int(raw_value)
+    return versions, own
+
+
+def count_model(pipe: CommandQueue, model: str, name: str, amount: int = 1) -> None:
+    """Queue an increment of one of the model's own counters, of no version (a request
+    redelivered or dead-lettered before its version was known, a load)."""
+    pipe.hincrby(key(model), model_field(name), amount)
+
+
+def job_field(kind: str, state: str) -> str:
+    """The model's counter of ``kind`` jobs (infer, batch) that reached ``state``."""
+    return f"job.{kind}.{state}.count"
+
+
+def model_field(name: str) -> str:
+    """The hash field of the model's own counter ``name`` (for scripts that add to it)."""
+    return f"{_MODEL}|{name}"
+
+
+def jobs_by_state(own: dict[str, int], kind: str) -> dict[str, int]:
+    """The model's ``kind`` jobs per state, every state present."""
+    return {state: own.get(job_field(kind, state), 0) for state in JOB_STATES}
+
+
+def set_model(pipe: CommandQueue, model: str, name: str, value: int) -> None:
+    """Queue setting one of the model's own values (the last load's time)."""
+    pipe.hset(key(model), model_field(name), value)
 
 
 def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, Any]:
@@ -265,12 +428,8 @@ def model_stats(name: str, version: int, counters: dict[str, int]) -> dict[str, 
     def duration(phase: str) -> dict[str, int]:
         return {"count": counters.get(f"{phase}.count", 0), "ns": counters.get(f"{phase}.ns", 0)}
 
-    sizes = sorted(
-        {int(f.split(".")[1]) for f in counters if f.startswith("batch.") and f.endswith(".count")}
-    )
     batch_stats = []
-    for size in sizes:
-        n = counters.get(f"batch.{size}.count", 0)
+    for size, n in sorted(batch_sizes(counters).items()):
         batch_stats.append(
             {
                 "batch_size": size,
@@ -297,20 +456,54 @@ __all__ = [
     "BACKEND",
     "CACHE_ERRORS",
     "CANCELED",
+    "CUT_DELAY",
+    "CUT_DRAINED",
+    "CUT_FULL",
+    "CUT_PREFERRED",
+    "CUT_REASONS",
+    "DEAD_LETTERED",
     "FAILURE_REASONS",
+    "FIRST_RESPONSE_BUCKETS_MS",
+    "JOB_CANCELLED",
+    "JOB_FAILED",
+    "JOB_STATES",
+    "JOB_SUBMITTED",
+    "JOB_SUCCEEDED",
+    "LAST_LOAD_MS",
+    "LOADS",
+    "LOAD_MS",
     "OTHER",
+    "REDELIVERED",
     "REJECTED",
+    "SAMPLES_KEPT",
+    "SAMPLES_WINDOW_S",
+    "SAMPLE_PHASES",
     "Execution",
     "Tally",
+    "batch_sizes",
     "cache_hit_counts",
     "cache_miss_counts",
+    "count_model",
+    "cut_field",
+    "cuts_by_reason",
     "failure_field",
     "failures_by_reason",
+    "first_response_counts",
+    "first_responses",
+    "job_field",
+    "jobs_by_state",
     "key",
+    "model_field",
     "model_stats",
+    "quantile",
     "read",
+    "read_all",
+    "read_samples",
     "record",
     "record_failure",
     "record_failures",
     "record_now",
+    "sample_entry",
+    "samples_key",
+    "set_model",
 ]

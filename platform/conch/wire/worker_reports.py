@@ -26,16 +26,21 @@ def publish(
     models: dict[str, dict[str, Any]],
     *,
     stats: dict[str, dict[str, int]] | None = None,
+    host: dict[str, Any] | None = None,
     ttl_s: float,
 ) -> None:
     """``models``: name -> {"versions": {"1": "READY"}, "reason": str | None};
-    ``stats``: name -> counts of executions, requests and rows this worker ran."""
+    ``stats``: name -> counts of executions, requests and rows this worker ran;
+    ``host``: its host's CPU and GPU use (``conch.worker.host_metrics``)."""
+    report = {
+        "id": worker_id,
+        "at": time.time(),
+        "models": models,
+        "stats": stats or {},
+        "host": host or {},
+    }
     pipe = client.pipeline(transaction=False)
-    pipe.set(
-        WORKER_PREFIX + worker_id,
-        json.dumps({"id": worker_id, "at": time.time(), "models": models, "stats": stats or {}}),
-        px=int(ttl_s * 1000),
-    )
+    pipe.set(WORKER_PREFIX + worker_id, json.dumps(report), px=int(ttl_s * 1000))
     pipe.sadd(WORKERS, worker_id)
     pipe.execute()
 
@@ -76,3 +81,20 @@ def model_states(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             if m.get("reason") and not merged["reason"]:
                 merged["reason"] = m["reason"]
     return out
+
+
+def hosts(
+    reports: list[dict[str, Any]],
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(host name -> CPU sample, GPU UUID -> GPU sample, host included): the freshest
+    report's for each, so workers sharing a host (or a GPU) count it once."""
+    cpus: dict[str, dict[str, Any]] = {}
+    gpus: dict[str, dict[str, Any]] = {}
+    for report in sorted(reports, key=lambda r: r.get("at", 0)):  # the freshest wins
+        host = report.get("host") or {}
+        name = host.get("host", "")
+        if "cpu" in host:
+            cpus[name] = host["cpu"]
+        for gpu in host.get("gpus", ()):
+            gpus[gpu["uuid"]] = {**gpu, "host": name}
+    return cpus, gpus

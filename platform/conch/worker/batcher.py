@@ -23,6 +23,7 @@ from conch.backends import Backend, BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
 from conch.core.model_config import output_types
+from conch.core.request_scope import RequestTag, about
 from conch.wire import broker, outage, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
 from conch.wire.redis_link import CommandQueue, Commands, RedisLink
@@ -57,6 +58,20 @@ class BatchPolicy:
     def ready(self, rows: int) -> bool:
         """A batch this size need not wait for more."""
         return rows >= self.max_batch_size or rows in self.preferred
+
+    def why_cut(self, batch: list[Item], carry: list[Item], oldest: float, now: float) -> str:
+        """Why a batch went when it did (``conch_batch_cut_total``'s reason): it reached a
+        preferred size, it was full (or the next request did not fit), its oldest request
+        waited out ``max_queue_delay``, or the queue ran dry with no delay left to wait
+        for (no delay configured, or the worker stopping)."""
+        rows = sum(i.rows for i in batch)
+        if rows in self.preferred and rows < self.max_batch_size:
+            return statistics.CUT_PREFERRED
+        if rows >= self.max_batch_size or carry:
+            return statistics.CUT_FULL
+        if self.max_queue_delay > 0 and now >= oldest + self.max_queue_delay:
+            return statistics.CUT_DELAY
+        return statistics.CUT_DRAINED
 
     def cut(self, rows: list[int]) -> int:
         """How many of the queued requests (with these row counts) form the batch."""
@@ -168,6 +183,7 @@ class Batcher(threading.Thread):
         on_batch: Callable[[str, dict[str, int]], None] | None = None,
         on_send: Callable[[CommandQueue], None] | None = None,
         sequencer: Sequencer | None = None,
+        samples: bool = False,
         name: str = "",
     ) -> None:
         super().__init__(name=name or f"batcher-{model}", daemon=True)
@@ -181,6 +197,7 @@ class Batcher(threading.Thread):
         self.on_batch = on_batch
         self.on_send = on_send
         self.sequencer = sequencer
+        self.samples = samples  # keep each request's latencies for the summaries
         self.drain = drain or Drain(client, model)  # where requests come from
         self.sink = sink or ReplySink(client, model)  # where their replies go
         self.link = link or RedisLink(client)  # this thread's own round trips
@@ -253,7 +270,8 @@ class Batcher(threading.Thread):
                 break
         n = self.policy.cut([i.rows for i in items])
         batch, self._carry = items[:n], items[n:]
-        self.execute(batch)
+        oldest = min(i.msg.enqueued for i in batch)
+        self.execute(batch, cut=self.policy.why_cut(batch, self._carry, oldest, time.time()))
 
     # -- taking messages --------------------------------------------------------------
     def _count(self) -> int:
@@ -307,12 +325,15 @@ class Batcher(threading.Thread):
             else:
                 item.ticket = ticket
                 items.append(item)
+        redelivered = sum(1 for _, _, attempts, _ in popped if attempts > 1)
+        if redelivered:  # came back after the worker that held them went away
+            statistics.count_model(pipe, self.model, statistics.REDELIVERED, redelivered)
         gone = self.sink.cancelled(i.msg for i in items)
         if gone:  # cancelled while queued: never run
             done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
             failed += [(statistics.CANCELED, i.msg) for i in items if i.msg.id in gone]
             items = [i for i in items if i.msg.id not in gone]
-        if done:
+        if done or redelivered:
             self._record_failures(pipe, now, failed)
             ack(pipe, self.drain.queue, [tag for tag, _ in done])
             pipe.execute()
@@ -338,10 +359,11 @@ class Batcher(threading.Thread):
             msg = InferMessage.from_dict(payload)
         except BadMessage as exc:
             log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
-            dead_letter(pipe, tag, raw, str(exc))
+            dead_letter(pipe, self.model, tag, raw, str(exc))
             return None
         if msg.deadline and now > msg.deadline:
-            log.info("%s: dropping request %s, its deadline passed in the queue", self.name, msg.id)
+            with about(RequestTag(msg.client_id, msg.id)):
+                log.info("%s: dropping a request: its deadline passed in the queue", self.name)
             failed.append((statistics.REJECTED, msg))
             if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
                 error = Unavailable(
@@ -376,8 +398,9 @@ class Batcher(threading.Thread):
                 f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
                 f"attempts: each one ended with its worker dying"
             )
-            log.error("%s: %s (id %s)", self.name, reason, msg.id)
-            dead_letter(pipe, tag, raw, reason)
+            with about(RequestTag(msg.client_id, msg.id)):
+                log.error("%s: %s", self.name, reason)
+            dead_letter(pipe, self.model, tag, raw, reason)
             self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
             failed.append((statistics.OTHER, msg))
             return None
@@ -422,15 +445,29 @@ class Batcher(threading.Thread):
         log.info("%s: handed back %d request(s) it held", self.name, len(items))
 
     # -- running a batch --------------------------------------------------------------
-    def execute(self, batch: list[Item], *, alone: bool = False) -> None:
+    def execute(self, batch: list[Item], *, alone: bool = False, cut: str = "") -> None:
         """Run ``batch`` as one execution, or with ``alone`` each request as one of its
-        own (as Triton's default scheduler does); either way the replies go together."""
+        own (as Triton's default scheduler does); either way the replies go together.
+        ``cut``: why the dynamic batcher cut it (counted once, with its first execution).
+        Every line logged meanwhile (a Python model's too) names the batch's requests."""
+        with about(*(RequestTag(i.msg.client_id, i.msg.id) for i in batch)):
+            log.debug(
+                "%s: executing %d request(s), %d row(s)",
+                self.name,
+                len(batch),
+                sum(i.rows for i in batch),
+            )
+            self._execute(batch, alone, cut)
+
+    def _execute(self, batch: list[Item], alone: bool, cut: str) -> None:
         started = time.time()
         replies: dict[str, Reply] = {}
         backends = self.backends  # one consistent view, should a reload swap it
         runs: list[statistics.Execution] = []
         for group in ([item] for item in batch) if alone else (batch,):
             self._execute_one(group, backends, replies, runs, started)
+        if cut and runs:
+            runs[0].cut = cut
         if alone:
             took = (time.time() - started) / max(1, len(batch))
             self._per_request_s = (
@@ -504,6 +541,8 @@ class Batcher(threading.Thread):
                 run.rows += item.rows
                 run.success_ns += took
                 run.queue_ns += reply.timing.get("queue", 0)
+                run.responses_ns.append(took)
+                run.queues_ns.append(reply.timing.get("queue", 0))
             else:
                 reason = statistics.OTHER if item.tag in refused else statistics.BACKEND
                 run.failed(reason, took)
@@ -525,7 +564,7 @@ class Batcher(threading.Thread):
         pipe = Commands()
         now_ms = int(time.time() * 1000)
         for run in runs:
-            statistics.record(pipe, self.model, run, now_ms)
+            statistics.record(pipe, self.model, run, now_ms, samples=self.samples)
         if self.on_send is not None:
             self.on_send(pipe)
         self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import redis
 
+from conch.wire import statistics
 from conch.wire.broker import (
     WAKE_CAP,
     envelope,
@@ -180,7 +181,10 @@ def ack(pipe: CommandQueue, queue: str, tags: Iterable[str]) -> None:
         pipe.srem(in_flight_key(queue), *tags)
 
 
-def dead_letter(pipe: CommandQueue, tag: str, raw: bytes | str, reason: str) -> None:
+def dead_letter(pipe: CommandQueue, model: str, tag: str, raw: bytes | str, reason: str) -> None:
+    """Set a message aside for good (``conch.deadletter``, the newest 10000), and count it
+    under its model (``conch_dead_letters_total``)."""
+    statistics.count_model(pipe, model, statistics.DEAD_LETTERED)
     pipe.lpush(
         DEADLETTER,
         json.dumps(

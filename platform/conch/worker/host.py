@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +28,9 @@ from conch.core.errors import ConchError, ModelLoadError
 from conch.core.repository import ModelRepository
 from conch.core.sequence import SequenceSpec, state_in_redis
 from conch.settings import Settings
-from conch.wire import control_bus, model_metrics, worker_reports
+from conch.wire import control_bus, model_metrics, statistics, worker_reports
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
+from conch.worker.host_metrics import HostMetrics
 from conch.worker.metrics_publisher import MetricsPublisher
 from conch.worker.sequence_batcher import SequenceBatcher
 from conch.worker.warmup import run_warmup
@@ -105,6 +107,11 @@ class ModelHost:
         self.models: dict[str, LoadedModel] = {}
         self.telemetry = WorkerTelemetry()
         self.metrics = MetricsPublisher(worker_id, ttl_s=HEARTBEAT_S * 4)  # models' custom ones
+        self.host_metrics = HostMetrics(
+            cpu=settings.allow_cpu_metrics,
+            gpu=settings.allow_gpu_metrics,
+            interval_s=settings.metrics_interval_ms / 1000,
+        )
         self._changes = threading.Lock()  # one load/unload at a time
         self._fingerprints: dict[str, Any] = {}
         # The report is published from start's LOADING announcement until stop begins,
@@ -182,7 +189,9 @@ class ModelHost:
             try:
                 if entry.error or entry.config is None:
                     raise ModelLoadError(entry.error or "no config")
+                started = time.monotonic()
                 versions, batchers = self._load(entry)
+                self._count_load(name, time.monotonic() - started)
             except Exception as exc:
                 current.reason = (
                     exc.message
@@ -213,6 +222,19 @@ class ModelHost:
                 sorted(versions),
                 len(next(iter(versions.values()), [])),
             )
+
+    def _count_load(self, name: str, took_s: float) -> None:
+        """A load's time (every version and instance, warmup included), for
+        ``conch_model_load_*``: added to the model's totals, and as its last."""
+        ms = int(took_s * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        statistics.count_model(pipe, name, statistics.LOADS)
+        statistics.count_model(pipe, name, statistics.LOAD_MS, ms)
+        statistics.set_model(pipe, name, statistics.LAST_LOAD_MS, ms)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:  # a metric: the load itself went well
+            log.warning("model '%s': load time not recorded: %s", name, exc)
 
     def withdraw(self, name: str) -> None:
         with self._changes:
@@ -278,6 +300,7 @@ class ModelHost:
                 on_batch=self.telemetry.add,
                 on_send=self.metrics.queue,
                 sequencer=sequencer,
+                samples=self.settings.metrics_config.summary_latencies,
             )
             for k, spec in enumerate(specs)
         ]
@@ -326,9 +349,10 @@ class ModelHost:
         return out
 
     def report(self) -> None:
-        """Publish this worker's model states for the gateways, with its telemetry, and
-        refresh its models' custom metrics."""
+        """Publish this worker's model states for the gateways, with its telemetry and its
+        host's CPU and GPU use, and refresh its models' custom metrics."""
         stats = self.telemetry.snapshot()
+        host = self.host_metrics.sample()
         with self._report_lock:
             if self._reporting:
                 worker_reports.publish(
@@ -336,6 +360,7 @@ class ModelHost:
                     self.worker_id,
                     self._states(),
                     stats=stats,
+                    host=host,
                     ttl_s=HEARTBEAT_S * 4,
                 )
                 pipe = self.client.pipeline(transaction=False)

@@ -34,6 +34,7 @@ from conch.backends import Backend, BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable
 from conch.core.model_config import output_types
+from conch.core.request_scope import RequestTag, about
 from conch.core.sequence import (
     READY,
     STATE_IN_REDIS,
@@ -385,6 +386,12 @@ class SequenceBatcher(threading.Thread):
         pipe.execute()
 
     def execute(self, rows: list[_Row]) -> None:
+        """Run ``rows``; every line logged meanwhile names their requests."""
+        with about(*(RequestTag(r.msg.client_id, r.msg.id) for r in rows)):
+            log.debug("model '%s': executing %d sequence request(s)", self.model, len(rows))
+            self._execute(rows)
+
+    def _execute(self, rows: list[_Row]) -> None:
         started = time.time()
         runnable = [r for r in rows if self._prepare(r)]
         by_version: dict[int, list[_Row]] = {}

@@ -11,7 +11,8 @@ Start order, and why:
    the worker's report refreshed, so neither expires while models load (minutes, for big
    ones). The host publishes nothing before its own LOADING announcement.
 2. ``ModelServing``: announces the models it will serve as LOADING, then loads them.
-3. ``ControlFollower``: follows load/unload commands and repository changes.
+3. ``ControlFollower``: follows load/unload commands and repository changes;
+   ``LogFollower``, the logging API's changes.
 
 ``RestoreSweep`` needs nothing of the others: in a worker that takes no batch jobs, it
 sweeps the messages dead workers held back to their queues, as Celery's consumer does
@@ -33,7 +34,8 @@ import redis
 from celery import bootsteps
 from kombu.exceptions import OperationalError
 
-from conch.wire import broker, control_bus, outage
+from conch import server_log
+from conch.wire import broker, control_bus, log_control, outage
 from conch.worker.host import HEARTBEAT_S, ModelHost
 
 log = logging.getLogger(__name__)
@@ -183,6 +185,27 @@ class ControlFollower(bootsteps.StartStopStep):
                 host.withdraw(name)
 
 
+class LogFollower(bootsteps.StartStopStep):
+    """Applies the logging API's changes (``POST v2/logging`` on any gateway) to this
+    worker's log, whatever the model control mode (``conch.wire.log_control``)."""
+
+    requires = (ModelServing,)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self._subscriber: control_bus.Subscriber | None = None
+
+    def start(self, worker: Any) -> None:
+        self._subscriber = log_control.follow(worker.model_host.client, server_log.apply)
+
+    def stop(self, worker: Any) -> None:
+        if self._subscriber is not None:
+            self._subscriber.stop()
+            self._subscriber = None
+
+    shutdown = stop
+
+
 class RestoreSweep(_LoopStep):
     """kombu's visibility-timeout restore, run by a worker whose Celery consumer has no
     queue (``--batch-jobs=false``).
@@ -234,7 +257,8 @@ def bound_steps(make_host: Callable[[], ModelHost]) -> list[type[bootsteps.Start
     """
     serving = _subclass(ModelServing, make_host=staticmethod(make_host))
     follower = _subclass(ControlFollower, requires=(serving,))
-    return [Heartbeat, serving, follower, RestoreSweep]
+    logs = _subclass(LogFollower, requires=(serving,))
+    return [Heartbeat, serving, follower, logs, RestoreSweep]
 
 
 def _subclass(step: type[bootsteps.StartStopStep], **attrs: Any) -> type:

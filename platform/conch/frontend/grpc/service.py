@@ -9,8 +9,8 @@ status code the way Triton's gRPC frontend does, in this one place.
 
 ``--grpc-restricted-protocol``: an RPC of a restricted group needs the metadata key
 ``triton-grpc-protocol-<key>`` with the secret, else UNAVAILABLE with Triton's message.
-The RPCs of features conch does not have (shared memory, trace, log settings) answer
-UNIMPLEMENTED, saying so.
+The RPCs of features conch does not have (shared memory, trace) answer UNIMPLEMENTED,
+saying so.
 """
 
 from __future__ import annotations
@@ -303,6 +303,25 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             sent += 1
             yield answer
 
+    # -- logging ---------------------------------------------------------------------------
+
+    @rpc(ApiGroup.LOGGING)
+    def LogSettings(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """Triton's logging extension: the settings given (if any) changed in every
+        process, then this process's settings answered."""
+        changes = {key: _setting_value(key, value) for key, value in request.settings.items()}
+        settings = self.plane.update_log_settings(changes) if changes else self.plane.log_settings()
+        answer = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            field = answer.settings[key]
+            if isinstance(value, bool):
+                field.bool_param = value
+            elif isinstance(value, int):
+                field.uint32_param = value
+            else:
+                field.string_param = value
+        return answer
+
     # -- features conch does not have ----------------------------------------------------
 
     SystemSharedMemoryStatus = _unsupported(ApiGroup.SHARED_MEMORY, "shared memory")
@@ -312,7 +331,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryRegister = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
     CudaSharedMemoryUnregister = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
     TraceSetting = _unsupported(ApiGroup.TRACE, "trace settings")
-    LogSettings = _unsupported(ApiGroup.LOGGING, "log settings")
+
+
+def _setting_value(key: str, value: Any) -> Any:
+    """One LogSettingsRequest setting as the JSON value the data plane checks (a setting
+    sent with no value is refused there, as a JSON null is)."""
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
 
 
 def _stream_error(request: Any, message: str) -> Any:

@@ -22,9 +22,9 @@ import orjson
 
 from conch.core import custom_metrics
 from conch.core.errors import ConchError, InvalidArgument
-from conch.frontend.dataplane import DataPlane
+from conch.frontend.dataplane import DataPlane, ModelMetrics
 from conch.frontend.http.fast_path import error_answer, status_line
-from conch.wire import work_owed
+from conch.wire import job_store, statistics, work_owed
 from conch.wire.statistics import CACHE_ERRORS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -70,6 +70,44 @@ COUNTERS = (
         "Cumulative compute output duration in microseconds",
     ),
 )
+
+LATENCY_COUNTERS = {name for name, *_ in COUNTERS if name.endswith("_duration_us")}
+
+# Triton's latency summaries: (metric, statistics phase, sample phase, help text); count
+# and sum are the counters', so they agree with the *_duration_us ones.
+SUMMARIES = (
+    (
+        "nv_inference_request_summary_us",
+        "success",
+        "request",
+        "Summary of inference request duration in microseconds",
+    ),
+    (
+        "nv_inference_queue_summary_us",
+        "queue",
+        "queue",
+        "Summary of inference queuing duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_input_summary_us",
+        "compute_input",
+        "compute_input",
+        "Summary of compute input duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_infer_summary_us",
+        "compute_infer",
+        "compute_infer",
+        "Summary of compute inference duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_output_summary_us",
+        "compute_output",
+        "compute_output",
+        "Summary of compute output duration in microseconds",
+    ),
+)
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
 
 # Triton's response cache families, for the models that use the cache (``cached``).
 CACHE_COUNTERS = (
@@ -132,7 +170,10 @@ def render(plane: DataPlane) -> bytes:
             for v, c in counters[m].items()
         ]
 
+    config = plane.settings.metrics_config
     for metric, fields, divisor, doc in COUNTERS:
+        if metric in LATENCY_COUNTERS and not config.counter_latencies:
+            continue
         family(metric, doc, "counter", counter_rows(list(counters), fields, divisor))
     cached = [m.name for m in models if m.cached]
     if cached:
@@ -147,6 +188,12 @@ def render(plane: DataPlane) -> bytes:
     family(
         "nv_inference_request_failure", "Number of failed inference requests", "counter", failures
     )
+    if config.summary_latencies:
+        lines += _summaries(models, config.quantiles)
+    if config.histogram_latencies:
+        lines += _first_response(models)
+    _batching(models, family, lines)
+    _model_events(models, family, lines)
     queued = [(m, m.work) for m in models if m.work is not None]  # ensembles have no queue
     pending = [
         # The newest version serving, else the newest counted (1 before any).
@@ -199,11 +246,202 @@ def render(plane: DataPlane) -> bytes:
         "gauge",
         [({}, jobs.in_flight)],
     )
+    lines += _host_families(*plane.hosts())
     builtin = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
     for custom in plane.custom_metrics():
         if custom["name"] not in builtin:  # a model cannot replace one of Triton's
             lines.extend(_custom_family(custom))
     return ("\n".join(lines) + "\n").encode()
+
+
+def _summaries(models: list[ModelMetrics], quantiles: tuple[tuple[float, float], ...]) -> list[str]:
+    """Triton's latency summaries: quantiles over the requests of the last
+    ``SAMPLES_WINDOW_S`` that every worker pushed (exact, so each quantile's allowed error
+    is met); count and sum from the counters, since the start."""
+    out: list[str] = []
+    for name, phase, sampled, doc in SUMMARIES:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} summary"]
+        for m in models:
+            if m.samples is None:
+                continue  # an ensemble: its steps have their own
+            for version, c in m.counters.items():
+                labels = {"model": m.name, "version": str(version)}
+                values = m.samples.get(version, {}).get(sampled, [])
+                for q, _error in quantiles:
+                    value = statistics.quantile(values, q)
+                    where = _labels({**labels, "quantile": custom_metrics.format_value(q)})
+                    out.append(f"{name}{{{where}}} {custom_metrics.format_value(value)}")
+                out.append(f"{name}_sum{{{_labels(labels)}}} {c.get(f'{phase}.ns', 0) // 1000}")
+                out.append(f"{name}_count{{{_labels(labels)}}} {c.get(f'{phase}.count', 0)}")
+    return out
+
+
+def _first_response(models: list[ModelMetrics]) -> list[str]:
+    """Triton's first-response histogram: every worker's bucket counters, summed."""
+    out = [
+        f"# HELP {FIRST_RESPONSE} Duration from request to first response in milliseconds",
+        f"# TYPE {FIRST_RESPONSE} histogram",
+    ]
+    for m in models:
+        for version, c in m.counters.items():
+            labels = {"model": m.name, "version": str(version)}
+            buckets, count, total_ms = statistics.first_responses(c)
+            out += [
+                f"{FIRST_RESPONSE}_bucket{{{_labels({**labels, 'le': le})}}} {n}"
+                for le, n in buckets
+            ]
+            out.append(
+                f"{FIRST_RESPONSE}_sum{{{_labels(labels)}}} {custom_metrics.format_value(total_ms)}"
+            )
+            out.append(f"{FIRST_RESPONSE}_count{{{_labels(labels)}}} {count}")
+    return out
+
+
+# Triton's CPU and GPU gauges: (metric, sample key, help text). Triton labels GPUs by
+# gpu_uuid and has one CPU; conch has a CPU per worker host, labelled host.
+CPU_GAUGES = (
+    ("nv_cpu_utilization", "utilization", "CPU utilization rate [0.0 - 1.0]"),
+    ("nv_cpu_memory_total_bytes", "memory_total_bytes", "CPU total memory (RAM), in bytes"),
+    ("nv_cpu_memory_used_bytes", "memory_used_bytes", "CPU used memory (RAM), in bytes"),
+)
+GPU_GAUGES = (
+    ("nv_gpu_utilization", "utilization", "GPU utilization rate [0.0 - 1.0)"),
+    ("nv_gpu_memory_total_bytes", "memory_total_bytes", "GPU total memory, in bytes"),
+    ("nv_gpu_memory_used_bytes", "memory_used_bytes", "GPU used memory, in bytes"),
+    ("nv_gpu_power_usage", "power_usage", "GPU power usage in watts"),
+    ("nv_gpu_power_limit", "power_limit", "GPU power management limit in watts"),
+    (
+        "nv_energy_consumption",
+        "energy_consumption",
+        "GPU energy consumption in joules since the driver last reloaded",
+    ),
+)
+
+
+def _host_families(cpus: dict[str, dict[str, Any]], gpus: dict[str, dict[str, Any]]) -> list[str]:
+    """The live workers' hosts, each host's CPU (and each GPU) once: the freshest report."""
+    series = [
+        *(
+            (name, {"host": h}, c.get(key), doc)
+            for name, key, doc in CPU_GAUGES
+            for h, c in cpus.items()
+        ),
+        *(
+            (name, {"gpu_uuid": u, "host": g["host"]}, g.get(key), doc)
+            for name, key, doc in GPU_GAUGES
+            for u, g in gpus.items()
+        ),
+    ]
+    out: list[str] = []
+    for name, labels, value, doc in series:
+        if value is None:  # a board that does not report power, say
+            continue
+        if f"# TYPE {name} gauge" not in out:
+            out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
+        out.append(f"{name}{{{_labels(labels)}}} {custom_metrics.format_value(value)}")
+    return out
+
+
+# conch_batch_size's buckets (rows); sizes are counted exactly, so any bucket is exact.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def _model_events(
+    models: list[ModelMetrics], family: Callable[..., None], lines: list[str]
+) -> None:
+    """conch's per-model events that have no version: redeliveries, dead letters, loads."""
+    queued = [m for m in models if m.work is not None]
+    for metric, counter, doc in (
+        (
+            "conch_redeliveries_total",
+            statistics.REDELIVERED,
+            "Requests taken again after the worker that held them went away (the "
+            "visibility timeout brought them back).",
+        ),
+        (
+            "conch_dead_letters_total",
+            statistics.DEAD_LETTERED,
+            "Messages set aside for good (conch.deadletter): unreadable, or redelivered "
+            "past CONCH_MAX_ATTEMPTS.",
+        ),
+        ("conch_model_loads_total", statistics.LOADS, "Loads of the model by a worker."),
+    ):
+        family(metric, doc, "counter", [({"model": m.name}, m.own.get(counter, 0)) for m in queued])
+    family(
+        "conch_jobs_total",
+        "Async (kind infer) and batch jobs of the model, by what happened to them: "
+        "submitted, succeeded, failed, cancelled (submitted less the other three are "
+        "waiting or running).",
+        "counter",
+        [
+            ({"model": m.name, "kind": kind, "state": state}, n)
+            for m in models
+            for kind in (job_store.INFER, job_store.BATCH)
+            for state, n in statistics.jobs_by_state(m.own, kind).items()
+        ],
+    )
+    loaded = [m for m in queued if statistics.LOADS in m.own]
+    for metric, counter, doc in (
+        (
+            "conch_model_load_seconds_total",
+            statistics.LOAD_MS,
+            "Time workers spent loading the model (every version and instance, warmup "
+            "included), summed over its loads.",
+        ),
+        (
+            "conch_model_load_duration_seconds",
+            statistics.LAST_LOAD_MS,
+            "How long the model's latest load by a worker took.",
+        ),
+    ):
+        lines += [
+            f"# HELP {metric} {doc}",
+            f"# TYPE {metric} {'counter' if 'total' in metric else 'gauge'}",
+        ]
+        lines += [
+            f"{metric}{{{_labels({'model': m.name})}}} "
+            f"{custom_metrics.format_value(m.own[counter] / 1000)}"
+            for m in loaded
+        ]
+
+
+def _batching(models: list[ModelMetrics], family: Callable[..., None], lines: list[str]) -> None:
+    """conch's batching families, from the same statistics hash (every version summed):
+    the sizes of the executions run, and why the dynamic batcher cut each batch."""
+    cuts: dict[str, dict[str, int]] = {}
+    sizes: dict[str, dict[int, int]] = {}
+    for m in models:
+        if m.work is None:
+            continue  # an ensemble runs no batches of its own
+        cuts[m.name] = dict.fromkeys(statistics.CUT_REASONS, 0)
+        sizes[m.name] = {}
+        for c in m.counters.values():
+            for reason, n in statistics.cuts_by_reason(c).items():
+                cuts[m.name][reason] += n
+            for size, n in statistics.batch_sizes(c).items():
+                sizes[m.name][size] = sizes[m.name].get(size, 0) + n
+    family(
+        "conch_batch_cut_total",
+        "Batches the dynamic batcher cut, by why: full (max_batch_size, or the next request "
+        "did not fit), preferred (a preferred_batch_size), delay (max_queue_delay expired), "
+        "drained (the queue had no more and no delay was left to wait).",
+        "counter",
+        [({"model": m, "reason": r}, n) for m, by in cuts.items() for r, n in by.items()],
+    )
+    name = "conch_batch_size"
+    lines.append(f"# HELP {name} Rows per model execution (the batch sizes formed).")
+    lines.append(f"# TYPE {name} histogram")
+    for model, by_size in sizes.items():
+        for bound in BATCH_SIZE_BUCKETS:
+            below = sum(n for size, n in by_size.items() if size <= bound)
+            lines.append(f"{name}_bucket{{{_labels({'model': model, 'le': str(bound)})}}} {below}")
+        total = sum(by_size.values())
+        lines.append(f"{name}_bucket{{{_labels({'model': model, 'le': '+Inf'})}}} {total}")
+        lines.append(
+            f"{name}_sum{{{_labels({'model': model})}}} "
+            f"{sum(size * n for size, n in by_size.items())}"
+        )
+        lines.append(f"{name}_count{{{_labels({'model': model})}}} {total}")
 
 
 def _custom_family(fam: dict[str, Any]) -> list[str]:

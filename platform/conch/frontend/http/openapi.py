@@ -16,15 +16,17 @@ not under ``/v2``, in Prometheus' text format, as Triton serves them; so is conc
 from __future__ import annotations
 
 import copy
+import dataclasses
 from functools import cache
 from typing import Any
 
-from conch import __version__
+from conch import __version__, server_log
 from conch.core.datatypes import WIRE_TO_NUMPY
 from conch.frontend import v2_json
 from conch.frontend.dataplane import MAX_JOB_WAIT_S
 from conch.frontend.http.http_codec import HEADER_LENGTH
 from conch.frontend.http.job_routes import MAX_BATCH_SPEC_BYTES
+from conch.settings import LogFormat
 from conch.wire import job_store, statistics, worker_reports
 
 Schema = dict[str, Any]
@@ -289,6 +291,17 @@ def _schemas() -> dict[str, Schema]:
             "model_version",
             "outputs",
         ),
+        "LogSettings": _object(
+            _log_settings_properties(),
+            *_LOG_SETTINGS,
+            description="Triton's log settings (`--log-*` flags), as this process has them.",
+        ),
+        "LogSettingsRequest": _object(
+            _log_settings_properties(),
+            additionalProperties=False,
+            description="The log settings to change in every process; `log_file` only "
+            "as it is (each process's own is its `--log-file`).",
+        ),
         "RepositoryIndexRequest": {
             "type": "object",
             "properties": {
@@ -482,6 +495,20 @@ def _parameters() -> dict[str, Schema]:
     }
 
 
+_LOG_SETTINGS = tuple(f.name for f in dataclasses.fields(server_log.LogSettings))
+
+
+def _log_settings_properties() -> Schema:
+    return {
+        "log_file": _STR,
+        "log_info": {"type": "boolean"},
+        "log_warning": {"type": "boolean"},
+        "log_error": {"type": "boolean"},
+        "log_verbose_level": {**_uint(), "maximum": 2**32 - 1},
+        "log_format": {"enum": [str(f) for f in LogFormat]},
+    }
+
+
 def _op(
     op_id: str,
     tag: str,
@@ -622,6 +649,21 @@ def _server_paths() -> dict[str, Schema]:
             ),
             ("model",),
         ),
+        "/v2/logging": {
+            "get": _op(
+                "logSettings",
+                "logging",
+                "The log settings",
+                _ok("LogSettings", "This process's log settings."),
+            ),
+            "post": _op(
+                "updateLogSettings",
+                "logging",
+                "Change the log settings of every process",
+                _ok("LogSettings", "The log settings that follow."),
+                body=_json_body("LogSettingsRequest", True),
+            ),
+        },
         "/v2/jobs/{job_id}": {
             "parameters": [_ref("parameters", "job_id")],
             **{
@@ -827,6 +869,7 @@ def document() -> dict[str, Any]:
             {"name": "model-config"},
             {"name": "statistics"},
             {"name": "model-repository"},
+            {"name": "logging"},
             {"name": "jobs", "description": "conch's async and offline batch jobs."},
             {"name": "docs"},
         ],

@@ -1,7 +1,7 @@
 """Triton's HTTP/REST routes, other than infer: HTTP in, a ``DataPlane`` call, HTTP out.
 
-Health, server and model metadata, model config and readiness, statistics, and the
-repository API (index, load, unload). A route parses its URL, query and body, calls
+Health, server and model metadata, model config and readiness, statistics, the
+repository API (index, load, unload) and the logging extension. A route parses its URL, query and body, calls
 the data plane, and encodes the answer; it never reaches Redis or the model view
 itself. Infer calls are answered by ``fast_path.serve_infer`` before Flask sees them.
 
@@ -202,6 +202,21 @@ def unload_model(model: str) -> Response:
     params = _control_params(request.get_data(cache=False))
     plane().unload(model, unload_dependents=_flag(params, "unload_dependents"))
     return _empty()
+
+
+# -- logging ----------------------------------------------------------------------------
+@v2.get("/v2/logging")
+@api_group(ApiGroup.LOGGING)
+def log_settings() -> Response:
+    """Triton's logging extension: this process's log settings."""
+    return _json(plane().log_settings())
+
+
+@v2.post("/v2/logging")
+@api_group(ApiGroup.LOGGING)
+def update_log_settings() -> Response:
+    """Change them in every process; answers the settings that follow."""
+    return _json(plane().update_log_settings(_parse(request.get_data(cache=False))))
 
 
 # -- errors: Triton's body and status, for every route of the app ------------------------

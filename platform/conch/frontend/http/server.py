@@ -43,7 +43,8 @@ class _Gunicorn(BaseApplication):
 def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
     binds = [bind]
     if settings.allow_metrics:
-        binds.append(f"{bind.rsplit(':', 1)[0]}:{settings.metrics_port}")
+        address = settings.metrics_address or bind.rsplit(":", 1)[0]
+        binds.append(f"{address}:{settings.metrics_port}")
     _Gunicorn(
         settings,
         {
