@@ -214,7 +214,9 @@ def run_perf_analyzer(
     *,
     json: bool,
     protocol: str = "http",
+    extra: tuple[str, ...] = (),
 ) -> Point:
+    """One perf_analyzer point; ``extra``: more of its flags (a sequence model's)."""
     point = Point(tag, model, concurrency)
     for attempt, stability in enumerate((pa.stability_pct, FALLBACK_STABILITY_PCT)):
         csv_path = out_dir / f"pa-{tag}-{model}-c{concurrency}{'-retry' if attempt else ''}.csv"
@@ -243,6 +245,7 @@ def run_perf_analyzer(
             cmd += ["--input-data", str(pa.input_files[model])]
         if json:
             cmd += ["--input-tensor-format=json", "--output-tensor-format=json"]
+        cmd += extra
         # Windows until stable (at most max_trials), plus start-up and draining slack.
         timeout = pa.window_ms / 1000 * (pa.max_trials + 2) + 60
         code, output = procs.run_bounded(

@@ -535,20 +535,28 @@ _ACC_INDEX = {
 
 
 def _accumulator_config(
-    path: Path, backend: str, sep: str, dtype: str, control: str, strategy: str, options: dict
+    path: Path,
+    backend: str,
+    sep: str,
+    dtype: str,
+    control: str,
+    strategy: str,
+    options: dict,
+    *,
+    echo_corrid: bool = True,
 ) -> None:
     """The accumulators' config.pbtxt; ``sep`` "__" names tensors ``<name>__<index>``."""
     n = {k: f"{k}{sep}{i}" if sep else k for k, i in _ACC_INDEX.items()}
+    outputs = [f'  {{ name: "{n["OUTPUT"]}" data_type: TYPE_{dtype} dims: [ 1 ] }}']
+    if echo_corrid:
+        outputs.append(f'  {{ name: "{n["CORRID_OUT"]}" data_type: TYPE_UINT64 dims: [ 1 ] }}')
     (path / "config.pbtxt").write_text(
         seq_config(
             backend,
             strategy=strategy,
             **options,
             inputs=f'  {{ name: "{n["INPUT"]}" data_type: TYPE_{dtype} dims: [ 1 ] }}',
-            outputs=(
-                f'  {{ name: "{n["OUTPUT"]}" data_type: TYPE_{dtype} dims: [ 1 ] }},\n'
-                f'  {{ name: "{n["CORRID_OUT"]}" data_type: TYPE_UINT64 dims: [ 1 ] }}'
-            ),
+            outputs=",\n".join(outputs),
             controls=_seq_controls(n, control),
             state=_seq_state(n["STATE_IN"], n["STATE_OUT"], dtype),
         )
@@ -561,17 +569,24 @@ def seq_onnx_accumulator(
     *,
     dtype: str = "INT32",
     control: str = "fp32",
+    echo_corrid: bool = True,
     **options: int,
 ) -> None:
     """A running sum kept in Triton's implicit state, as an ONNX graph.
 
     INPUT [1] -> OUTPUT [1] = (START ? 0 : STATE_IN) + INPUT when READY, else STATE_IN;
-    STATE_OUT = OUTPUT; CORRID_OUT [1] (UINT64) echoes the CORRID control. START and READY
-    are ``control`` ("fp32" or "int32") flags; the state starts at zero.
+    STATE_OUT = OUTPUT; CORRID_OUT [1] (UINT64) echoes the CORRID control unless
+    ``echo_corrid`` is false (then OUTPUT alone is answered: what perf_analyzer can check
+    against its validation data). START and READY are ``control`` ("fp32" or "int32")
+    flags; the state starts at zero.
     """
     onnx_type, _ = SEQ_TYPES[dtype]
     flag_type = {"fp32": TensorProto.FLOAT, "int32": TensorProto.INT32}[control]
     zero = helper.make_tensor("ZERO", onnx_type, [], [0])
+
+    def vi(name: str, t: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, t, ["batch", 1])
+
     nodes = [
         helper.make_node("Cast", ["START"], ["start_b"], to=TensorProto.BOOL),
         helper.make_node("Cast", ["READY"], ["ready_b"], to=TensorProto.BOOL),
@@ -580,11 +595,11 @@ def seq_onnx_accumulator(
         helper.make_node("Where", ["ready_b", "summed", "STATE_IN"], ["total"]),
         helper.make_node("Identity", ["total"], ["OUTPUT"]),
         helper.make_node("Identity", ["total"], ["STATE_OUT"]),
-        helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
     ]
-
-    def vi(name: str, t: int) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, t, ["batch", 1])
+    outputs = [vi("OUTPUT", onnx_type), vi("STATE_OUT", onnx_type)]
+    if echo_corrid:
+        nodes.append(helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]))
+        outputs.append(vi("CORRID_OUT", TensorProto.UINT64))
 
     graph = helper.make_graph(
         nodes,
@@ -596,13 +611,15 @@ def seq_onnx_accumulator(
             vi("CORRID", TensorProto.UINT64),
             vi("STATE_IN", onnx_type),
         ],
-        [vi("OUTPUT", onnx_type), vi("STATE_OUT", onnx_type), vi("CORRID_OUT", TensorProto.UINT64)],
+        outputs,
         initializer=[zero],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     _save(model, path / "1" / "model.onnx")
-    _accumulator_config(path, "onnxruntime", "", dtype, control, strategy, options)
+    _accumulator_config(
+        path, "onnxruntime", "", dtype, control, strategy, options, echo_corrid=echo_corrid
+    )
 
 
 def seq_torch_accumulator(

@@ -9,6 +9,8 @@ sequences batch together; Triton's errors; idle timeouts; a worker killed mid-se
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -24,7 +26,14 @@ from tritonclient.utils import InferenceServerException
 from conch.wire import sequences
 from conch.wire.work_owed import work_owed
 
-from harness import fresh_db, serving, start_worker, wait_model_ready, wait_until
+from harness import (
+    fresh_db,
+    run_perf_analyzer,
+    serving,
+    start_worker,
+    wait_model_ready,
+    wait_until,
+)
 from models import (
     ensemble,
     ensemble_step,
@@ -33,9 +42,11 @@ from models import (
     seq_torch_accumulator,
 )
 
-MODELS = ("seq_onnx", "seq_oldest", "seq_torch", "seq_python", "seq_idle")
+MODELS = ("seq_onnx", "seq_oldest", "seq_torch", "seq_python", "seq_idle", "seq_pa")
 # Served by the failover test's own workers, which it stops and kills.
 MOVING = ("seq_moving", "seq_pinned")
+# Served by its own worker, which the test pauses.
+REUSED = "seq_reused"
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +63,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     seq_torch_accumulator(root / "seq_torch", "direct", max_batch_size=8)
     seq_python_accumulator(root / "seq_python", "direct", max_batch_size=8)
     seq_onnx_accumulator(root / "seq_idle", "direct", max_batch_size=4, idle_us=500_000)
+    # OUTPUT alone, so perf_analyzer can check every answer against its validation data.
+    seq_onnx_accumulator(root / "seq_pa", "direct", max_batch_size=8, echo_corrid=False)
+    seq_onnx_accumulator(root / REUSED, "direct", max_batch_size=4)
     # Idle for a minute before they time out: long enough to outlive their workers.
     seq_onnx_accumulator(root / "seq_moving", "direct", max_batch_size=4, idle_us=60_000_000)
     seq_onnx_accumulator(root / "seq_pinned", "direct", max_batch_size=4, idle_us=60_000_000)
@@ -310,3 +324,126 @@ def test_a_sequence_model_as_an_ensemble_step_is_refused_with_the_reason(stack) 
     with pytest.raises(InferenceServerException, match="sequence model") as err:
         client.infer("ens_seq", [x], sequence_id=1, sequence_start=True)
     assert err.value.status() == "501"
+
+
+@pytest.fixture(scope="module")
+def grpc_url(repo: Path, db: str, log_dir: Path, stack) -> Iterator[str]:
+    """A gRPC server beside the module's gateway (its worker serves the models)."""
+    from harness import start_grpc, wait_grpc_model_ready
+
+    server, url = start_grpc(repo, db, log_dir)
+    try:
+        wait_grpc_model_ready(url, "seq_pa", 60, server)
+        yield url
+    finally:
+        server.stop()
+
+
+# perf_analyzer's data streams: one running sum each, and the sum after every step as the
+# validation data it checks each answer against. Sequences run 16 to 24 steps (length 20,
+# 20% variation), so none runs past its stream's 24 steps.
+PA_STREAMS, PA_STEPS = 6, 24
+
+
+def _perf_analyzer_data(dest: Path) -> Path:
+    rng = np.random.default_rng(1717)
+    streams = [
+        [int(v) for v in rng.integers(-1000, 1000, size=PA_STEPS)] for _ in range(PA_STREAMS)
+    ]
+    dest.write_text(
+        json.dumps(
+            {
+                "data": [[{"INPUT": [v]} for v in values] for values in streams],
+                "validation_data": [
+                    [{"OUTPUT": [int(t)]} for t in expected(values)] for values in streams
+                ],
+            }
+        )
+    )
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("protocol", "ids", "extra"),
+    [
+        ("http", "1:41", ()),
+        ("grpc", "41:81", ()),
+        ("grpc", "81:121", ("--streaming",)),
+    ],
+    ids=["http", "grpc", "grpc-streaming"],
+)
+def test_perf_analyzer_drives_a_sequence_model(
+    stack, grpc_url: str, db: str, tmp_path: Path, protocol: str, ids: str, extra: tuple[str, ...]
+) -> None:
+    """Issue 17's done-when: ``perf_analyzer --sequence-length --sequence-id-range`` against
+    a sequence model, over HTTP, gRPC and a gRPC stream. perf_analyzer checks every answer
+    against the running sums of its data (a wrong one, e.g. a step run out of order or on
+    another sequence's state, fails it); the model's statistics count the requests, none
+    failed, rows of different sequences shared executions, and no sequence is left live."""
+    url = stack[0]
+    client = httpclient.InferenceServerClient(url)
+    before = client.get_inference_statistics("seq_pa")["model_stats"][0]
+    out, throughputs = run_perf_analyzer(
+        "-m", "seq_pa",
+        "-u", grpc_url if protocol == "grpc" else url,
+        "-i", protocol,
+        "--concurrency-range", "8",
+        "--sequence-length", "20",
+        "--sequence-length-variation", "20",
+        "--sequence-id-range", ids,
+        "--input-data", str(_perf_analyzer_data(tmp_path / "sequences.json")),
+        *extra,
+    )  # fmt: skip
+    assert f"read data for {PA_STREAMS} stream" in out, out[-3000:]
+    assert len(throughputs) == 1 and throughputs[0] > 0, out[-3000:]
+    sequences_run = [int(n) for n in re.findall(r"Sequence count: (\d+)", out)]
+    assert sequences_run and all(n > 0 for n in sequences_run), out[-3000:]
+    after = client.get_inference_statistics("seq_pa")["model_stats"][0]
+    requests = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    client_requests = sum(int(n) for n in re.findall(r"Request count: (\d+)", out))
+    assert requests >= max(client_requests, 16 * sum(sequences_run)), (requests, out[-3000:])
+    assert executions < requests, (requests, executions)  # 8 sequences, rows batched
+    fail = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
+    assert fail == 0
+    # perf_analyzer ends every sequence it started (END on the last request sent).
+    r = redis.Redis.from_url(db)
+    wait_until(
+        lambda: work_owed(r, ["seq_pa"])["seq_pa"].sequences == 0, 10, "no live sequence left"
+    )
+
+
+def test_a_sequence_id_started_again_before_its_end_ran(repo: Path, stack, db: str, log_dir):
+    """perf_analyzer reuses a sequence id at once: a new START can wait in the mailbox
+    behind the END of the id's last sequence. The slot goes on with the new sequence (it
+    used to let go of the id while the record still named the slot, so the START waited
+    forever); a request without START queued between them is refused as Triton does."""
+    url = stack[0]
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    r = redis.Redis.from_url(db)
+    mail = sequences.mail_key(REUSED, sequences.token(8001))
+    worker = start_worker(repo, db, log_dir, "--models", REUSED)
+    try:
+        wait_model_ready(url, REUSED, 60, worker)
+        assert step(client, REUSED, 8001, 5, start=True) == 5
+        worker.send(signal.SIGSTOP)  # both requests wait in the mailbox, END first
+        with ThreadPoolExecutor(3) as pool:
+
+            def own_client(value: int, **flags: bool) -> int:  # a client is one thread's
+                return step(httpclient.InferenceServerClient(url), REUSED, 8001, value, **flags)
+
+            ended = pool.submit(own_client, 1, end=True)
+            wait_until(lambda: r.llen(mail) == 1, 10, "the END in the mailbox")
+            late = pool.submit(own_client, 9)  # no START: the ended sequence does not go on
+            wait_until(lambda: r.llen(mail) == 2, 10, "a continuing request behind it")
+            again = pool.submit(own_client, 7, start=True)
+            wait_until(lambda: r.llen(mail) == 3, 10, "the new START behind them")
+            worker.send(signal.SIGCONT)
+            assert ended.result(timeout=30) == 6
+            with pytest.raises(InferenceServerException, match="must specify the START flag"):
+                late.result(timeout=30)
+            assert again.result(timeout=30) == 7  # a new sum, from the initial state
+        assert step(client, REUSED, 8001, 3, end=True) == 10
+    finally:
+        worker.send(signal.SIGCONT)
+        worker.stop()

@@ -35,7 +35,15 @@ from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable
 from conch.core.model_config import output_types
 from conch.core.request_scope import RequestTag, about
-from conch.core.sequence import READY, RowControl, SequenceSpec, control_tensors
+from conch.core.sequence import (
+    READY,
+    STATE_IN_REDIS,
+    RowControl,
+    SequenceKey,
+    SequenceSpec,
+    control_tensors,
+    not_started_error,
+)
 from conch.wire import outage, sequences, statistics
 from conch.wire.broker import WAKE_CAP, decode
 from conch.wire.keys import WORKER_PREFIX
@@ -72,7 +80,9 @@ return out
 
 # KEYS: record, mail, state, live, reply list. ARGV: me, token, reply ('' for none),
 # end (0/1), state blob ('' for none), ttl, reply list ttl.
-# 0: this slot no longer holds the sequence (nothing done); 1: committed; 2: ended.
+# 0: this slot no longer holds the sequence (nothing done); 1: committed; 2: ended;
+# 3: ended, and a request for a new sequence of the same id already waits behind it
+# (a client that reuses the id at once): the slot keeps the id and runs it next.
 _COMMIT_LUA = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('LPOP', KEYS[2])
@@ -85,10 +95,10 @@ if ARGV[4] == '1' then
   if redis.call('LLEN', KEYS[2]) == 0 then
     redis.call('DEL', KEYS[1], KEYS[2])
     redis.call('ZREM', KEYS[4], ARGV[2])
-  else
-    redis.call('HSET', KEYS[1], 'steps', 0)
+    return 2
   end
-  return 2
+  redis.call('HSET', KEYS[1], 'steps', 0)
+  return 3
 end
 redis.call('HINCRBY', KEYS[1], 'steps', 1)
 if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6]) end
@@ -132,6 +142,7 @@ class Held:
     slot: int = 0  # Direct: the batch row it owns
     state: dict[str, np.ndarray] | None = None  # after the last committed step
     lost: str = ""  # why its state could not follow it here ("" when it did)
+    ended: bool = False  # its END ran with more requests queued: only a START goes on
 
 
 @dataclass
@@ -261,7 +272,7 @@ class SequenceBatcher(threading.Thread):
                     held.lost = (
                         "the model keeps this state itself"
                         if not self.spec.states
-                        else "the model keeps its state out of Redis (conch_state_in_redis)"
+                        else f"the model keeps its state out of Redis ({STATE_IN_REDIS} false)"
                     )
                 elif not blob:
                     held.lost = "its saved state expired"
@@ -428,8 +439,11 @@ class SequenceBatcher(threading.Thread):
             )
             r.state = {}
             return False
+        if held.ended and not start:
+            r.reply = Reply(msg.id, error=not_started_error(self.model, SequenceKey(held.seq_id)))
+            return False
         if start:
-            held.lost = ""
+            held.lost, held.ended = "", False
         if self._version(msg) not in self.backends:
             r.reply = Reply(
                 msg.id,
@@ -527,7 +541,7 @@ class SequenceBatcher(threading.Thread):
             assert r.reply is not None
             msg, tok = r.msg, r.held.token
             end = bool(msg.sequence and msg.sequence[2]) or (
-                r.reply.error is not None and r.held.lost != ""
+                r.reply.error is not None and (r.held.lost != "" or r.held.ended)
             )
             if r.reply.error is None and r.state:
                 r.held.state = r.state
@@ -558,6 +572,8 @@ class SequenceBatcher(threading.Thread):
         for r, done in zip(rows, results, strict=False):
             if done == 2 or done == 0:  # ended, or another slot holds it now
                 self.held.pop(r.held.token, None)
+            elif done == 3:  # ended; the id's next requests are queued here
+                r.held.state, r.held.lost, r.held.ended = None, "", True
         if self.on_batch is not None:
             failed = sum(1 for r in rows if r.reply is not None and r.reply.error is not None)
             replies = [r.reply for r in rows if r.reply is not None]
