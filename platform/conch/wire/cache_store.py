@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from conch.core.cache_config import CacheConfig
 from conch.wire.keys import CACHE_BYTES, CACHE_CLOCK, CACHE_ENTRY_PREFIX, CACHE_LRU, CACHE_SIZES
@@ -115,6 +117,9 @@ def open_store(config: CacheConfig) -> RedisCacheStore:
         "socket_connect_timeout": seconds("connect_timeout", CONNECT_TIMEOUT_S),
         "socket_timeout": seconds("socket_timeout", DEFAULT_SOCKET_TIMEOUT_S),
         "max_connections": POOL_MAX_CONNECTIONS,
+        # A cache that fails is a miss at once: no retries with backoff (redis-py's
+        # default), which would hold the request that only wanted a lookup.
+        "retry": Retry(NoBackoff(), 0),
     }
     return RedisCacheStore(redis.Redis(**options), config.size)
 
