@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conch import __version__, server_log
-from conch.core import custom_metrics, ensemble_graph, validation
+from conch.core import custom_metrics, ensemble_graph, tracing, validation
 from conch.core.errors import (
     ConchError,
     Forbidden,
@@ -317,6 +317,7 @@ class DataPlane:
         *,
         deadline: float = 0.0,
         abandonment: Abandonment | None = None,
+        traceparent: str = "",
     ) -> InferOutcome:
         """Check ``request`` against its model, queue it (or run the ensemble's graph)
         and wait for the outputs.
@@ -324,11 +325,24 @@ class DataPlane:
         ``deadline`` (epoch seconds, 0: none) is the caller's own, such as a gRPC
         deadline: the request is never run past it, nor past its ``timeout``. Through
         ``abandonment`` the caller's transport may say it went away (a model's request
-        still queued is then never run, nor is an ensemble's next step).
+        still queued is then never run, nor is an ensemble's next step). A W3C
+        ``traceparent`` from the client is continued by the call's ``infer`` span.
         """
+        with tracing.span("infer", traceparent, model=to.entry.name, request_id=request.id) as span:
+            return self._infer(to, request, deadline, abandonment, span)
+
+    def _infer(
+        self,
+        to: calls.Target,
+        request: InferRequest,
+        deadline: float,
+        abandonment: Abandonment | None,
+        span: tracing.Span,
+    ) -> InferOutcome:
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
         with about(RequestTag(request.id)):
             call = self._prepare(to, request, calls.Lane.ONLINE, caller)
+        span.set_attribute("conch.id", call.msg.id)
         with about(RequestTag(request.id, call.msg.id)):
             log.debug("infer: model '%s' version %s", to.entry.name, call.version)
             try:

@@ -28,6 +28,7 @@ from celery import Celery, signals
 from celery.exceptions import Ignore
 
 from conch.backends.completion import complete
+from conch.core import tracing
 from conch.core.errors import ConchError
 from conch.frontend import batch_job, bls, ensemble_jobs
 from conch.settings import Settings
@@ -174,6 +175,7 @@ def _keep_logging(**_signal: Any) -> None:
 
 def run(settings: Settings, *, loglevel: str = "INFO") -> None:
     name = worker_name()
+    tracing.start(settings.trace_config, "conch-worker")
     app = make_celery(settings, name)
     signals.setup_logging.connect(_keep_logging, weak=False)
     signals.worker_shutting_down.connect(ExitDeadline(settings.exit_timeout_secs).arm, weak=False)

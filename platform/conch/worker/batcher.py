@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from conch.backends import Backend, BackendRequest
-from conch.core import tensors
+from conch.core import tensors, tracing
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
 from conch.core.model_config import output_types
 from conch.core.request_scope import RequestTag, about
@@ -574,7 +574,9 @@ class Batcher(threading.Thread):
                     replies[item.tag] = Reply(item.msg.id, error=err)
                 continue
             refused: set[str] = set()
-            phases = self._run(backend, items, replies, started, refused)
+            traced = [(i.msg.traceparent, i.msg.enqueued) for i in items]
+            with tracing.batch_span(self.model, traced):
+                phases = self._run(backend, items, replies, started, refused)
             for item in items:
                 replies[item.tag].version = used
             if phases is not None:

@@ -1,0 +1,216 @@
+"""Traces on the real path: a gateway and a worker (separate processes) send their spans
+over OTLP/HTTP to a collector this test runs on loopback, which decodes each export
+with the OTLP protobuf messages.
+
+- A client's ``traceparent`` is continued: the gateway's ``infer`` span is its child,
+  the worker's ``queue`` and ``compute`` spans are the infer span's children, and the
+  compute span links to it: one trace across the queue.
+- A batch is one ``compute`` span linked to every request it served.
+- A client's unsampled ``traceparent`` (flags 00) is followed: nothing is exported.
+"""
+
+from __future__ import annotations
+
+import gzip
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from harness import fresh_db, start_gateway, start_worker, wait_model_ready, wait_until
+from models import add_inputs, add_model
+
+
+@dataclass(frozen=True)
+class Span:
+    service: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent: str
+    links: tuple[tuple[str, str], ...]  # (trace id, span id)
+    start_ns: int
+    end_ns: int
+
+
+class Collector(ThreadingHTTPServer):
+    """An OTLP/HTTP trace receiver: keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Receive)
+        self.spans: list[Span] = []
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}/v1/traces"
+
+    def trace(self, trace_id: str) -> list[Span]:
+        with self.lock:
+            return [s for s in self.spans if s.trace_id == trace_id]
+
+
+class _Receive(BaseHTTPRequestHandler):
+    server: Collector
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        export = ExportTraceServiceRequest.FromString(body)
+        spans = []
+        for resource in export.resource_spans:
+            attrs = {a.key: a.value.string_value for a in resource.resource.attributes}
+            for scope in resource.scope_spans:
+                spans += [
+                    Span(
+                        attrs.get("service.name", ""),
+                        s.name,
+                        s.trace_id.hex(),
+                        s.span_id.hex(),
+                        s.parent_span_id.hex(),
+                        tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
+                        s.start_time_unix_nano,
+                        s.end_time_unix_nano,
+                    )
+                    for s in scope.spans
+                ]
+        with self.server.lock:
+            self.server.spans += spans
+        reply = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@dataclass
+class Stack:
+    url: str
+    collector: Collector
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, redis_url: str, log_dir: Path
+) -> Iterator[Stack]:
+    repo = tmp_path_factory.mktemp("traces") / "models"
+    # A 300 ms queue delay: requests sent together run as one batch.
+    add_model(repo / "add", delay_us=300_000)
+    collector = Collector()
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    flags = [
+        *("--trace-config", "mode=opentelemetry"),
+        *("--trace-config", f"opentelemetry,url={collector.url}"),
+        *("--trace-config", "rate=1"),
+        *("--trace-config", "level=TIMESTAMPS"),
+    ]
+    db = fresh_db(redis_url, 11)
+    worker = start_worker(repo, db, log_dir, *flags)
+    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    try:
+        wait_model_ready(url, "add", 90, worker, gateway)
+        yield Stack(url, collector)
+    finally:
+        for service in (gateway, worker):
+            service.stop()
+        collector.shutdown()
+
+
+def _infer(url: str, traceparent: str) -> None:
+    client = httpclient.InferenceServerClient(url)
+    try:
+        out = client.infer(
+            "add", add_inputs(np.ones((1, 4), np.float32)), headers={"traceparent": traceparent}
+        ).as_numpy("OUT")
+        assert out.tolist() == [[2.0] * 4]
+    finally:
+        client.close()
+
+
+def _new_parent(sampled: bool = True) -> tuple[str, str, str]:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}", trace_id, span_id
+
+
+def _spans(stack: Stack, trace_id: str, names: set[str]) -> dict[str, list[Span]]:
+    """The trace's spans by name, once each of ``names`` has arrived."""
+
+    def complete() -> bool:
+        return names <= {s.name for s in stack.collector.trace(trace_id)}
+
+    wait_until(complete, 20, f"spans {sorted(names)} of trace {trace_id}")
+    out: dict[str, list[Span]] = {}
+    for span in stack.collector.trace(trace_id):
+        out.setdefault(span.name, []).append(span)
+    return out
+
+
+def test_client_traceparent_is_one_trace_across_the_queue(stack: Stack) -> None:
+    traceparent, trace_id, client_span = _new_parent()
+    _infer(stack.url, traceparent)
+    spans = _spans(stack, trace_id, {"infer", "queue", "compute"})
+    [infer], [queued], [compute] = spans["infer"], spans["queue"], spans["compute"]
+    assert (infer.service, infer.parent) == ("conch-gateway", client_span)
+    assert (queued.service, queued.parent) == ("conch-worker", infer.span_id)
+    assert (compute.service, compute.parent) == ("conch-worker", infer.span_id)
+    assert compute.links == ((trace_id, infer.span_id),)
+    # Queued first, then computed, all within the gateway's span (which waits for the reply).
+    assert infer.start_ns <= queued.start_ns <= queued.end_ns <= compute.start_ns
+    assert compute.end_ns <= infer.end_ns
+
+
+def test_a_batch_is_one_compute_span_linked_to_each_request(stack: Stack) -> None:
+    parents = [_new_parent() for _ in range(3)]
+    with ThreadPoolExecutor(len(parents)) as pool:
+        list(pool.map(lambda p: _infer(stack.url, p[0]), parents))
+    infers = {}
+    computes = []
+    for _, trace_id, _ in parents:
+        spans = _spans(stack, trace_id, {"infer", "queue"})
+        infers[trace_id] = spans["infer"][0].span_id
+        computes += spans.get("compute", [])
+    # The batch's span sits in the first request's trace and links to all three.
+    wait_until(
+        lambda: any(
+            s.name == "compute" and len(s.links) == 3
+            for trace_id in infers
+            for s in stack.collector.trace(trace_id)
+        ),
+        20,
+        "one compute span linked to the three requests",
+    )
+    [batch] = [
+        s
+        for trace_id in infers
+        for s in stack.collector.trace(trace_id)
+        if s.name == "compute" and len(s.links) == 3
+    ]
+    assert set(batch.links) == set(infers.items())
+    assert batch.parent in infers.values()
+
+
+def test_an_unsampled_client_trace_is_not_exported(stack: Stack) -> None:
+    traceparent, trace_id, _ = _new_parent(sampled=False)
+    _infer(stack.url, traceparent)
+    sampled, sampled_id, _ = _new_parent()
+    _infer(stack.url, sampled)  # exported after the first: once it is here, so is all
+    _spans(stack, sampled_id, {"infer", "queue", "compute"})
+    time.sleep(1.0)  # a batch export of both processes' spans
+    assert stack.collector.trace(trace_id) == []
