@@ -7,6 +7,9 @@ with the OTLP protobuf messages.
   compute span links to it: one trace across the queue.
 - A batch is one ``compute`` span linked to every request it served.
 - A client's unsampled ``traceparent`` (flags 00) is followed: nothing is exported.
+- The trace extension: ``v2/trace/setting`` shows the flags' settings; a change POSTed to
+  one gateway process holds in the other (requests it samples stop being traced), a
+  ``null`` restores the flag's; per model too; wrong values and unknown models are 400s.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.http as httpclient
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -43,6 +47,7 @@ class Span:
     links: tuple[tuple[str, str], ...]  # (trace id, span id)
     start_ns: int
     end_ns: int
+    attributes: tuple[tuple[str, str], ...]
 
 
 class Collector(ThreadingHTTPServer):
@@ -56,6 +61,11 @@ class Collector(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.server_address[1]}/v1/traces"
+
+    def about(self, request_id: str) -> list[Span]:
+        """The spans of the request the client called ``request_id``."""
+        with self.lock:
+            return [s for s in self.spans if ("request.id", request_id) in s.attributes]
 
     def trace(self, trace_id: str) -> list[Span]:
         with self.lock:
@@ -84,6 +94,7 @@ class _Receive(BaseHTTPRequestHandler):
                         tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
                         s.start_time_unix_nano,
                         s.end_time_unix_nano,
+                        tuple((a.key, a.value.string_value) for a in s.attributes),
                     )
                     for s in scope.spans
                 ]
@@ -123,7 +134,8 @@ def stack(
     ]
     db = fresh_db(redis_url, 11)
     worker = start_worker(repo, db, log_dir, *flags)
-    gateway, url = start_gateway(repo, db, log_dir, *flags)
+    # Two gateway processes: a trace setting changed through one holds in the other.
+    gateway, url = start_gateway(repo, db, log_dir, *flags, workers=2)
     try:
         wait_model_ready(url, "add", 90, worker, gateway)
         yield Stack(url, collector)
@@ -133,11 +145,12 @@ def stack(
         collector.shutdown()
 
 
-def _infer(url: str, traceparent: str) -> None:
+def _infer(url: str, traceparent: str = "", request_id: str = "") -> None:
     client = httpclient.InferenceServerClient(url)
+    headers = {"traceparent": traceparent} if traceparent else {}
     try:
         out = client.infer(
-            "add", add_inputs(np.ones((1, 4), np.float32)), headers={"traceparent": traceparent}
+            "add", add_inputs(np.ones((1, 4), np.float32)), headers=headers, request_id=request_id
         ).as_numpy("OUT")
         assert out.tolist() == [[2.0] * 4]
     finally:
@@ -214,3 +227,80 @@ def test_an_unsampled_client_trace_is_not_exported(stack: Stack) -> None:
     _spans(stack, sampled_id, {"infer", "queue", "compute"})
     time.sleep(1.0)  # a batch export of both processes' spans
     assert stack.collector.trace(trace_id) == []
+
+
+def _settings(stack: Stack, model: str = "") -> dict[str, object]:
+    path = f"v2/models/{model}/trace/setting" if model else "v2/trace/setting"
+    return requests.get(f"http://{stack.url}/{path}", timeout=10).json()
+
+
+def _post(stack: Stack, body: object, model: str = "") -> requests.Response:
+    path = f"v2/models/{model}/trace/setting" if model else "v2/trace/setting"
+    return requests.post(f"http://{stack.url}/{path}", json=body, timeout=10)
+
+
+def _traced(stack: Stack, request_ids: list[str]) -> set[str]:
+    """Which of these requests (sent without a traceparent) the gateways sampled, known
+    once a sampled request sent after them has been exported."""
+    for request_id in request_ids:
+        _infer(stack.url, request_id=request_id)
+    marker, marker_id, _ = _new_parent()
+    _infer(stack.url, marker)
+    _spans(stack, marker_id, {"infer", "queue", "compute"})
+    time.sleep(1.0)  # both gateway processes' exports
+    return {r for r in request_ids if stack.collector.about(r)}
+
+
+FLAGS = {
+    "trace_level": ["TIMESTAMPS"],
+    "trace_rate": "1",
+    "trace_count": "-1",
+    "log_frequency": "0",
+    "trace_mode": "opentelemetry",
+}
+
+
+def test_trace_settings_change_sampling_in_every_process(stack: Stack) -> None:
+    assert _settings(stack) == FLAGS
+    before = [f"before-{k}" for k in range(6)]
+    assert _traced(stack, before) == set(before)  # rate=1: every request is traced
+    try:
+        answer = _post(stack, {"trace_level": ["OFF"]})
+        assert answer.status_code == 200 and answer.json()["trace_level"] == ["OFF"]
+        # Each fresh connection may reach either gateway process: both say OFF.
+        wait_until(
+            lambda: all(_settings(stack)["trace_level"] == ["OFF"] for _ in range(8)),
+            10,
+            "every gateway process to take trace_level OFF",
+        )
+        off = [f"off-{k}" for k in range(6)]
+        assert _traced(stack, off) == set()
+    finally:
+        assert _post(stack, {"trace_level": None}).json() == FLAGS  # back to the flag's
+    wait_until(
+        lambda: all(_settings(stack) == FLAGS for _ in range(8)), 10, "the flags' settings again"
+    )
+
+
+def test_a_models_own_trace_settings(stack: Stack) -> None:
+    try:
+        answer = _post(stack, {"trace_rate": "2", "trace_count": "3"}, model="add")
+        assert answer.json() == {**FLAGS, "trace_rate": "2", "trace_count": "3"}
+        assert _settings(stack) == FLAGS  # the others keep the settings for every model
+    finally:
+        cleared = _post(stack, {"trace_rate": None, "trace_count": None}, model="add")
+    assert cleared.json() == FLAGS
+    missing = _post(stack, {"trace_rate": "2"}, model="no_such_model")
+    assert missing.status_code == 400  # Triton's answer for a model it does not serve
+    assert "unknown model: 'no_such_model'" in missing.json()["error"]
+    for bad, says in (
+        ({"trace_rate": "0"}, "at least 1"),
+        ({"trace_level": ["TENSORS"]}, "OFF or TIMESTAMPS"),
+        ({"trace_file": "/tmp/t.json"}, "OTLP"),
+        ({"trace_mode": "triton"}, "cannot be changed"),
+        ({"sample_everything": True}, "unknown trace setting"),
+        ([1, 2], "JSON object"),
+    ):
+        answer = _post(stack, bad)
+        assert answer.status_code == 400 and says in answer.json()["error"], (bad, answer.text)
+    assert _settings(stack) == FLAGS

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # A W3C traceparent, version 00: the only form a message may carry.
 TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -77,7 +77,7 @@ class TraceConfig:
                     raise ValueError(f"--trace-config {item!r}: level is OFF or TIMESTAMPS")
                 values["level"] = value.upper()
             elif key in ("rate", "count"):
-                values[key] = _number(item, value, key)
+                values[key] = _number(f"--trace-config {item!r}", value, key)
             else:
                 raise ValueError(
                     f"--trace-config {item!r}: unknown key '{key}'; conch takes {FORMS}"
@@ -95,12 +95,62 @@ class TraceConfig:
         return [*out, f"level={self.level}", f"rate={self.rate}", f"count={self.count}"]
 
 
-def _number(item: str, value: str, key: str) -> int:
+def _number(where: str, value: str, key: str) -> int:
     try:
         n = int(value)
     except ValueError:
         n = -2
     if n < (1 if key == "rate" else -1):
         least = "1" if key == "rate" else "-1 (no limit)"
-        raise ValueError(f"--trace-config {item!r}: {key} is an integer, at least {least}")
+        raise ValueError(f"{where}: {key} is an integer, at least {least}")
     return n
+
+
+# The trace extension's keys (GET/POST v2[/models/<m>]/trace/setting), Triton's JSON names.
+API_KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode", "trace_file")
+
+
+def to_json(config: TraceConfig) -> dict[str, object]:
+    """``config`` as the trace extension shows it: Triton's keys, values as strings."""
+    return {
+        "trace_level": [config.level],
+        "trace_rate": str(config.rate),
+        "trace_count": str(config.count),
+        "log_frequency": "0",
+        "trace_mode": "opentelemetry",
+    }
+
+
+def updated(config: TraceConfig, changes: object) -> TraceConfig:
+    """``config`` with a trace extension request's ``changes`` (a ``None`` value keeps the
+    setting, the caller drops it from its scope); ValueError saying what is wrong."""
+    if not isinstance(changes, dict):
+        raise ValueError("trace settings must be a JSON object")
+    values: dict[str, object] = {}
+    for key, value in changes.items():
+        if key not in API_KEYS:
+            raise ValueError(
+                f"unknown trace setting '{key}'; the settings are {', '.join(API_KEYS)}"
+            )
+        if value is None:
+            continue
+        if key == "trace_level":
+            levels = value if isinstance(value, list) else [value]
+            if not levels or not all(isinstance(v, str) and v.upper() in LEVELS for v in levels):
+                raise ValueError("trace_level must be a list of OFF or TIMESTAMPS")
+            on = any(v.upper() != "OFF" for v in levels)
+            values["level"] = "TIMESTAMPS" if on else "OFF"
+        elif key in ("trace_rate", "trace_count"):
+            name = key.removeprefix("trace_")
+            values[name] = _number(key, str(value), name)
+        elif key == "trace_mode" and value != "opentelemetry":
+            raise ValueError("trace_mode cannot be changed at run time: it is opentelemetry")
+        elif key == "log_frequency" and str(value) != "0":
+            raise ValueError(
+                "log_frequency is for Triton's trace files: conch exports spans over OTLP"
+            )
+        elif key == "trace_file":
+            raise ValueError(
+                "trace_file is for Triton's trace files: conch exports spans over OTLP"
+            )
+    return replace(config, **values)  # type: ignore[arg-type]

@@ -16,11 +16,11 @@ Spans go to an OTLP/HTTP collector at ``url`` (Triton's ``opentelemetry,url=...`
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanContext, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from conch.core.trace_config import TRACEPARENT, TraceConfig
+from conch.core.trace_config import TRACEPARENT, TraceConfig, updated
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACER = "conch"
@@ -40,13 +40,35 @@ Span = trace.Span
 
 class RateSampler(Sampler):
     """Triton's sampling: a parent's sampled flag is followed; a new trace is sampled one
-    in ``rate`` while ``level`` is on, until ``count`` traces were (-1: no limit)."""
+    in ``rate`` while ``level`` is on, until ``count`` traces were (-1: no limit).
 
-    def __init__(self, config: TraceConfig) -> None:
-        self.config = config
-        self._seen = itertools.count()
-        self._taken = 0
+    The settings are the flags' (``base``) under the trace extension's (``shared``:
+    Triton's keys for every model, ``<model>/<key>`` for one); a model with settings of
+    its own counts its traces apart. A change starts the counts again."""
+
+    def __init__(self, base: TraceConfig) -> None:
+        self.base = base
+        self.shared: dict[str, Any] = {}
+        self._counts: dict[str, list[int]] = {}  # scope -> [seen, taken]
         self._lock = threading.Lock()
+
+    def configured(self, model: str = "") -> TraceConfig:
+        """The settings that apply to ``model`` ("": to every model without its own)."""
+        shared = self.shared
+        config = updated(self.base, {k: v for k, v in shared.items() if "/" not in k})
+        if not model:
+            return config
+        prefix = f"{model}/"
+        return updated(
+            config, {k.removeprefix(prefix): v for k, v in shared.items() if k.startswith(prefix)}
+        )
+
+    def apply(self, changes: dict[str, Any]) -> None:
+        """Take the trace extension's ``changes`` (``None``: back to what applied before)."""
+        merged = {**self.shared, **changes}
+        with self._lock:
+            self.shared = {k: v for k, v in merged.items() if v is not None}
+            self._counts = {}
 
     def should_sample(
         self,
@@ -54,32 +76,49 @@ class RateSampler(Sampler):
         trace_id: int,
         name: str,
         kind: SpanKind | None = None,
-        attributes: object = None,
+        attributes: Any = None,
         links: Sequence[Link] | None = None,
-        trace_state: object = None,
+        trace_state: Any = None,
     ) -> SamplingResult:
         parent = trace.get_current_span(parent_context).get_span_context()
-        sampled = parent.trace_flags.sampled if parent.is_valid else self._take()
+        if parent.is_valid:
+            sampled = parent.trace_flags.sampled
+        else:
+            sampled = self._take(str((attributes or {}).get("model", "")))
         decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
-        return SamplingResult(decision, attributes if sampled else None)  # type: ignore[arg-type]
+        return SamplingResult(decision, attributes if sampled else None)
 
-    def _take(self) -> bool:
-        config = self.config
-        if not config.on or next(self._seen) % config.rate:
+    def _take(self, model: str) -> bool:
+        own = model and any(k.startswith(f"{model}/") for k in self.shared)
+        scope = model if own else ""
+        config = self.configured(scope)
+        if not config.on:
             return False
         with self._lock:
-            if 0 <= config.count <= self._taken:
+            counts = self._counts.setdefault(scope, [0, 0])
+            counts[0] += 1
+            if (counts[0] - 1) % config.rate or 0 <= config.count <= counts[1]:
                 return False
-            self._taken += 1
+            counts[1] += 1
             return True
 
     def get_description(self) -> str:
-        return f"RateSampler(rate={self.config.rate}, count={self.config.count})"
+        return f"RateSampler({self.base})"
+
+
+_SAMPLER = RateSampler(TraceConfig())
+
+
+def sampler() -> RateSampler:
+    """This process's sampling, whose settings the trace extension shows and changes."""
+    return _SAMPLER
 
 
 def start(config: TraceConfig, service: str, exporter: SpanExporter | None = None) -> None:
     """Send this process's spans to the collector (``exporter`` replaces it, for tests).
-    Does nothing unless ``--trace-config`` chose OpenTelemetry."""
+    Spans are made only once ``--trace-config`` chose OpenTelemetry."""
+    global _SAMPLER
+    _SAMPLER = RateSampler(config)
     if not config.mode:
         return
     if exporter is None:
@@ -87,9 +126,14 @@ def start(config: TraceConfig, service: str, exporter: SpanExporter | None = Non
 
         exporter = OTLPSpanExporter(endpoint=config.url)
     resource = Resource.create({"service.name": service, **dict(config.resource)})
-    provider = TracerProvider(sampler=RateSampler(config), resource=resource)
+    provider = TracerProvider(sampler=_SAMPLER, resource=resource)
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     trace.set_tracer_provider(provider)
+
+
+def apply(changes: dict[str, Any]) -> None:
+    """The trace extension's changes, as ``conch.wire.shared_settings`` delivers them."""
+    _SAMPLER.apply(changes)
 
 
 def tracer() -> trace.Tracer:
@@ -171,9 +215,11 @@ def _remote(context: SpanContext) -> Context:
 __all__ = [
     "RateSampler",
     "Span",
+    "apply",
     "batch_span",
     "context_of",
     "current_traceparent",
+    "sampler",
     "span",
     "span_context_of",
     "start",

@@ -5,7 +5,8 @@ each run one ``DataPlane`` built here, the same way: one Redis client, the model
 following the repository (with the repository's auto-completer, the one edge from a
 frontend to backend code), the dispatcher and the response cache (``--cache-config``);
 and the process follows the logging API's changes (``conch.wire.log_control``) and
-sends its spans where ``--trace-config`` says (``conch.core.tracing``).
+sends its spans where ``--trace-config`` says, sampled as the trace extension last
+said (``conch.core.tracing``, ``conch.wire.trace_control``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from conch.frontend.dataplane import DataPlane
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher
 from conch.settings import Settings
-from conch.wire import log_control
+from conch.wire import log_control, trace_control
 from conch.wire.redis_client import open_client
 
 
@@ -31,4 +32,5 @@ def build_dataplane(settings: Settings) -> DataPlane:
     plane = DataPlane(settings, view, Dispatcher(client), cache)
     view.follow()
     log_control.follow(client, server_log.apply)
+    trace_control.TRACING.follow(client, tracing.apply)
     return plane
