@@ -5,6 +5,7 @@ with the OTLP protobuf messages.
 - A client's ``traceparent`` is continued: the gateway's ``infer`` span is its child,
   the worker's ``queue`` and ``compute`` spans are the infer span's children, and the
   compute span links to it: one trace across the queue.
+- The log lines about a traced request name its trace, in the gateway and the worker.
 - A batch is one ``compute`` span linked to every request it served.
 - A client's unsampled ``traceparent`` (flags 00) is followed: nothing is exported.
 - The trace extension: ``v2/trace/setting`` shows the flags' settings; a change POSTed to
@@ -15,6 +16,7 @@ with the OTLP protobuf messages.
 from __future__ import annotations
 
 import gzip
+import json
 import secrets
 import threading
 import time
@@ -115,6 +117,11 @@ class _Receive(BaseHTTPRequestHandler):
 class Stack:
     url: str
     collector: Collector
+    logs: dict[str, Path]
+
+    def lines(self, process: str) -> list[dict[str, object]]:
+        """``process``'s JSON log lines (``--log-format json``)."""
+        return [json.loads(line) for line in self.logs[process].read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -133,12 +140,17 @@ def stack(
         *("--trace-config", "level=TIMESTAMPS"),
     ]
     db = fresh_db(redis_url, 11)
-    worker = start_worker(repo, db, log_dir, *flags)
+    logs = {name: repo.parent / f"{name}.log" for name in ("worker", "gateway")}
+
+    def logging(name: str) -> list[str]:
+        return ["--log-format", "json", "--log-file", str(logs[name]), "--log-verbose", "1"]
+
+    worker = start_worker(repo, db, log_dir, *flags, *logging("worker"))
     # Two gateway processes: a trace setting changed through one holds in the other.
-    gateway, url = start_gateway(repo, db, log_dir, *flags, workers=2)
+    gateway, url = start_gateway(repo, db, log_dir, *flags, *logging("gateway"), workers=2)
     try:
         wait_model_ready(url, "add", 90, worker, gateway)
-        yield Stack(url, collector)
+        yield Stack(url, collector, logs)
     finally:
         for service in (gateway, worker):
             service.stop()
@@ -187,6 +199,25 @@ def test_client_traceparent_is_one_trace_across_the_queue(stack: Stack) -> None:
     # Queued first, then computed, all within the gateway's span (which waits for the reply).
     assert infer.start_ns <= queued.start_ns <= queued.end_ns <= compute.start_ns
     assert compute.end_ns <= infer.end_ns
+
+
+def test_log_lines_about_a_traced_request_name_its_trace(stack: Stack) -> None:
+    traceparent, trace_id, _ = _new_parent()
+    _infer(stack.url, traceparent, request_id="logged-traced")
+    _spans(stack, trace_id, {"infer", "queue", "compute"})
+    for process in ("gateway", "worker"):
+        about = [
+            line
+            for line in stack.lines(process)
+            if line.get("request_id") == "logged-traced"
+            or "logged-traced" in (line.get("request_id") or [])
+        ]
+        assert about, process
+        for line in about:
+            ids, traces = line["request_id"], line["trace_id"]
+            assert (traces if isinstance(ids, str) else traces[ids.index("logged-traced")]) == (
+                trace_id
+            )
 
 
 def test_a_batch_is_one_compute_span_linked_to_each_request(stack: Stack) -> None:

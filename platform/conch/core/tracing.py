@@ -165,6 +165,12 @@ def span_context_of(traceparent: str) -> SpanContext | None:
     return span if span.is_valid and span.trace_flags.sampled else None
 
 
+def trace_id(traceparent: str) -> str:
+    """The trace id of a sampled ``traceparent`` (hex), for log lines; "" otherwise."""
+    context = span_context_of(traceparent)
+    return f"{context.trace_id:032x}" if context is not None else ""
+
+
 @contextmanager
 def span(name: str, traceparent: str = "", **attributes: object) -> Iterator[trace.Span]:
     """A span named ``name``, continuing ``traceparent`` when it names one, else the
@@ -223,5 +229,6 @@ __all__ = [
     "span",
     "span_context_of",
     "start",
+    "trace_id",
     "tracer",
 ]

@@ -384,7 +384,8 @@ class DataPlane:
         with about(RequestTag(request.id)):
             call = self._prepare(to, request, calls.Lane.ONLINE, caller)
         span.set_attribute("conch.id", call.msg.id)
-        with about(RequestTag(request.id, call.msg.id)):
+        trace_id = tracing.trace_id(call.msg.traceparent)
+        with about(RequestTag(request.id, call.msg.id, trace_id)):
             log.debug("infer: model '%s' version %s", to.entry.name, call.version)
             try:
                 cache = self.cache

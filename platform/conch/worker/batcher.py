@@ -152,6 +152,11 @@ class Item:
     ticket: int = -1  # pop order, when the model preserves ordering
 
 
+def _tag(msg: InferMessage) -> RequestTag:
+    """The ids a log line about ``msg``'s request names."""
+    return RequestTag(msg.client_id, msg.id, tracing.trace_id(msg.traceparent))
+
+
 class Sequencer:
     """Releases replies in the order their requests were popped (``preserve_ordering``).
 
@@ -419,7 +424,7 @@ class Batcher(threading.Thread):
             dead_letter(pipe, self.model, tag, raw, str(exc))
             return None
         if msg.deadline and now > msg.deadline:
-            with about(RequestTag(msg.client_id, msg.id)):
+            with about(_tag(msg)):
                 log.info("%s: dropping a request: its deadline passed in the queue", self.name)
             failed.append((statistics.REJECTED, msg))
             if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
@@ -455,7 +460,7 @@ class Batcher(threading.Thread):
                 f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
                 f"attempts: each one ended with its worker dying"
             )
-            with about(RequestTag(msg.client_id, msg.id)):
+            with about(_tag(msg)):
                 log.error("%s: %s", self.name, reason)
             dead_letter(pipe, self.model, tag, raw, reason)
             self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
@@ -507,7 +512,7 @@ class Batcher(threading.Thread):
         own (as Triton's default scheduler does); either way the replies go together.
         ``cut``: why the dynamic batcher cut it (counted once, with its first execution).
         Every line logged meanwhile (a Python model's too) names the batch's requests."""
-        with about(*(RequestTag(i.msg.client_id, i.msg.id) for i in batch)):
+        with about(*(_tag(i.msg) for i in batch)):
             log.debug(
                 "%s: executing %d request(s), %d row(s)",
                 self.name,
