@@ -6,6 +6,8 @@ with the OTLP protobuf messages.
   the worker's ``queue`` and ``compute`` spans are the infer span's children, and the
   compute span links to it: one trace across the queue.
 - The log lines about a traced request name its trace, in the gateway and the worker.
+- An ensemble's steps are the children of its request's span; a BLS call made by a
+  Python model is the child of the batch that made it.
 - A batch is one ``compute`` span linked to every request it served.
 - A client's unsampled ``traceparent`` (flags 00) is followed: nothing is exported.
 - The trace extension: ``v2/trace/setting`` shows the flags' settings; a change POSTed to
@@ -36,7 +38,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from harness import fresh_db, start_gateway, start_worker, wait_model_ready, wait_until
-from models import add_inputs, add_model
+from models import add_inputs, add_model, python_model
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,47 @@ class _Receive(BaseHTTPRequestHandler):
         pass
 
 
+TENSOR = "data_type: TYPE_FP32 dims: [ 4 ]"
+# add, twice: OUT = (A + B) + (A + B), two steps on add's queue.
+ADD_TWICE = f"""
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "A" {TENSOR} }}, {{ name: "B" {TENSOR} }} ]
+output [ {{ name: "OUT" {TENSOR} }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "add" model_version: -1 input_map {{ key: "A" value: "A" }}
+     input_map {{ key: "B" value: "B" }} output_map {{ key: "OUT" value: "SUM" }} }},
+  {{ model_name: "add" model_version: -1 input_map {{ key: "A" value: "SUM" }}
+     input_map {{ key: "B" value: "SUM" }} output_map {{ key: "OUT" value: "OUT" }} }}
+] }}
+"""
+BLS_ADD_CONFIG = f"""
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "A" {TENSOR} }}, {{ name: "B" {TENSOR} }} ]
+output [ {{ name: "OUT" {TENSOR} }} ]
+"""
+# add, called through BLS from a Python model.
+BLS_ADD = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(request, n) for n in ("A", "B")]
+            answer = pb_utils.InferenceRequest(
+                model_name="add", requested_output_names=["OUT"], inputs=inputs
+            ).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            out = pb_utils.get_output_tensor_by_name(answer, "OUT").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return responses
+"""
+
+
 @dataclass
 class Stack:
     url: str
@@ -131,6 +174,9 @@ def stack(
     repo = tmp_path_factory.mktemp("traces") / "models"
     # A 300 ms queue delay: requests sent together run as one batch.
     add_model(repo / "add", delay_us=300_000)
+    (repo / "add_twice" / "1").mkdir(parents=True)
+    (repo / "add_twice" / "config.pbtxt").write_text(ADD_TWICE)
+    python_model(repo / "bls_add", BLS_ADD_CONFIG, BLS_ADD)
     collector = Collector()
     threading.Thread(target=collector.serve_forever, daemon=True).start()
     flags = [
@@ -149,7 +195,8 @@ def stack(
     # Two gateway processes: a trace setting changed through one holds in the other.
     gateway, url = start_gateway(repo, db, log_dir, *flags, *logging("gateway"), workers=2)
     try:
-        wait_model_ready(url, "add", 90, worker, gateway)
+        for model in ("add", "add_twice", "bls_add"):
+            wait_model_ready(url, model, 90, worker, gateway)
         yield Stack(url, collector, logs)
     finally:
         for service in (gateway, worker):
@@ -157,14 +204,14 @@ def stack(
         collector.shutdown()
 
 
-def _infer(url: str, traceparent: str = "", request_id: str = "") -> None:
+def _infer(url: str, traceparent: str = "", request_id: str = "", model: str = "add") -> None:
     client = httpclient.InferenceServerClient(url)
     headers = {"traceparent": traceparent} if traceparent else {}
     try:
         out = client.infer(
-            "add", add_inputs(np.ones((1, 4), np.float32)), headers=headers, request_id=request_id
+            model, add_inputs(np.ones((1, 4), np.float32)), headers=headers, request_id=request_id
         ).as_numpy("OUT")
-        assert out.tolist() == [[2.0] * 4]
+        assert out.tolist() == [[4.0 if model == "add_twice" else 2.0] * 4]
     finally:
         client.close()
 
@@ -199,6 +246,43 @@ def test_client_traceparent_is_one_trace_across_the_queue(stack: Stack) -> None:
     # Queued first, then computed, all within the gateway's span (which waits for the reply).
     assert infer.start_ns <= queued.start_ns <= queued.end_ns <= compute.start_ns
     assert compute.end_ns <= infer.end_ns
+
+
+def _model(span: Span) -> str:
+    return dict(span.attributes).get("model", "")
+
+
+def test_an_ensembles_steps_nest_under_its_request(stack: Stack) -> None:
+    traceparent, trace_id, _ = _new_parent()
+    _infer(stack.url, traceparent, model="add_twice")
+    wait_until(
+        lambda: len([s for s in stack.collector.trace(trace_id) if s.name == "compute"]) == 2,
+        20,
+        "both steps' compute spans",
+    )
+    spans = _spans(stack, trace_id, {"infer", "queue", "compute"})
+    [infer] = spans["infer"]
+    assert _model(infer) == "add_twice"
+    steps = spans["queue"] + spans["compute"]
+    assert len(steps) == 4  # each step queued, then computed
+    assert {(s.parent, _model(s)) for s in steps} == {(infer.span_id, "add")}
+
+
+def test_a_bls_call_nests_under_its_callers_batch(stack: Stack) -> None:
+    traceparent, trace_id, _ = _new_parent()
+    _infer(stack.url, traceparent, model="bls_add")
+
+    def by_model(name: str) -> dict[str, Span]:
+        return {_model(s): s for s in stack.collector.trace(trace_id) if s.name == name}
+
+    wait_until(lambda: len(by_model("compute")) == 2, 20, "the caller's and add's compute spans")
+    [infer] = _spans(stack, trace_id, {"infer"})["infer"]
+    queued, computed = by_model("queue"), by_model("compute")
+    assert queued["bls_add"].parent == computed["bls_add"].parent == infer.span_id
+    # The call made while bls_add's batch ran is that batch's child: queued, then computed.
+    caller = computed["bls_add"]
+    assert queued["add"].parent == computed["add"].parent == caller.span_id
+    assert caller.start_ns <= queued["add"].start_ns <= computed["add"].end_ns <= caller.end_ns
 
 
 def test_log_lines_about_a_traced_request_name_its_trace(stack: Stack) -> None:
