@@ -5,6 +5,8 @@ with the OTLP protobuf messages.
 - A client's ``traceparent`` is continued: the gateway's ``infer`` span is its child,
   the worker's ``queue`` and ``compute`` spans are the infer span's children, and the
   compute span links to it: one trace across the queue.
+- An async job's spans are the children of its submission's ``job`` span; a batch job is
+  one trace, its ``batch_job`` span the parent of every line's spans.
 - The log lines about a traced request name its trace, in the gateway and the worker.
 - An ensemble's steps are the children of its request's span; a BLS call made by a
   Python model is the child of the batch that made it.
@@ -169,7 +171,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(
-    tmp_path_factory: pytest.TempPathFactory, redis_url: str, log_dir: Path
+    tmp_path_factory: pytest.TempPathFactory, redis_url: str, log_dir: Path, s3_endpoint: str
 ) -> Iterator[Stack]:
     repo = tmp_path_factory.mktemp("traces") / "models"
     # A 300 ms queue delay: requests sent together run as one batch.
@@ -191,7 +193,8 @@ def stack(
     def logging(name: str) -> list[str]:
         return ["--log-format", "json", "--log-file", str(logs[name]), "--log-verbose", "1"]
 
-    worker = start_worker(repo, db, log_dir, *flags, *logging("worker"))
+    s3 = {"AWS_ENDPOINT_URL": s3_endpoint}  # batch jobs' objects
+    worker = start_worker(repo, db, log_dir, *flags, *logging("worker"), env=s3)
     # Two gateway processes: a trace setting changed through one holds in the other.
     gateway, url = start_gateway(repo, db, log_dir, *flags, *logging("gateway"), workers=2)
     try:
@@ -283,6 +286,51 @@ def test_a_bls_call_nests_under_its_callers_batch(stack: Stack) -> None:
     caller = computed["bls_add"]
     assert queued["add"].parent == computed["add"].parent == caller.span_id
     assert caller.start_ns <= queued["add"].start_ns <= computed["add"].end_ns <= caller.end_ns
+
+
+ONES = {"datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}
+LINE = {"inputs": [{"name": "A", **ONES}, {"name": "B", **ONES}]}
+
+
+def test_an_async_jobs_spans_nest_under_its_submission(stack: Stack) -> None:
+    traceparent, trace_id, client_span = _new_parent()
+    answer = requests.post(
+        f"http://{stack.url}/v2/models/add/jobs",
+        json=LINE,
+        headers={"traceparent": traceparent},
+        timeout=10,
+    )
+    assert answer.status_code == 202, answer.text
+    spans = _spans(stack, trace_id, {"job", "queue", "compute"})
+    [job], [queued], [compute] = spans["job"], spans["queue"], spans["compute"]
+    assert (job.service, job.parent) == ("conch-gateway", client_span)
+    assert queued.parent == compute.parent == job.span_id
+
+
+def test_a_batch_jobs_lines_are_one_trace(stack: Stack, s3: object) -> None:
+    bucket = f"traces-{secrets.token_hex(6)}"
+    s3.create_bucket(Bucket=bucket)  # type: ignore[attr-defined]
+    body = "".join(json.dumps({**LINE, "id": f"line-{k}"}) + "\n" for k in range(3))
+    s3.put_object(Bucket=bucket, Key="in.jsonl", Body=body.encode())  # type: ignore[attr-defined]
+    spec = {"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out.jsonl"}
+    answer = requests.post(f"http://{stack.url}/v2/models/add/batch", json=spec, timeout=10)
+    assert answer.status_code == 202, answer.text
+    job_id = answer.json()["id"]
+
+    def job_span() -> list[Span]:
+        with stack.collector.lock:
+            return [s for s in stack.collector.spans if ("job.id", job_id) in s.attributes]
+
+    wait_until(lambda: job_span(), 30, f"batch job {job_id}'s span")
+    [job] = job_span()
+    assert (job.service, job.name, job.parent) == ("conch-worker", "batch_job", "")
+
+    def queued() -> list[Span]:
+        return [s for s in stack.collector.trace(job.trace_id) if s.name == "queue"]
+
+    wait_until(lambda: len(queued()) >= 3, 20, "a queue span for each of the job's lines")
+    assert len(queued()) == 3  # one per line
+    assert {s.parent for s in queued()} == {job.span_id}
 
 
 def test_log_lines_about_a_traced_request_name_its_trace(stack: Stack) -> None:

@@ -508,8 +508,15 @@ class DataPlane:
 
     # -- async and batch jobs ----------------------------------------------------------
 
-    def submit_job(self, to: calls.Target, request: InferRequest) -> JobState:
-        """Queue an infer request as an async job, below every online request."""
+    def submit_job(
+        self, to: calls.Target, request: InferRequest, traceparent: str = ""
+    ) -> JobState:
+        """Queue an infer request as an async job, below every online request. Its
+        ``job`` span (the submission) is the parent of the worker's spans for it."""
+        with tracing.span("job", traceparent, model=to.entry.name, request_id=request.id):
+            return self._submit_job(to, request)
+
+    def _submit_job(self, to: calls.Target, request: InferRequest) -> JobState:
         call = self._prepare(to, request, calls.Lane.ASYNC)
         model = to.entry.name
         msg = call.msg

@@ -130,8 +130,11 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
     # the client's to read in the job's state; Celery logs them without a traceback.
     @app.task(name=batch_job.TASK_NAME, throws=(ConchError,))
     def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:
+        # One trace per job (sampled as a request is): its lines' spans are its children.
+        job_id = str(payload.get("id", "")) if isinstance(payload, dict) else ""
         try:
-            return batch_job.run_task(settings, client, repository, payload, graph)
+            with tracing.span("batch_job", job_id=job_id):
+                return batch_job.run_task(settings, client, repository, payload, graph)
         except batch_job.JobCancelled:
             raise Ignore() from None  # Celery keeps the REVOKED state run_task wrote
 
