@@ -2,7 +2,7 @@
 over OTLP/HTTP to a collector this test runs on loopback, which decodes each export
 with the OTLP protobuf messages.
 
-- A client's ``traceparent`` is continued: the gateway's ``infer`` span is its child,
+- A client's ``traceparent`` (an HTTP header, gRPC metadata) is continued: the gateway's ``infer`` span is its child,
   the worker's ``queue`` and ``compute`` spans are the infer span's children, and the
   compute span links to it: one trace across the queue.
 - An async job's spans are the children of its submission's ``job`` span; a batch job is
@@ -33,13 +33,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from harness import fresh_db, start_gateway, start_worker, wait_model_ready, wait_until
+from harness import (
+    fresh_db,
+    start_gateway,
+    start_grpc,
+    start_worker,
+    wait_model_ready,
+    wait_until,
+)
 from models import add_inputs, add_model, python_model
 
 
@@ -161,6 +169,7 @@ class TritonPythonModel:
 @dataclass
 class Stack:
     url: str
+    grpc_url: str
     collector: Collector
     logs: dict[str, Path]
 
@@ -197,12 +206,13 @@ def stack(
     worker = start_worker(repo, db, log_dir, *flags, *logging("worker"), env=s3)
     # Two gateway processes: a trace setting changed through one holds in the other.
     gateway, url = start_gateway(repo, db, log_dir, *flags, *logging("gateway"), workers=2)
+    grpc, grpc_url = start_grpc(repo, db, log_dir, *flags)
     try:
         for model in ("add", "add_twice", "bls_add"):
             wait_model_ready(url, model, 90, worker, gateway)
-        yield Stack(url, collector, logs)
+        yield Stack(url, grpc_url, collector, logs)
     finally:
-        for service in (gateway, worker):
+        for service in (grpc, gateway, worker):
             service.stop()
         collector.shutdown()
 
@@ -350,6 +360,24 @@ def test_log_lines_about_a_traced_request_name_its_trace(stack: Stack) -> None:
             assert (traces if isinstance(ids, str) else traces[ids.index("logged-traced")]) == (
                 trace_id
             )
+
+
+def test_a_grpc_clients_traceparent_is_continued(stack: Stack) -> None:
+    traceparent, trace_id, client_span = _new_parent()
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        inputs = []
+        for name in ("A", "B"):
+            tensor = grpcclient.InferInput(name, [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+            inputs.append(tensor)
+        client.infer("add", inputs, headers={"traceparent": traceparent})
+    finally:
+        client.close()
+    spans = _spans(stack, trace_id, {"infer", "queue", "compute"})
+    [infer] = spans["infer"]
+    assert (infer.service, infer.parent) == ("conch-gateway", client_span)
+    assert spans["queue"][0].parent == infer.span_id
 
 
 def test_a_batch_is_one_compute_span_linked_to_each_request(stack: Stack) -> None:
