@@ -10,7 +10,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from conch.cli import parser
 from conch.core.trace_config import TraceConfig
-from conch.core.tracing import RateSampler, context_of
+from conch.core.tracing import RateSampler, context_of, trace_id
 from conch.settings import Role, Settings
 from conch.wire.messages import BadMessage, InferMessage
 
@@ -83,6 +83,9 @@ def test_a_parents_flag_is_followed_whatever_the_rate() -> None:
         trace_flags=TraceFlags(1),
     )
     assert context_of("00-not-a-traceparent") is None
+    # Log lines name a sampled trace only.
+    assert trace_id(PARENT) == "0af7651916cd43dd8448eb211c80319c"
+    assert trace_id(PARENT[:-2] + "00") == trace_id("") == trace_id("00-x") == ""
 
 
 def _message(**fields: object) -> InferMessage:
@@ -97,3 +100,20 @@ def test_a_message_carries_a_checked_traceparent() -> None:
         body = {**traced.to_dict(), "tp": bad}
         with pytest.raises(BadMessage, match="traceparent"):
             InferMessage.from_dict(body)
+
+
+def test_the_trace_extensions_changes_apply_per_model() -> None:
+    sampler = RateSampler(TraceConfig(mode="opentelemetry", level="TIMESTAMPS", rate=1))
+
+    def decide(model: str) -> bool:
+        result = sampler.should_sample(None, 1, "infer", attributes={"model": model})
+        return result.decision is Decision.RECORD_AND_SAMPLE
+
+    sampler.apply({"add/trace_rate": "2", "add/trace_count": "2"})
+    assert sampler.configured("add").rate == 2 and sampler.configured("other").rate == 1
+    assert [decide("add") for _ in range(6)] == [True, False, True, False, False, False]
+    assert all(decide("other") for _ in range(3))  # counted apart, at the flags' rate
+    sampler.apply({"trace_level": ["OFF"]})
+    assert not decide("other") and not decide("add")  # the level for every model holds
+    sampler.apply({"trace_level": None, "add/trace_rate": None, "add/trace_count": None})
+    assert sampler.shared == {} and all(decide("add") for _ in range(3))

@@ -50,25 +50,31 @@ class RateSampler(Sampler):
         self.base = base
         self.shared: dict[str, Any] = {}
         self._counts: dict[str, list[int]] = {}  # scope -> [seen, taken]
+        self._configured: dict[str, TraceConfig] = {}  # by model, until the next change
         self._lock = threading.Lock()
 
     def configured(self, model: str = "") -> TraceConfig:
         """The settings that apply to ``model`` ("": to every model without its own)."""
+        cached = self._configured.get(model)
+        if cached is None:
+            cached = self._configured[model] = self._resolve(model)
+        return cached
+
+    def _resolve(self, model: str) -> TraceConfig:
         shared = self.shared
-        config = updated(self.base, {k: v for k, v in shared.items() if "/" not in k})
         if not model:
-            return config
+            return updated(self.base, {k: v for k, v in shared.items() if "/" not in k})
         prefix = f"{model}/"
-        return updated(
-            config, {k.removeprefix(prefix): v for k, v in shared.items() if k.startswith(prefix)}
-        )
+        own = {k.removeprefix(prefix): v for k, v in shared.items() if k.startswith(prefix)}
+        # A model without settings of its own shares the one for every model (and its counts).
+        return updated(self.configured(), own) if own else self.configured()
 
     def apply(self, changes: dict[str, Any]) -> None:
         """Take the trace extension's ``changes`` (``None``: back to what applied before)."""
         merged = {**self.shared, **changes}
         with self._lock:
             self.shared = {k: v for k, v in merged.items() if v is not None}
-            self._counts = {}
+            self._counts, self._configured = {}, {}
 
     def should_sample(
         self,
@@ -89,9 +95,8 @@ class RateSampler(Sampler):
         return SamplingResult(decision, attributes if sampled else None)
 
     def _take(self, model: str) -> bool:
-        own = model and any(k.startswith(f"{model}/") for k in self.shared)
-        scope = model if own else ""
-        config = self.configured(scope)
+        config = self.configured(model)
+        scope = model if config is not self.configured() else ""
         if not config.on:
             return False
         with self._lock:
@@ -107,6 +112,8 @@ class RateSampler(Sampler):
 
 
 _SAMPLER = RateSampler(TraceConfig())
+_EXPORTING = False  # whether this process makes spans at all (start() chose OpenTelemetry)
+_TRACER_NOW: trace.Tracer | None = None  # start()'s, got once (getting one costs)
 
 
 def sampler() -> RateSampler:
@@ -117,10 +124,11 @@ def sampler() -> RateSampler:
 def start(config: TraceConfig, service: str, exporter: SpanExporter | None = None) -> None:
     """Send this process's spans to the collector (``exporter`` replaces it, for tests).
     Spans are made only once ``--trace-config`` chose OpenTelemetry."""
-    global _SAMPLER
+    global _SAMPLER, _EXPORTING, _TRACER_NOW
     _SAMPLER = RateSampler(config)
     if not config.mode:
         return
+    _EXPORTING = True
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -129,6 +137,7 @@ def start(config: TraceConfig, service: str, exporter: SpanExporter | None = Non
     provider = TracerProvider(sampler=_SAMPLER, resource=resource)
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     trace.set_tracer_provider(provider)
+    _TRACER_NOW = provider.get_tracer(_TRACER)
 
 
 def apply(changes: dict[str, Any]) -> None:
@@ -137,7 +146,7 @@ def apply(changes: dict[str, Any]) -> None:
 
 
 def tracer() -> trace.Tracer:
-    return trace.get_tracer(_TRACER)
+    return _TRACER_NOW or trace.get_tracer(_TRACER)
 
 
 def context_of(traceparent: str) -> Context | None:
@@ -149,6 +158,8 @@ def context_of(traceparent: str) -> Context | None:
 
 def current_traceparent() -> str:
     """The running span's context as a ``traceparent`` ("" outside any span)."""
+    if not _EXPORTING:
+        return ""
     context = trace.get_current_span().get_span_context()
     if not context.is_valid:
         return ""
@@ -167,14 +178,19 @@ def span_context_of(traceparent: str) -> SpanContext | None:
 
 def trace_id(traceparent: str) -> str:
     """The trace id of a sampled ``traceparent`` (hex), for log lines; "" otherwise."""
-    context = span_context_of(traceparent)
-    return f"{context.trace_id:032x}" if context is not None else ""
+    if not traceparent or not TRACEPARENT.fullmatch(traceparent):
+        return ""
+    sampled = int(traceparent[-2:], 16) & 1
+    return traceparent[3:35] if sampled and traceparent[3:35] != "0" * 32 else ""
 
 
 @contextmanager
 def span(name: str, traceparent: str = "", **attributes: object) -> Iterator[trace.Span]:
     """A span named ``name``, continuing ``traceparent`` when it names one, else the
     current span (the gateway's request span; an ensemble's or BLS call's steps nest)."""
+    if not _EXPORTING:  # no tracing set up: no OpenTelemetry work on the request's path
+        yield trace.INVALID_SPAN
+        return
     parent = context_of(traceparent)
     kind = SpanKind.SERVER if parent is not None else SpanKind.INTERNAL
     with tracer().start_as_current_span(
