@@ -5,7 +5,8 @@ with the OTLP protobuf messages.
 - A client's ``traceparent`` (an HTTP header, gRPC metadata) is continued: the gateway's ``infer`` span is its child,
   the worker's ``queue`` and ``compute`` spans are the infer span's children, and the
   compute span links to it: one trace across the queue.
-- An async job's spans are the children of its submission's ``job`` span; a batch job is
+- An async job's spans are the children of its submission's ``job`` span (an ensemble's:
+  of the worker's ``ensemble_job`` span that runs its graph); a batch job is
   one trace, its ``batch_job`` span the parent of every line's spans.
 - The log lines about a traced request name its trace, in the gateway and the worker.
 - An ensemble's steps are the children of its request's span; a BLS call made by a
@@ -317,13 +318,36 @@ def test_an_async_jobs_spans_nest_under_its_submission(stack: Stack) -> None:
     assert queued.parent == compute.parent == job.span_id
 
 
-def test_a_batch_jobs_lines_are_one_trace(stack: Stack, s3: object) -> None:
+def test_an_async_ensemble_jobs_steps_nest_under_its_driver(stack: Stack) -> None:
+    traceparent, trace_id, _ = _new_parent()
+    answer = requests.post(
+        f"http://{stack.url}/v2/models/add_twice/jobs",
+        json=LINE,
+        headers={"traceparent": traceparent},
+        timeout=10,
+    )
+    assert answer.status_code == 202, answer.text
+    wait_until(
+        lambda: len([s for s in stack.collector.trace(trace_id) if s.name == "compute"]) == 2,
+        20,
+        "both steps' compute spans",
+    )
+    spans = _spans(stack, trace_id, {"job", "ensemble_job", "queue", "compute"})
+    [job], [driver] = spans["job"], spans["ensemble_job"]
+    assert (driver.service, driver.parent) == ("conch-worker", job.span_id)
+    steps = spans["queue"] + spans["compute"]
+    assert len(steps) == 4 and {(s.parent, _model(s)) for s in steps} == {(driver.span_id, "add")}
+
+
+@pytest.mark.parametrize(("model", "steps"), [("add", 1), ("add_twice", 2)])
+def test_a_batch_jobs_lines_are_one_trace(stack: Stack, s3: object, model: str, steps: int) -> None:
+    """A model's lines, or an ensemble's (whose graphs run in the driver's threads)."""
     bucket = f"traces-{secrets.token_hex(6)}"
     s3.create_bucket(Bucket=bucket)  # type: ignore[attr-defined]
     body = "".join(json.dumps({**LINE, "id": f"line-{k}"}) + "\n" for k in range(3))
     s3.put_object(Bucket=bucket, Key="in.jsonl", Body=body.encode())  # type: ignore[attr-defined]
     spec = {"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out.jsonl"}
-    answer = requests.post(f"http://{stack.url}/v2/models/add/batch", json=spec, timeout=10)
+    answer = requests.post(f"http://{stack.url}/v2/models/{model}/batch", json=spec, timeout=10)
     assert answer.status_code == 202, answer.text
     job_id = answer.json()["id"]
 
@@ -338,8 +362,8 @@ def test_a_batch_jobs_lines_are_one_trace(stack: Stack, s3: object) -> None:
     def queued() -> list[Span]:
         return [s for s in stack.collector.trace(job.trace_id) if s.name == "queue"]
 
-    wait_until(lambda: len(queued()) >= 3, 20, "a queue span for each of the job's lines")
-    assert len(queued()) == 3  # one per line
+    wait_until(lambda: len(queued()) >= 3 * steps, 20, "a queue span for each line's request")
+    assert len(queued()) == 3 * steps  # one per line (per step of an ensemble's line)
     assert {s.parent for s in queued()} == {job.span_id}
 
 
