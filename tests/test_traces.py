@@ -262,6 +262,13 @@ def test_client_traceparent_is_one_trace_across_the_queue(stack: Stack) -> None:
     assert compute.end_ns <= infer.end_ns
 
 
+def _wait_computes(stack: Stack, trace_id: str, count: int) -> None:
+    def arrived() -> bool:
+        return len([s for s in stack.collector.trace(trace_id) if s.name == "compute"]) == count
+
+    wait_until(arrived, 20, f"{count} compute spans in trace {trace_id}")
+
+
 def _model(span: Span) -> str:
     return dict(span.attributes).get("model", "")
 
@@ -269,11 +276,7 @@ def _model(span: Span) -> str:
 def test_an_ensembles_steps_nest_under_its_request(stack: Stack) -> None:
     traceparent, trace_id, _ = _new_parent()
     _infer(stack.url, traceparent, model="add_twice")
-    wait_until(
-        lambda: len([s for s in stack.collector.trace(trace_id) if s.name == "compute"]) == 2,
-        20,
-        "both steps' compute spans",
-    )
+    _wait_computes(stack, trace_id, 2)
     spans = _spans(stack, trace_id, {"infer", "queue", "compute"})
     [infer] = spans["infer"]
     assert _model(infer) == "add_twice"
@@ -303,15 +306,21 @@ ONES = {"datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}
 LINE = {"inputs": [{"name": "A", **ONES}, {"name": "B", **ONES}]}
 
 
-def test_an_async_jobs_spans_nest_under_its_submission(stack: Stack) -> None:
+def _submit_job(stack: Stack, model: str) -> tuple[str, str]:
+    """An async job on ``model`` with a new sampled traceparent: its trace and span ids."""
     traceparent, trace_id, client_span = _new_parent()
     answer = requests.post(
-        f"http://{stack.url}/v2/models/add/jobs",
+        f"http://{stack.url}/v2/models/{model}/jobs",
         json=LINE,
         headers={"traceparent": traceparent},
         timeout=10,
     )
     assert answer.status_code == 202, answer.text
+    return trace_id, client_span
+
+
+def test_an_async_jobs_spans_nest_under_its_submission(stack: Stack) -> None:
+    trace_id, client_span = _submit_job(stack, "add")
     spans = _spans(stack, trace_id, {"job", "queue", "compute"})
     [job], [queued], [compute] = spans["job"], spans["queue"], spans["compute"]
     assert (job.service, job.parent) == ("conch-gateway", client_span)
@@ -319,19 +328,8 @@ def test_an_async_jobs_spans_nest_under_its_submission(stack: Stack) -> None:
 
 
 def test_an_async_ensemble_jobs_steps_nest_under_its_driver(stack: Stack) -> None:
-    traceparent, trace_id, _ = _new_parent()
-    answer = requests.post(
-        f"http://{stack.url}/v2/models/add_twice/jobs",
-        json=LINE,
-        headers={"traceparent": traceparent},
-        timeout=10,
-    )
-    assert answer.status_code == 202, answer.text
-    wait_until(
-        lambda: len([s for s in stack.collector.trace(trace_id) if s.name == "compute"]) == 2,
-        20,
-        "both steps' compute spans",
-    )
+    trace_id, _ = _submit_job(stack, "add_twice")
+    _wait_computes(stack, trace_id, 2)
     spans = _spans(stack, trace_id, {"job", "ensemble_job", "queue", "compute"})
     [job], [driver] = spans["job"], spans["ensemble_job"]
     assert (driver.service, driver.parent) == ("conch-worker", job.span_id)
