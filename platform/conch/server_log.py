@@ -17,7 +17,8 @@ A line written while the code works on requests (``conch.core.request_scope``) n
 them: Triton's ``[request id: <id>]`` before the message, and conch's message id
 (``[conch id: <id>]``), the same id in the gateway's and the worker's lines; in JSON,
 the fields ``request_id`` and ``conch_id`` (a string for one request, a list for a
-batch's lines).
+batch's lines). A traced request's lines name its OpenTelemetry trace too
+(``[trace id: <hex>]``, ``trace_id``), so a trace leads to its log lines.
 
 ``configure`` sets this up on the root logger, before a role starts; the gateway's
 gunicorn and the worker's Celery log through the root logger rather than their own
@@ -122,8 +123,10 @@ def _letter(record: logging.LogRecord) -> str:
     return next((v for k, v in _LETTERS.items() if record.levelno >= k), "I")
 
 
-def _ids(tags: tuple[request_scope.RequestTag, ...]) -> tuple[list[str], list[str]]:
-    return [t.request_id for t in tags], [t.conch_id for t in tags]
+def _ids(
+    tags: tuple[request_scope.RequestTag, ...],
+) -> tuple[list[str], list[str], list[str]]:
+    return [t.request_id for t in tags], [t.conch_id for t in tags], [t.trace_id for t in tags]
 
 
 class RequestFilter(logging.Filter):
@@ -159,10 +162,12 @@ def _about(record: logging.LogRecord) -> str:
     tags = getattr(record, "conch_requests", ())
     if not tags:
         return ""
-    request_ids, conch_ids = _ids(tags)
+    request_ids, conch_ids, trace_ids = _ids(tags)
     text = f"[request id: {', '.join(i or _NO_ID for i in request_ids)}] "
     if any(conch_ids):
         text += f"[conch id: {', '.join(conch_ids)}] "
+    if any(trace_ids):
+        text += f"[trace id: {', '.join(trace_ids)}] "
     return text
 
 
@@ -183,10 +188,12 @@ class JsonFormatter(logging.Formatter):
         }
         tags = getattr(record, "conch_requests", ())
         if tags:
-            request_ids, conch_ids = _ids(tags)
+            request_ids, conch_ids, trace_ids = _ids(tags)
             one = len(tags) == 1
             line["request_id"] = request_ids[0] if one else request_ids
             line["conch_id"] = conch_ids[0] if one else conch_ids
+            if any(trace_ids):  # only lines about traced requests name a trace
+                line["trace_id"] = trace_ids[0] if one else trace_ids
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

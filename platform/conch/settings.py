@@ -33,6 +33,7 @@ from typing import Any
 from conch.core.cache_config import CacheConfig
 from conch.core.metrics_config import MetricsConfig
 from conch.core.restricted_apis import RestrictedApis, group_names
+from conch.core.trace_config import TraceConfig
 
 
 class ModelControlMode(StrEnum):
@@ -250,6 +251,7 @@ class Settings:
     metrics_interval_ms: int = 2000
     # Triton's --metrics-config: latency counters, summaries, the first-response histogram.
     metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
+    trace_config: TraceConfig = field(default_factory=TraceConfig)
     # The gateway's sockets and processes (gunicorn's bind, workers and threads).
     http_address: str = "0.0.0.0"
     http_port: int = 8000
@@ -763,6 +765,16 @@ FLAGS: tuple[Flag, ...] = (
         WORKER_ROLES,
         "workers report their GPUs' use, memory and power through NVML (nv_gpu_*; default "
         "true; needs the gpu extra, nvidia-ml-py, and a GPU)",
+    ),
+    _config_flag(
+        "--trace-config",
+        "trace_config",
+        ALL_ROLES,
+        "Triton's: mode=opentelemetry, opentelemetry,url=<host:port/path> (OTLP/HTTP), "
+        "rate=<N> (one trace in N), count=<N> (-1: no limit), level=OFF|TIMESTAMPS; "
+        "repeatable; give it to workers too (they send the queue and batch spans)",
+        "KEY=VALUE",
+        TraceConfig.parse,
     ),
     _config_flag(
         "--metrics-config",

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RequestTag:
-    """One request's ids: the client's ``id`` ("" when it gave none) and conch's own
-    message id ("" until the request is queued)."""
+    """One request's ids: the client's ``id`` ("" when it gave none), conch's own
+    message id ("" until the request is queued) and its OpenTelemetry trace id ("" when
+    it is not traced; ``conch.core.tracing``)."""
 
     request_id: str = ""
     conch_id: str = ""
+    trace_id: str = ""
 
 
 _CURRENT: ContextVar[tuple[RequestTag, ...]] = ContextVar("conch_requests", default=())

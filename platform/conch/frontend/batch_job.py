@@ -11,6 +11,7 @@ never holds more of the dataset than the window.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import re
@@ -385,7 +386,8 @@ class _Graphs(_Lines):
         self.pool = ThreadPoolExecutor(WINDOW, thread_name_prefix="batch-graph")
 
     def send(self, msg: InferMessage) -> None:
-        self.pool.submit(self._run, msg)
+        # In the driver's context: the line's graph joins the job's trace (its span).
+        self.pool.submit(contextvars.copy_context().run, self._run, msg)
 
     def _run(self, msg: InferMessage) -> None:
         try:

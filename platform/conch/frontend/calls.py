@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from conch.core import tracing
 from conch.core.errors import Unavailable
 from conch.core.inference import InferRequest
 from conch.core.repository import ModelEntry
@@ -142,6 +143,7 @@ def build(
         client_id=request.id,
         timeout_us=timeout_us,
         chain=list(caller.chain),
+        traceparent=tracing.current_traceparent(),
     )
     return Call(msg, bound, to.version)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conch import __version__, server_log
-from conch.core import custom_metrics, ensemble_graph, validation
+from conch.core import custom_metrics, ensemble_graph, trace_config, tracing, validation
 from conch.core.errors import (
     ConchError,
     Forbidden,
@@ -42,7 +42,15 @@ from conch.frontend.producer import Abandonment, Dispatcher
 from conch.frontend.response_cache import ResponseCache
 from conch.frontend.sequence_route import SequenceRoute
 from conch.settings import Settings
-from conch.wire import job_store, log_control, model_metrics, outage, statistics, worker_reports
+from conch.wire import (
+    job_store,
+    log_control,
+    model_metrics,
+    outage,
+    statistics,
+    trace_control,
+    worker_reports,
+)
 from conch.wire.messages import InferMessage, WireTensor
 from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, work_owed
 
@@ -59,6 +67,7 @@ EXTENSIONS = [
     "parameters",
     "statistics",
     "logging",  # GET/POST v2/logging, applied to every process (wire.log_control)
+    "trace",  # GET/POST v2[/models/<m>]/trace/setting, every process (wire.trace_control)
     "async_jobs",  # conch's own: /v2/models/<m>/jobs and /v2/jobs/<id> (http.job_routes)
 ]
 MAX_JOB_WAIT_S = 60.0  # the longest a job result call may be held waiting (long polling)
@@ -266,6 +275,38 @@ class DataPlane:
         log_control.publish(self._client, {k: v for k, v in changes.items() if k != "log_file"})
         return server_log.update(changes).to_json()
 
+    # -- tracing -----------------------------------------------------------------------
+
+    def trace_settings(self, model: str = "") -> dict[str, Any]:
+        """Triton's trace extension: the settings for ``model`` ("": for every model)."""
+        if model:
+            self.view.serving(model)  # 404 for a model not served
+        return trace_config.to_json(tracing.sampler().configured(model))
+
+    def update_trace_settings(self, changes: Any, model: str = "") -> dict[str, Any]:
+        """Change sampling in every process (``conch.wire.trace_control``); the settings
+        that follow here. A ``null`` value sends a model's setting back to the one for
+        every model (that one, back to the flag's). A wrong value changes nothing."""
+        self.trace_settings(model)  # the model's 404 first
+        try:
+            config = trace_config.updated(tracing.sampler().configured(model), changes)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if config.on and not config.mode:
+            raise InvalidArgument(
+                "tracing was not set up at start: give --trace-config mode=opentelemetry "
+                "(and the collector's opentelemetry,url=...) to every process"
+            )
+        scoped = {
+            f"{model}/{k}" if model else k: v
+            for k, v in changes.items()
+            if k not in ("trace_mode", "log_frequency")
+        }
+        if scoped:
+            tracing.apply(scoped)
+            trace_control.TRACING.publish(self._client, scoped)
+        return self.trace_settings(model)
+
     # -- the model repository ----------------------------------------------------------
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -317,6 +358,7 @@ class DataPlane:
         *,
         deadline: float = 0.0,
         abandonment: Abandonment | None = None,
+        traceparent: str = "",
     ) -> InferOutcome:
         """Check ``request`` against its model, queue it (or run the ensemble's graph)
         and wait for the outputs.
@@ -324,12 +366,26 @@ class DataPlane:
         ``deadline`` (epoch seconds, 0: none) is the caller's own, such as a gRPC
         deadline: the request is never run past it, nor past its ``timeout``. Through
         ``abandonment`` the caller's transport may say it went away (a model's request
-        still queued is then never run, nor is an ensemble's next step).
+        still queued is then never run, nor is an ensemble's next step). A W3C
+        ``traceparent`` from the client is continued by the call's ``infer`` span.
         """
+        with tracing.span("infer", traceparent, model=to.entry.name, request_id=request.id) as span:
+            return self._infer(to, request, deadline, abandonment, span)
+
+    def _infer(
+        self,
+        to: calls.Target,
+        request: InferRequest,
+        deadline: float,
+        abandonment: Abandonment | None,
+        span: tracing.Span,
+    ) -> InferOutcome:
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
         with about(RequestTag(request.id)):
             call = self._prepare(to, request, calls.Lane.ONLINE, caller)
-        with about(RequestTag(request.id, call.msg.id)):
+        span.set_attribute("conch.id", call.msg.id)
+        trace_id = tracing.trace_id(call.msg.traceparent)
+        with about(RequestTag(request.id, call.msg.id, trace_id)):
             log.debug("infer: model '%s' version %s", to.entry.name, call.version)
             try:
                 cache = self.cache
@@ -452,8 +508,15 @@ class DataPlane:
 
     # -- async and batch jobs ----------------------------------------------------------
 
-    def submit_job(self, to: calls.Target, request: InferRequest) -> JobState:
-        """Queue an infer request as an async job, below every online request."""
+    def submit_job(
+        self, to: calls.Target, request: InferRequest, traceparent: str = ""
+    ) -> JobState:
+        """Queue an infer request as an async job, below every online request. Its
+        ``job`` span (the submission) is the parent of the worker's spans for it."""
+        with tracing.span("job", traceparent, model=to.entry.name, request_id=request.id):
+            return self._submit_job(to, request)
+
+    def _submit_job(self, to: calls.Target, request: InferRequest) -> JobState:
         call = self._prepare(to, request, calls.Lane.ASYNC)
         model = to.entry.name
         msg = call.msg

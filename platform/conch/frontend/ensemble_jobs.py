@@ -12,10 +12,12 @@ own, so the job reads PENDING until its result is written, as a model's job does
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 import redis
 
+from conch.core import tracing
 from conch.core.errors import ConchError, Internal, Unavailable
 from conch.frontend import calls
 from conch.frontend.ensemble_runner import GraphRunner
@@ -69,7 +71,9 @@ def run_task(
     if job_store.cancelled(client, [job_id]):
         return  # cancelled while queued: REVOKED is already its result
     period = min(1.0, settings.visibility_timeout_s / 3)
-    with keepalive(client, job_id, period):
+    # The graph's steps are children of this span, itself the submission's child.
+    traced = tracing.span("ensemble_job", msg.traceparent, model=msg.model)
+    with keepalive(client, job_id, period), traced if msg.traceparent else nullcontext():
         try:
             entry = graph.resolve(msg.model)
             to = calls.target(entry, "" if msg.version == calls.LATEST else msg.version)

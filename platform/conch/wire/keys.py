@@ -86,6 +86,10 @@ Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
       [LOG_COMMANDS]                        settings a POST changed
     conch.logging.settings         string   logging API: JSON, every     workers, gateways (at start
       [LOG_SETTINGS]                        setting the API has changed  and on what pub/sub lost)
+    conch.trace                    channel  trace API: JSON, the         workers, gateways
+      [TRACE_COMMANDS]                      settings a POST changed
+    conch.trace.settings           string   trace API: JSON, every       workers, gateways (at start
+      [TRACE_SETTINGS]                      setting the API has changed  and on what pub/sub lost)
 
 The shared response cache (``--cache-config redis,...``; ``conch.wire.cache_store``)::
 
@@ -145,6 +149,8 @@ OVERRIDE_PREFIX = "conch.override.config."  # explicit load's config override, b
 OVERRIDE_FILES_PREFIX = "conch.override.files."  # explicit load's file: overrides, by model
 LOG_COMMANDS = "conch.logging"  # {"log_info": false, ...}: what one logging request changed
 LOG_SETTINGS = "conch.logging.settings"  # JSON: every log setting the logging API changed
+TRACE_COMMANDS = "conch.trace"  # {"trace_rate": "10", ...}: what one trace request changed
+TRACE_SETTINGS = "conch.trace.settings"  # JSON: every trace setting the trace API changed
 
 # The shared response cache (conch.wire.cache_store): entries, and the LRU bookkeeping.
 CACHE_ENTRY_PREFIX = "conch.cache.entry."  # + the request's hash (hex)
@@ -181,6 +187,8 @@ __all__ = [
     "REPOSITORY_GENERATION",
     "SAMPLES_PREFIX",
     "STATS_PREFIX",
+    "TRACE_COMMANDS",
+    "TRACE_SETTINGS",
     "UNACKED",
     "UNACKED_INDEX",
     "WAKE_SUFFIX",

@@ -15,6 +15,7 @@ import msgpack
 from conch.core.datatypes import WIRE_TYPES
 from conch.core.errors import ConchError, InvalidArgument, from_code
 from conch.core.repository_keys import MAX_SEGMENT_BYTES
+from conch.core.trace_config import TRACEPARENT
 from conch.wire.keys import REPLY_PREFIX
 
 # Tensors travel as [name, datatype, shape, raw bytes].
@@ -83,6 +84,9 @@ class InferMessage:
     # A sequence model's request (conch.wire.sequences): its correlation id (uint64 or
     # string), and whether it starts and ends the sequence; None for any other model.
     sequence: tuple[int | str, bool, bool] | None = None
+    # The W3C trace context of the gateway's span for this request ("" when untraced):
+    # the worker's spans join the request's trace (conch.core.tracing).
+    traceparent: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -108,6 +112,8 @@ class InferMessage:
             body["job"] = self.job_ttl
         if self.sequence is not None:
             body["seq"] = list(self.sequence)
+        if self.traceparent:
+            body["tp"] = self.traceparent
         return body
 
     @classmethod
@@ -140,6 +146,7 @@ class InferMessage:
                 chain=[_model_name(c) for c in _list(m.get("chain") or [], MAX_CHAIN)],
                 job_ttl=_int(m.get("job", 0)),
                 sequence=_sequence(m.get("seq")),
+                traceparent=_traceparent(m.get("tp", "")),
             )
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None
@@ -216,6 +223,12 @@ def _model_name(v: Any) -> str:
     if not isinstance(v, str) or not v or len(v) > MAX_MODEL_NAME:
         raise BadMessage("chain holds something that is not a model name")
     return v
+
+
+def _traceparent(v: Any) -> str:
+    if v and not (isinstance(v, str) and TRACEPARENT.fullmatch(v)):
+        raise BadMessage("tp is not a W3C traceparent")
+    return v or ""
 
 
 def _reply_key(v: Any) -> str:

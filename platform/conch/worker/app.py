@@ -28,6 +28,7 @@ from celery import Celery, signals
 from celery.exceptions import Ignore
 
 from conch.backends.completion import complete
+from conch.core import tracing
 from conch.core.errors import ConchError
 from conch.frontend import batch_job, bls, ensemble_jobs
 from conch.settings import Settings
@@ -129,8 +130,11 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
     # the client's to read in the job's state; Celery logs them without a traceback.
     @app.task(name=batch_job.TASK_NAME, throws=(ConchError,))
     def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:
+        # One trace per job (sampled as a request is): its lines' spans are its children.
+        job_id = str(payload.get("id", "")) if isinstance(payload, dict) else ""
         try:
-            return batch_job.run_task(settings, client, repository, payload, graph)
+            with tracing.span("batch_job", job_id=job_id):
+                return batch_job.run_task(settings, client, repository, payload, graph)
         except batch_job.JobCancelled:
             raise Ignore() from None  # Celery keeps the REVOKED state run_task wrote
 
@@ -174,6 +178,7 @@ def _keep_logging(**_signal: Any) -> None:
 
 def run(settings: Settings, *, loglevel: str = "INFO") -> None:
     name = worker_name()
+    tracing.start(settings.trace_config, "conch-worker")
     app = make_celery(settings, name)
     signals.setup_logging.connect(_keep_logging, weak=False)
     signals.worker_shutting_down.connect(ExitDeadline(settings.exit_timeout_secs).arm, weak=False)

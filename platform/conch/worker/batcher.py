@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from conch.backends import Backend, BackendRequest
-from conch.core import tensors
+from conch.core import tensors, tracing
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unavailable
 from conch.core.model_config import output_types
 from conch.core.request_scope import RequestTag, about
@@ -150,6 +150,11 @@ class Item:
     rows: int
     attempts: int
     ticket: int = -1  # pop order, when the model preserves ordering
+
+
+def _tag(msg: InferMessage) -> RequestTag:
+    """The ids a log line about ``msg``'s request names."""
+    return RequestTag(msg.client_id, msg.id, tracing.trace_id(msg.traceparent))
 
 
 class Sequencer:
@@ -419,7 +424,7 @@ class Batcher(threading.Thread):
             dead_letter(pipe, self.model, tag, raw, str(exc))
             return None
         if msg.deadline and now > msg.deadline:
-            with about(RequestTag(msg.client_id, msg.id)):
+            with about(_tag(msg)):
                 log.info("%s: dropping a request: its deadline passed in the queue", self.name)
             failed.append((statistics.REJECTED, msg))
             if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
@@ -455,7 +460,7 @@ class Batcher(threading.Thread):
                 f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
                 f"attempts: each one ended with its worker dying"
             )
-            with about(RequestTag(msg.client_id, msg.id)):
+            with about(_tag(msg)):
                 log.error("%s: %s", self.name, reason)
             dead_letter(pipe, self.model, tag, raw, reason)
             self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
@@ -507,7 +512,7 @@ class Batcher(threading.Thread):
         own (as Triton's default scheduler does); either way the replies go together.
         ``cut``: why the dynamic batcher cut it (counted once, with its first execution).
         Every line logged meanwhile (a Python model's too) names the batch's requests."""
-        with about(*(RequestTag(i.msg.client_id, i.msg.id) for i in batch)):
+        with about(*(_tag(i.msg) for i in batch)):
             log.debug(
                 "%s: executing %d request(s), %d row(s)",
                 self.name,
@@ -574,7 +579,9 @@ class Batcher(threading.Thread):
                     replies[item.tag] = Reply(item.msg.id, error=err)
                 continue
             refused: set[str] = set()
-            phases = self._run(backend, items, replies, started, refused)
+            traced = [(i.msg.traceparent, i.msg.enqueued) for i in items]
+            with tracing.batch_span(self.model, traced):
+                phases = self._run(backend, items, replies, started, refused)
             for item in items:
                 replies[item.tag].version = used
             if phases is not None:

@@ -12,7 +12,7 @@ Start order, and why:
    ones). The host publishes nothing before its own LOADING announcement.
 2. ``ModelServing``: announces the models it will serve as LOADING, then loads them.
 3. ``ControlFollower``: follows load/unload commands and repository changes;
-   ``LogFollower``, the logging API's changes.
+   ``SettingsFollower``, the logging and trace APIs' changes.
 
 ``RestoreSweep`` needs nothing of the others: in a worker that takes no batch jobs, it
 sweeps the messages dead workers held back to their queues, as Celery's consumer does
@@ -35,7 +35,8 @@ from celery import bootsteps
 from kombu.exceptions import OperationalError
 
 from conch import server_log
-from conch.wire import broker, control_bus, log_control, outage
+from conch.core import tracing
+from conch.wire import broker, control_bus, log_control, outage, trace_control
 from conch.worker.host import HEARTBEAT_S, ModelHost
 
 log = logging.getLogger(__name__)
@@ -185,23 +186,28 @@ class ControlFollower(bootsteps.StartStopStep):
                 host.withdraw(name)
 
 
-class LogFollower(bootsteps.StartStopStep):
-    """Applies the logging API's changes (``POST v2/logging`` on any gateway) to this
-    worker's log, whatever the model control mode (``conch.wire.log_control``)."""
+class SettingsFollower(bootsteps.StartStopStep):
+    """Applies the logging and trace APIs' changes (``POST v2/logging``, ``POST
+    v2/trace/setting`` on any gateway) to this worker, whatever the model control mode
+    (``conch.wire.shared_settings``)."""
 
     requires = (ModelServing,)
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
-        self._subscriber: control_bus.Subscriber | None = None
+        self._subscribers: list[control_bus.Subscriber] = []
 
     def start(self, worker: Any) -> None:
-        self._subscriber = log_control.follow(worker.model_host.client, server_log.apply)
+        client = worker.model_host.client
+        self._subscribers = [
+            log_control.follow(client, server_log.apply),
+            trace_control.TRACING.follow(client, tracing.apply),
+        ]
 
     def stop(self, worker: Any) -> None:
-        if self._subscriber is not None:
-            self._subscriber.stop()
-            self._subscriber = None
+        for subscriber in self._subscribers:
+            subscriber.stop()
+        self._subscribers = []
 
     shutdown = stop
 
@@ -257,7 +263,7 @@ def bound_steps(make_host: Callable[[], ModelHost]) -> list[type[bootsteps.Start
     """
     serving = _subclass(ModelServing, make_host=staticmethod(make_host))
     follower = _subclass(ControlFollower, requires=(serving,))
-    logs = _subclass(LogFollower, requires=(serving,))
+    logs = _subclass(SettingsFollower, requires=(serving,))
     return [Heartbeat, serving, follower, logs, RestoreSweep]
 
 

@@ -230,8 +230,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         deadline = 0.0
         if remaining is not None and remaining < _NO_DEADLINE_S:
             deadline = time.time() + remaining
+        traceparent = dict(context.invocation_metadata()).get("traceparent", "")
         outcome = self.plane.infer(
-            to, codec.decode_request(request), deadline=deadline, abandonment=abandonment
+            to,
+            codec.decode_request(request),
+            deadline=deadline,
+            abandonment=abandonment,
+            traceparent=traceparent if isinstance(traceparent, str) else "",
         )
         return codec.encode_outcome(outcome)
 

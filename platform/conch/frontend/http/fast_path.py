@@ -110,7 +110,8 @@ def serve_infer(
         body = read(length) if length else read(limit + 1)
         to, request = decode_call(plane, model, version, body, header)
         payload, headers = http_codec.encode_outcome(
-            plane.infer(to, request), header("Accept-Encoding")
+            plane.infer(to, request, traceparent=header("traceparent") or ""),
+            header("Accept-Encoding"),
         )
     except ConchError as exc:
         return error_answer(exc)

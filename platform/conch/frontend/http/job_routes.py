@@ -84,7 +84,8 @@ def submit(model: str, version: int | None = None) -> Response:
         request.get_data(cache=False),
         request.headers.get,
     )
-    return _accepted(data_plane.submit_job(to, infer_request))
+    traceparent = request.headers.get("traceparent", "")
+    return _accepted(data_plane.submit_job(to, infer_request, traceparent))
 
 
 @bp.post("/v2/models/<model>/batch")

@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any
 
 from conch import __version__, server_log
+from conch.core import trace_config
 from conch.core.datatypes import WIRE_TO_NUMPY
 from conch.frontend import v2_json
 from conch.frontend.dataplane import MAX_JOB_WAIT_S
@@ -302,6 +303,18 @@ def _schemas() -> dict[str, Schema]:
             description="The log settings to change in every process; `log_file` only "
             "as it is (each process's own is its `--log-file`).",
         ),
+        "TraceSettings": _object(
+            _trace_settings_properties(),
+            *trace_config.API_KEYS[:-1],
+            description="Triton's trace settings (`--trace-config`, then the trace "
+            "extension's changes), for every model or for one.",
+        ),
+        "TraceSettingsRequest": _object(
+            {k: {"anyOf": [v, {"type": "null"}]} for k, v in _trace_settings_properties().items()},
+            additionalProperties=False,
+            description="The trace settings to change in every process; `null` sends a "
+            "model's setting back to the one for every model.",
+        ),
         "RepositoryIndexRequest": {
             "type": "object",
             "properties": {
@@ -507,6 +520,47 @@ def _log_settings_properties() -> Schema:
         "log_verbose_level": {**_uint(), "maximum": 2**32 - 1},
         "log_format": {"enum": [str(f) for f in LogFormat]},
     }
+
+
+def _trace_settings_properties() -> Schema:
+    number = {"type": "string", "pattern": "^-?[0-9]+$"}
+    return {
+        "trace_level": {"type": "array", "items": {"enum": list(trace_config.LEVELS)}},
+        "trace_rate": number,
+        "trace_count": number,
+        "log_frequency": {"enum": ["0"]},
+        "trace_mode": {"enum": ["opentelemetry"]},
+        "trace_file": _STR,
+    }
+
+
+def _trace_paths() -> dict[str, Schema]:
+    """``v2/trace/setting`` and its per-model twin."""
+    out: dict[str, Schema] = {}
+    for path, scope, suffix, params in (
+        ("/v2/trace/setting", "every model", "", ()),
+        ("/v2/models/{model}/trace/setting", "one model", "Model", ("model",)),
+    ):
+        errors = (_NOT_FOUND,) if params else ()
+        out[path] = {
+            "get": _op(
+                f"traceSettings{suffix}",
+                "trace",
+                f"The trace settings for {scope}",
+                _ok("TraceSettings", "The trace settings."),
+                errors=errors,
+            ),
+            "post": _op(
+                f"updateTraceSettings{suffix}",
+                "trace",
+                f"Change the trace settings for {scope}, in every process",
+                _ok("TraceSettings", "The trace settings that follow."),
+                errors=errors,
+                body=_json_body("TraceSettingsRequest", True),
+            ),
+            **({"parameters": [_ref("parameters", p) for p in params]} if params else {}),
+        }
+    return out
 
 
 def _op(
@@ -870,10 +924,11 @@ def document() -> dict[str, Any]:
             {"name": "statistics"},
             {"name": "model-repository"},
             {"name": "logging"},
+            {"name": "trace", "description": "Triton's trace extension (OpenTelemetry)."},
             {"name": "jobs", "description": "conch's async and offline batch jobs."},
             {"name": "docs"},
         ],
-        "paths": {**_server_paths(), **_model_paths()},
+        "paths": {**_server_paths(), **_model_paths(), **_trace_paths()},
         "components": {
             "schemas": _schemas(),
             "responses": _responses(),

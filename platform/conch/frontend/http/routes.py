@@ -219,6 +219,23 @@ def update_log_settings() -> Response:
     return _json(plane().update_log_settings(_parse(request.get_data(cache=False))))
 
 
+# -- tracing ----------------------------------------------------------------------------
+@v2.get("/v2/trace/setting")
+@v2.get("/v2/models/<model>/trace/setting")
+@api_group(ApiGroup.TRACE)
+def trace_settings(model: str = "") -> Response:
+    """Triton's trace extension: the sampling settings, for every model or for one."""
+    return _json(plane().trace_settings(model))
+
+
+@v2.post("/v2/trace/setting")
+@v2.post("/v2/models/<model>/trace/setting")
+@api_group(ApiGroup.TRACE)
+def update_trace_settings(model: str = "") -> Response:
+    """Change them in every process; answers the settings that follow."""
+    return _json(plane().update_trace_settings(_parse(request.get_data(cache=False)), model))
+
+
 # -- errors: Triton's body and status, for every route of the app ------------------------
 @v2.app_errorhandler(ConchError)
 def _conch_error(exc: ConchError) -> Response:
