@@ -82,14 +82,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, log_dir: Pat
         worker.stop()
 
 
-def hand_count(db: str) -> tuple[dict[int, int], int]:
-    """(waiting per priority step, in flight) of the model, counted here: each sub-list's
-    LLEN, and the unacked entries ([message, exchange, routing key]) for its queue."""
+def hand_count(db: str) -> tuple[dict[int, int], dict[int, int]]:
+    """(waiting per priority step, in flight per priority step) of the model, counted
+    here: each sub-list's LLEN, and the unacked entries ([message, exchange, routing key])
+    for its queue, by the priority their message carries."""
     client = redis.Redis.from_url(db)
     queue = broker.queue_name(MODEL)
     steps = {step: client.llen(broker.priority_key(queue, step)) for step in range(10)}
-    in_flight = sum(1 for entry in client.hvals(keys.UNACKED) if json.loads(entry)[2] == queue)
-    return {s: n for s, n in steps.items() if n}, in_flight
+    held: dict[int, int] = {}
+    for entry in client.hvals(keys.UNACKED):
+        message, _, routing_key = json.loads(entry)
+        if routing_key == queue:
+            step = message["properties"]["priority"]
+            held[step] = held.get(step, 0) + 1
+    return {s: n for s, n in steps.items() if n}, held
 
 
 def jobs_hand_count(db: str) -> tuple[int, int]:
@@ -161,13 +167,18 @@ def three_ways(s: Stack) -> list[dict]:
         kind: gauge(text, "conch_queue_waiting", model=MODEL, priority_class=kind)
         for kind in ("online", "async", "offline")
     }
-    in_flight = gauge(text, "conch_queue_in_flight", model=MODEL)
+    held = {
+        kind: gauge(text, "conch_queue_in_flight", model=MODEL, priority_class=kind)
+        for kind in ("online", "async", "offline")
+    }
+    in_flight = sum(held.values())
     assert gauge(text, "nv_inference_pending_request_count", model=MODEL) == sum(by_class.values())
     metrics = {
         "owed": sum(by_class.values()) + in_flight,
         "waiting": sum(by_class.values()),
         "in_flight": in_flight,
         "waiting_by_class": by_class,
+        "in_flight_by_class": held,
     }
     endpoint = r.json()
     assert {k: endpoint[k] for k in ("owed", "waiting", "in_flight")} == {
@@ -176,23 +187,28 @@ def three_ways(s: Stack) -> list[dict]:
     return [json.loads(cli.stdout)["models"][MODEL], endpoint["models"][MODEL], metrics]
 
 
-def assert_agree(s: Stack, steps: dict[int, int], in_flight: int) -> None:
+def by_class(steps: dict[int, int]) -> dict[str, int]:
+    return {
+        "online": sum(n for step, n in steps.items() if step < broker.ONLINE_STEPS),
+        "async": steps.get(broker.PRIORITY_ASYNC, 0),
+        "offline": steps.get(broker.PRIORITY_BULK, 0),
+    }
+
+
+def assert_agree(s: Stack, steps: dict[int, int], held: dict[int, int]) -> None:
     """The hand count is what the load makes it, stays so while the three are read, and
     the three say the same."""
-    want = (steps, in_flight)
+    want = (steps, held)
     s.wait_until(lambda: hand_count(s.db) == want, 30, f"the hand count to be {want}")
     seen = three_ways(s)
     assert hand_count(s.db) == want  # nothing moved while they were read
-    waiting = sum(steps.values())
+    waiting, in_flight = sum(steps.values()), sum(held.values())
     expected = {
         "owed": waiting + in_flight,
         "waiting": waiting,
         "in_flight": in_flight,
-        "waiting_by_class": {
-            "online": sum(n for step, n in steps.items() if step < broker.ONLINE_STEPS),
-            "async": steps.get(broker.PRIORITY_ASYNC, 0),
-            "offline": steps.get(broker.PRIORITY_BULK, 0),
-        },
+        "waiting_by_class": by_class(steps),
+        "in_flight_by_class": by_class(held),
     }
     assert seen == [expected] * 3, seen
 
@@ -217,16 +233,16 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
     try:
         # A batch of 4 at priority 1 runs, and waits for the gate: 4 in flight.
         send(range(0, 4), priority=1)
-        assert_agree(s, {}, 4)
+        assert_agree(s, {}, {0: 4})
         # Two more at priority 1 wait in their sub-list (step 0).
         send(range(4, 6), priority=1)
-        assert_agree(s, {0: 2}, 4)
+        assert_agree(s, {0: 2}, {0: 4})
         # The first batch finishes; the worker prefetched the two with its replies, and
         # holds them for more to fill a batch (its queue delay): in flight, not running.
         set_gate(s.allowed, 1)
         for v in range(4):
             np.testing.assert_array_equal(calls[float(v)].result(60), [[v]])
-        assert_agree(s, {}, 2)
+        assert_agree(s, {}, {0: 2})
         assert s.started.read_text() == "1"  # the two were never begun meanwhile
         # Three at the default level (2, step 1): two of them fill the held batch.
         send(range(10, 13))
@@ -252,7 +268,9 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
         )
         assert r.status_code == 202, r.text
         batch = r.json()["id"]
-        assert_agree(s, {1: 1, 2: 2, broker.PRIORITY_ASYNC: 2, broker.PRIORITY_BULK: 3}, 4)
+        assert_agree(
+            s, {1: 1, 2: 2, broker.PRIORITY_ASYNC: 2, broker.PRIORITY_BULK: 3}, {0: 2, 1: 2}
+        )
         # Its driver runs (its lines wait above); a second batch job waits for a worker
         # (one job at a time per worker).
         r = requests.post(
@@ -282,7 +300,7 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
             assert wait_done(s.url, job, timeout=90)["status"] == "SUCCESS"
         assert wait_done(s.url, batch, timeout=90)["status"] == "SUCCESS"
         assert wait_done(s.url, second, timeout=90)["status"] == "SUCCESS"
-        assert_agree(s, {}, 0)
+        assert_agree(s, {}, {})
         assert_jobs_agree(s, 0, 0)
         client = redis.Redis.from_url(s.db)
         assert client.scard(broker.in_flight_key(broker.queue_name(MODEL))) == 0

@@ -77,7 +77,9 @@ def test_kombu_restoring_expired_messages_moves_them_from_in_flight_to_waiting(
     pipe.execute()
     drain = Drain(clean, "m")
     assert len(drain.pop(n)) == n
-    assert work_owed(clean, ["m"])["m"] == ModelWork("m", 0, n, (0,) * 10)
+    # In flight by the class of the sub-list each left: steps 0-7 online, 8 async, 9 offline.
+    held = (n * 8 // 10, n // 10, n // 10)
+    assert work_owed(clean, ["m"])["m"] == ModelWork("m", 0, n, (0,) * 10, held=held)
     clean.zadd(keys.UNACKED_INDEX, {f"t{i}": 1.0 for i in range(n)})  # long expired
 
     # The worker's own transport options (``worker.app.make_celery``): conch's steps.
@@ -91,6 +93,7 @@ def test_kombu_restoring_expired_messages_moves_them_from_in_flight_to_waiting(
     assert (w.waiting, w.in_flight) == (n, 0)
     assert w.steps == (n // 10,) * 10  # back in their own priority steps
     assert clean.scard(broker.in_flight_key(drain.queue)) == 0  # forgotten, not leaked
+    assert clean.hlen(broker.in_flight_class_key(drain.queue)) == 0
 
     again = drain.pop(10)
     assert [int(a) for _, _, a in again] == [2] * 10  # the same messages, a second time

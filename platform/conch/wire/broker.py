@@ -31,6 +31,7 @@ import orjson
 import redis
 
 from conch.wire.keys import (
+    IN_FLIGHT_CLASS_SUFFIX,
     IN_FLIGHT_SUFFIX,
     PRIORITY_SEP,
     QUEUE_PREFIX,
@@ -91,6 +92,23 @@ def wake_key(queue: str) -> str:
 def in_flight_key(queue: str) -> str:
     """The set of the queue's tags a worker popped (``conch.wire.work_owed`` counts it)."""
     return queue + IN_FLIGHT_SUFFIX
+
+
+def in_flight_class_key(queue: str) -> str:
+    """The class (online, async, offline) of each tag in ``in_flight_key``'s set."""
+    return queue + IN_FLIGHT_CLASS_SUFFIX
+
+
+# The kinds of work the steps hold: online requests, async jobs, batch-job lines.
+PRIORITY_CLASSES = ("online", "async", "offline")
+
+
+def step_class(step: int) -> str:
+    """The kind of work a priority step holds (one of ``PRIORITY_CLASSES``)."""
+    online, asynchronous, offline = PRIORITY_CLASSES
+    if step < ONLINE_STEPS:
+        return online
+    return asynchronous if step == PRIORITY_ASYNC else offline
 
 
 def envelope(

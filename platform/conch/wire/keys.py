@@ -20,6 +20,8 @@ Model queues and messages in flight (``conch.wire.broker``)::
     conch.model.<model>/in_flight  set      worker pop: the tags it put  work_owed (counts those
       [IN_FLIGHT_SUFFIX]                    in unacked; ack (SREM)       still in unacked, forgets
                                                                          the rest): queue-depth
+    conch.model.<model>/in_flight_class  worker pop: tag -> the class    work_owed (in flight by
+      [IN_FLIGHT_CLASS_SUFFIX]    hash      of the sub-list it left;     class); ack (HDEL)
     conch.jobs (+ sub-lists)       list     gateway (batch job submit),  Celery workers (kombu);
       [JOBS_QUEUE]                          kombu (restore)              work_owed (LLEN, with jobs=1)
     conch.jobs/in_flight           set      batch job driver: its job id work_owed (counts those
@@ -117,6 +119,7 @@ PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
 # '/' is in no model name: "x.wake" is a model whose queue must not be model x's wake list.
 WAKE_SUFFIX = "/wake"
 IN_FLIGHT_SUFFIX = "/in_flight"  # a queue's tags in unacked (conch.wire.work_owed)
+IN_FLIGHT_CLASS_SUFFIX = "/in_flight_class"  # tag -> online|async|offline, beside it
 # The Celery queue of job tasks (batch jobs): every worker takes them but --batch-jobs=false ones.
 JOBS_QUEUE = "conch.jobs"
 # Messages in flight: kombu's default keys, so its restore_visible sees our messages.
@@ -170,6 +173,7 @@ __all__ = [
     "CUSTOM_METRICS_PREFIX",
     "DATASET",
     "DEADLETTER",
+    "IN_FLIGHT_CLASS_SUFFIX",
     "IN_FLIGHT_SUFFIX",
     "JOBS_QUEUE",
     "JOB_RECORD_PREFIX",

@@ -48,7 +48,9 @@ from conch.wire.broker import (
     ONLINE_STEPS,
     PRIORITY_ASYNC,
     PRIORITY_BULK,
+    PRIORITY_CLASSES,
     PRIORITY_STEPS,
+    in_flight_class_key,
     in_flight_key,
     model_of_key,
     priority_keys,
@@ -62,37 +64,43 @@ from conch.wire.sequences import live_key
 QUEUE_DEPTH_PATH = "/queue-depth"
 JOBS_PARAM = "jobs"
 # The waiting work by kind, as the Prometheus gauge labels it (``priority_class``).
-ONLINE, ASYNC, OFFLINE = "online", "async", "offline"
-PRIORITY_CLASSES = (ONLINE, ASYNC, OFFLINE)
+ONLINE, ASYNC, OFFLINE = PRIORITY_CLASSES
 _MODELS_PER_CALL = 64  # models counted by one script run (Redis runs nothing else meanwhile)
 _SREM_CHUNK = 1000  # tags per SREM: Lua's unpack has a stack limit
 
-# KEYS: unacked, then per queue its in-flight set, its model's live sequences (a zset,
-# conch.wire.sequences) and its priority sub-lists in order. ARGV: the number of
-# sub-lists per queue. Returns per queue each sub-list's length, the tags of its set
-# still in unacked (tags no longer there are forgotten), then its live sequences.
+# KEYS: unacked, then per queue its in-flight set, that set's class hash, its model's
+# live sequences (a zset, conch.wire.sequences) and its priority sub-lists in order.
+# ARGV: the number of sub-lists per queue. Returns per queue each sub-list's length, the
+# tags of its set still in unacked (tags no longer there are forgotten) by class (online,
+# async, offline; a tag with no class counts online), then its live sequences.
 _COUNT_LUA = """
 local steps = tonumber(ARGV[1])
 local out = {}
 local i = 2
 while i <= #KEYS do
-  local held, gone = 0, {}
+  local held, gone = {online = 0, async = 0, offline = 0}, {}
   for _, tag in ipairs(redis.call('SMEMBERS', KEYS[i])) do
     if redis.call('HEXISTS', KEYS[1], tag) == 1 then
-      held = held + 1
+      local class = redis.call('HGET', KEYS[i + 1], tag)
+      if not held[class] then class = 'online' end
+      held[class] = held[class] + 1
     else
       gone[#gone + 1] = tag
     end
   end
   for j = 1, #gone, %d do
-    redis.call('SREM', KEYS[i], unpack(gone, j, math.min(j + %d - 1, #gone)))
+    local chunk = {unpack(gone, j, math.min(j + %d - 1, #gone))}
+    redis.call('SREM', KEYS[i], unpack(chunk))
+    redis.call('HDEL', KEYS[i + 1], unpack(chunk))
   end
   for s = 1, steps do
-    out[#out + 1] = redis.call('LLEN', KEYS[i + 1 + s])
+    out[#out + 1] = redis.call('LLEN', KEYS[i + 2 + s])
   end
-  out[#out + 1] = held
-  out[#out + 1] = redis.call('ZCARD', KEYS[i + 1])
-  i = i + 2 + steps
+  out[#out + 1] = held['online']
+  out[#out + 1] = held['async']
+  out[#out + 1] = held['offline']
+  out[#out + 1] = redis.call('ZCARD', KEYS[i + 2])
+  i = i + 3 + steps
 end
 return out
 """ % (_SREM_CHUNK, _SREM_CHUNK)  # noqa: UP031 (Lua braces would need escaping in f-strings)
@@ -128,6 +136,7 @@ class ModelWork(_Owed):
     # A sequence model's live sequences: each holds (or waits for) a worker's slot until
     # it ends or idles out, so scaling down must not strand it.
     sequences: int = 0
+    held: tuple[int, int, int] = (0, 0, 0)  # in flight: online, async, offline
 
     def by_class(self) -> dict[str, int]:
         """Waiting work as online requests, async jobs and offline (batch job) lines."""
@@ -139,7 +148,11 @@ class ModelWork(_Owed):
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.totals(), "waiting_by_class": self.by_class()}
+        return {
+            **self.totals(),
+            "waiting_by_class": self.by_class(),
+            "in_flight_by_class": dict(zip(PRIORITY_CLASSES, self.held, strict=True)),
+        }
 
 
 @dataclass(frozen=True)
@@ -156,17 +169,17 @@ class JobsWork(_Owed):
 
 def _count(
     client: redis.Redis, queues: list[tuple[str, str]]
-) -> list[tuple[tuple[int, ...], int, int]]:
-    """(waiting per priority step, in flight, live sequences) of each (queue, its live
-    sequences' key), in one script run."""
+) -> list[tuple[tuple[int, ...], tuple[int, int, int], int]]:
+    """(waiting per priority step, in flight by class, live sequences) of each (queue,
+    its live sequences' key), in one script run."""
     keys: list[str] = [UNACKED]
     for queue, live in queues:
-        keys += [in_flight_key(queue), live, *priority_keys(queue)]
+        keys += [in_flight_key(queue), in_flight_class_key(queue), live, *priority_keys(queue)]
     script = client.register_script(_COUNT_LUA)
     flat = [int(v) for v in script(keys=keys, args=[len(PRIORITY_STEPS)])]
-    width = len(PRIORITY_STEPS) + 2
+    width = len(PRIORITY_STEPS) + 4
     rows = (flat[k * width : (k + 1) * width] for k in range(len(queues)))
-    return [(tuple(row[:-2]), row[-2], row[-1]) for row in rows]
+    return [(tuple(row[:-4]), (row[-4], row[-3], row[-2]), row[-1]) for row in rows]
 
 
 def work_owed(client: redis.Redis, models: Iterable[str]) -> dict[str, ModelWork]:
@@ -176,15 +189,15 @@ def work_owed(client: redis.Redis, models: Iterable[str]) -> dict[str, ModelWork
     for first in range(0, len(names), _MODELS_PER_CALL):
         chunk = names[first : first + _MODELS_PER_CALL]
         counts = _count(client, [(queue_name(n), live_key(n)) for n in chunk])
-        for name, (steps, in_flight, live) in zip(chunk, counts, strict=True):
-            out[name] = ModelWork(name, sum(steps), in_flight, steps, live)
+        for name, (steps, held, live) in zip(chunk, counts, strict=True):
+            out[name] = ModelWork(name, sum(steps), sum(held), steps, live, held)
     return out
 
 
 def jobs_owed(client: redis.Redis) -> JobsWork:
     """The batch jobs queue's work owed (every worker's Celery consumer takes it)."""
-    ((steps, in_flight, _),) = _count(client, [(JOBS_QUEUE, live_key(JOBS_QUEUE))])
-    return JobsWork(sum(steps), in_flight)
+    ((steps, held, _),) = _count(client, [(JOBS_QUEUE, live_key(JOBS_QUEUE))])
+    return JobsWork(sum(steps), sum(held))
 
 
 def queued_models(client: redis.Redis) -> list[str]:

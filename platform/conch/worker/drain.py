@@ -19,32 +19,38 @@ import redis
 
 from conch.wire import statistics
 from conch.wire.broker import (
+    PRIORITY_STEPS,
     WAKE_CAP,
     envelope,
+    in_flight_class_key,
     in_flight_key,
     priority_key,
     priority_keys,
     queue_name,
+    step_class,
     wake_key,
 )
 from conch.wire.keys import ATTEMPTS, DEADLETTER, UNACKED, UNACKED_INDEX
 from conch.wire.redis_link import CommandQueue, RedisLink
 
+# Each priority sub-list's class, as the pop records it beside a tag it takes.
+_CLASSES = [step_class(step) for step in PRIORITY_STEPS]
 REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
 POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 
-# KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set, then the
-# priority sub-lists in order (the last: batch-job lines).
+# KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set and its class
+# hash, then the priority sub-lists in order (the last: batch-job lines).
 # ARGV: max count, now, routing key, wake cap, max count from the last sub-list (-1: any;
-# otherwise the lines left there are not counted as waiting, nor given wake tokens).
+# otherwise the lines left there are not counted as waiting, nor given wake tokens), then
+# each sub-list's class (broker.step_class), in order.
 _POP_LUA = """
 local n = tonumber(ARGV[1])
 local bulk = tonumber(ARGV[5])
 local out = {}
 local waiting = 0
 local rk = cjson.encode(ARGV[3])
-for i = 6, #KEYS do
+for i = 7, #KEYS do
   local key = KEYS[i]
   local take = n
   if i == #KEYS and bulk >= 0 then take = math.min(n, bulk) end
@@ -63,6 +69,7 @@ for i = 6, #KEYS do
         redis.call('ZADD', KEYS[3], ARGV[2], tag)
         redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
         redis.call('SADD', KEYS[5], tag)
+        redis.call('HSET', KEYS[6], tag, ARGV[i - 1])
         out[#out + 1] = tag
         out[#out + 1] = raw
         out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
@@ -98,6 +105,7 @@ class Drain:
             UNACKED_INDEX,
             ATTEMPTS,
             in_flight_key(self.queue),
+            in_flight_class_key(self.queue),
             *priority_keys(self.queue),
         ]
         self._pop = client.register_script(_POP_LUA)
@@ -154,7 +162,8 @@ class Drain:
         return self._unpack(result)
 
     def _args(self, count: int, bulk: int | None = None) -> list:
-        return [count, time.time(), self.queue, WAKE_CAP, -1 if bulk is None else max(0, bulk)]
+        bulk_arg = -1 if bulk is None else max(0, bulk)
+        return [count, time.time(), self.queue, WAKE_CAP, bulk_arg, *_CLASSES]
 
     def _unpack(self, flat: list) -> list[tuple[str, bytes, int]]:
         self.waiting = int(flat[0])
@@ -188,6 +197,7 @@ def ack(pipe: CommandQueue, queue: str, tags: Iterable[str]) -> None:
         pipe.hdel(UNACKED, *tags)
         pipe.hdel(ATTEMPTS, *tags)
         pipe.srem(in_flight_key(queue), *tags)
+        pipe.hdel(in_flight_class_key(queue), *tags)
 
 
 def dead_letter(pipe: CommandQueue, model: str, tag: str, raw: bytes | str, reason: str) -> None:

@@ -221,9 +221,13 @@ def render(plane: DataPlane) -> bytes:
     family(
         "conch_queue_in_flight",
         "Requests a worker has taken from the model's queue (running or prefetched) and not "
-        "yet answered.",
+        "yet answered, by kind: online, async (jobs), offline (batch job lines).",
         "gauge",
-        [({"model": m.name}, w.in_flight) for m, w in queued],
+        [
+            ({"model": m.name, "priority_class": kind}, n)
+            for m, w in queued
+            for kind, n in zip(work_owed.PRIORITY_CLASSES, w.held, strict=True)
+        ],
     )
     family(
         "conch_sequences_live",
