@@ -83,7 +83,7 @@ def test_summary_with_the_jobs_queue_adds_its_entry_and_counts_it_in_the_totals(
 def test_model_work_owes_waiting_plus_in_flight_and_splits_the_waiting_by_class() -> None:
     steps = [0] * len(PRIORITY_STEPS)
     steps[0], steps[3], steps[PRIORITY_ASYNC], steps[PRIORITY_BULK] = 2, 1, 4, 8
-    w = ModelWork("m", sum(steps), 3, tuple(steps))
+    w = ModelWork("m", sum(steps), 3, tuple(steps), held=(2, 1, 0))
     assert w.owed == 18
     assert w.by_class() == {"online": 3, "async": 4, "offline": 8}
     other = ModelWork("n", 0, 0)
@@ -98,12 +98,14 @@ def test_model_work_owes_waiting_plus_in_flight_and_splits_the_waiting_by_class(
                 "waiting": 15,
                 "in_flight": 3,
                 "waiting_by_class": {"online": 3, "async": 4, "offline": 8},
+                "in_flight_by_class": {"online": 2, "async": 1, "offline": 0},
             },
             "n": {
                 "owed": 0,
                 "waiting": 0,
                 "in_flight": 0,
                 "waiting_by_class": {"online": 0, "async": 0, "offline": 0},
+                "in_flight_by_class": {"online": 0, "async": 0, "offline": 0},
             },
         },
     }
