@@ -25,12 +25,10 @@ import uuid
 from typing import Any
 
 from celery import Celery, signals
-from celery.exceptions import Ignore
 
 from conch.backends.completion import complete
 from conch.core import tracing
-from conch.core.errors import ConchError
-from conch.frontend import batch_job, bls, ensemble_jobs
+from conch.frontend import bls, job_tasks
 from conch.settings import Settings
 from conch.wire import broker, control_bus
 from conch.wire.redis_client import open_client
@@ -111,7 +109,8 @@ def _make_host(settings: Settings, name: str) -> ModelHost:
 
 
 def _register_jobs(app: Celery, settings: Settings) -> None:
-    """Offline batch jobs run as Celery tasks; their results live in Celery's backend."""
+    """Batch jobs and ensembles' async jobs run as Celery tasks (``frontend.job_tasks``);
+    a batch job's result lives in Celery's backend."""
     app.conf.update(
         result_backend=celery_url(settings.redis_url),
         result_serializer="msgpack",
@@ -123,26 +122,7 @@ def _register_jobs(app: Celery, settings: Settings) -> None:
     # or file: override reads the model the gateway accepted it for.
     repository = control_bus.open_repository(settings, client, complete=complete)
 
-    # Ensembles' jobs run their graphs here, as BLS runs one: steps on the model queues.
-    graph = bls.BlsClient(settings, repository, client=client).graph_runner()
-
-    # A job's own errors (a bad input object, an unwritable output, a model gone) are
-    # the client's to read in the job's state; Celery logs them without a traceback.
-    @app.task(name=batch_job.TASK_NAME, throws=(ConchError,))
-    def run_batch_job(payload: dict[str, Any]) -> dict[str, Any]:
-        # One trace per job (sampled as a request is): its lines' spans are its children.
-        job_id = str(payload.get("id", "")) if isinstance(payload, dict) else ""
-        try:
-            with tracing.span("batch_job", job_id=job_id):
-                return batch_job.run_task(settings, client, repository, payload, graph)
-        except batch_job.JobCancelled:
-            raise Ignore() from None  # Celery keeps the REVOKED state run_task wrote
-
-    # An ensemble's async job writes its result as a model's job does (job_store): Celery
-    # keeps no state of its own for it, so nothing it writes overwrites that result.
-    @app.task(name=ensemble_jobs.TASK_NAME, ignore_result=True, track_started=False)
-    def run_ensemble_job(payload: dict[str, Any]) -> None:
-        ensemble_jobs.run_task(settings, client, graph, payload)
+    job_tasks.register(app, settings, client, repository)
 
 
 class ExitDeadline:
