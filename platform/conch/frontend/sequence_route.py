@@ -32,15 +32,15 @@ class SequenceRoute:
 
     def __init__(self, client: redis.Redis) -> None:
         self.publisher = sequences.SequencePublisher(client)
-        self._specs: dict[int, tuple[Any, SequenceSpec | None]] = {}
+        # model -> (the config read, its spec): one entry a model, replaced on a reload.
+        self._specs: dict[str, tuple[Any, SequenceSpec | None]] = {}
 
     def spec(self, config: Any) -> SequenceSpec | None:
         """The model's sequence batching, None for a model without it."""
-        key = id(config)
-        known = self._specs.get(key)
-        if known is None or known[0] is not config:  # the config object itself, not a reuse
+        known = self._specs.get(config.name)
+        if known is None or known[0] is not config:
             known = (config, SequenceSpec.from_config(config))
-            self._specs[key] = known
+            self._specs[config.name] = known
         return known[1]
 
     @staticmethod
@@ -49,11 +49,14 @@ class SequenceRoute:
     ) -> None:
         """Check the request's sequence parameters against its model with Triton's errors
         (a sequence model's request without an id, or of more than one row) and put the
-        sequence on its message."""
+        sequence on its message. Other models ignore the parameters, as Triton's other
+        schedulers do (the protocol codecs have checked their types already)."""
+        if spec is None:
+            return
         key = check_request(
             spec, model, request.parameters, batch_size=batch_size, request_id=request.id
         )
-        if spec is None or key is None:
+        if key is None:
             return
         _, start, end = sequence_params(request.parameters)
         msg.sequence = (key.value, start, end)
