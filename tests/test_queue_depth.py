@@ -28,6 +28,7 @@ import redis
 import requests
 import tritonclient.http as httpclient
 from test_jobs import submit, wait_done
+from test_offline import submit_batch
 
 from conch.wire import broker, keys
 
@@ -261,10 +262,8 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
             Key="in.jsonl",
             Body="".join(json.dumps(line) + "\n" for line in lines).encode(),
         )
-        r = requests.post(
-            f"http://{s.url}/v2/models/{MODEL}/batch",
-            json={"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out.jsonl"},
-            timeout=30,
+        r = submit_batch(
+            s.url, MODEL, {"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out.jsonl"}
         )
         assert r.status_code == 202, r.text
         batch = r.json()["id"]
@@ -272,11 +271,11 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
             s, {1: 1, 2: 2, broker.PRIORITY_ASYNC: 2, broker.PRIORITY_BULK: 3}, {0: 2, 1: 2}
         )
         # Its driver runs (its lines wait above); a second batch job waits for a worker
-        # (one job at a time per worker).
-        r = requests.post(
-            f"http://{s.url}/v2/models/{MODEL}/batch",
-            json={"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out2.jsonl"},
-            timeout=30,
+        # (its worker runs one job driver: --job-concurrency 1).
+        r = submit_batch(
+            s.url,
+            MODEL,
+            {"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out2.jsonl"},
         )
         assert r.status_code == 202, r.text
         second = r.json()["id"]
