@@ -545,8 +545,29 @@ def _ignored_flag(name: str) -> Flag:
 
 def _count_flag(name: str, setting: str, roles: Any, help: str) -> Flag:
     """A flag that counts something there must be at least one of."""
+    return _bounded_flag(name, setting, roles, help, 1)
+
+
+def _bounded_flag(
+    name: str,
+    setting: str,
+    roles: Any,
+    help: str,
+    low: float,
+    *,
+    kind: type = int,
+    metavar: str = "N",
+    inclusive: bool = True,
+) -> Flag:
+    """A number flag with a lower bound (``inclusive`` or not), refused below it."""
     return Flag(
-        name, setting, roles, help, type=int, metavar="N", read=lambda n: _at_least(n, 1, name)
+        name,
+        setting,
+        roles,
+        help,
+        type=kind,
+        metavar=metavar,
+        read=lambda n: _at_least(n, low, name, inclusive=inclusive),
     )
 
 
@@ -786,15 +807,14 @@ FLAGS: tuple[Flag, ...] = (
         "KEY=VALUE",
         MetricsConfig.parse,
     ),
-    Flag(
+    _bounded_flag(
         "--metrics-interval-ms",
         "metrics_interval_ms",
         WORKER_ROLES,
         "how often workers sample CPU and GPU use (at most; they report it with each "
         "heartbeat; default 2000)",
-        type=int,
+        1,
         metavar="MS",
-        read=lambda n: _at_least(n, 1, "--metrics-interval-ms"),
     ),
     Flag(
         "--http-restricted-api",
@@ -1000,42 +1020,41 @@ FLAGS: tuple[Flag, ...] = (
         read=WorkerRange.parse,
         as_args=lambda name, workers: [name, str(workers)] if workers else [],
     ),
-    Flag(
+    _bounded_flag(
         "--target-work-per-worker",
         "target_work_per_worker",
         SCALE_ROLES,
         "workers wanted = ceil(owed work / N), owed work being the group's requests waiting "
         "plus those in flight on a worker (default 10)",
-        type=float,
-        metavar="N",
-        read=lambda n: _at_least(n, 0.0, "--target-work-per-worker", inclusive=False),
+        0.0,
+        kind=float,
+        inclusive=False,
     ),
-    Flag(
+    _bounded_flag(
         "--activation-work",
         "activation_work",
         SCALE_ROLES,
         "with MIN 0: the first worker starts once owed work is above N (default 0)",
-        type=int,
-        metavar="N",
-        read=lambda n: _at_least(n, 0, "--activation-work"),
+        0,
     ),
-    Flag(
+    _bounded_flag(
         "--scale-down-cooldown-secs",
         "scale_down_cooldown_secs",
         SCALE_ROLES,
         "retire a worker only once fewer have been wanted for this long (default 300)",
-        type=float,
+        0.0,
+        kind=float,
         metavar="S",
-        read=lambda s: _at_least(s, 0.0, "--scale-down-cooldown-secs"),
     ),
-    Flag(
+    _bounded_flag(
         "--scale-poll-secs",
         "scale_poll_secs",
         SCALE_ROLES,
         "how often the autoscaler reads the queues (default 2)",
-        type=float,
+        0.0,
+        kind=float,
         metavar="S",
-        read=lambda s: _at_least(s, 0.0, "--scale-poll-secs", inclusive=False),
+        inclusive=False,
     ),
     Flag(
         "--jobs",
