@@ -148,6 +148,7 @@ def build_repository(root: Path) -> Path:
     with_config(root / "add_preferred", root / "add_pref4", "preferred_batch_size: [ 4 ]")
     batch_probe(root / "batch_probe")
     batch_probe(root / "batch_probe_alone", dynamic_batching=False)
+    picky_model(root / "picky")
     loop_model(root / "loop_ordered")
     loop_model(root / "loop_unordered", preserve_ordering=False)
     gpu = root / "gpu_mlp"
@@ -396,6 +397,39 @@ def batch_probe(path: Path, *, dynamic_batching: bool = True) -> None:
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
         + ("dynamic_batching { max_queue_delay_microseconds: 0 }\n" if dynamic_batching else "")
+    )
+
+
+PICKY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        # Doubles X; a request holding a negative X fails alone, as Triton's per-request
+        # errors do. Y's second column is the rows of the request that row came in.
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            if (x < 0).any():
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative X")))
+                continue
+            y = np.stack([2 * x[:, 0], np.full(len(x), len(x), np.float32)], axis=1)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))]))
+        return out
+"""
+
+
+def picky_model(path: Path) -> None:
+    """A Python model that fails a request with a negative X and answers the others."""
+    python_model(
+        path,
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        "dynamic_batching { }\n",
+        PICKY,
     )
 
 

@@ -38,7 +38,7 @@ from harness import (
 )
 from models import offset_model
 
-MODELS = ("mlp", "batch_probe")
+MODELS = ("mlp", "batch_probe", "picky")
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +145,36 @@ def test_a_batch_job_answers_every_line_in_order(stack: str, db: str, s3, bucket
         np.testing.assert_allclose(np.array(output["data"]).reshape(want.shape), want, atol=1e-5)
 
 
+def test_lines_go_packed_and_a_failing_line_fails_alone(stack: str, s3, bucket: str) -> None:
+    """Lines the model can run together go as requests of many rows (line_packing); a pack
+    the model fails is sent again a line at a time, so only the bad line fails."""
+    values = [float(k) for k in range(40)]
+    values[21] = -1.0  # the one line the model refuses
+    lines = [
+        json.dumps(
+            {
+                "id": f"p{k}",
+                "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [v]}],
+            }
+        )
+        for k, v in enumerate(values)
+    ]
+    put_jsonl(s3, bucket, "picky.jsonl", lines)
+    spec = {"input": f"s3://{bucket}/picky.jsonl", "output": f"s3://{bucket}/picky-out.jsonl"}
+    job = submit_batch(stack, "picky", spec).json()["id"]
+    status = wait_done(stack, job, timeout=60)
+    assert status["status"] == "SUCCESS" and status["progress"] == {"lines": 40, "failed": 1}
+    out = read_jsonl(s3, bucket, "picky-out.jsonl")
+    assert [o["id"] for o in out] == [f"p{k}" for k in range(40)]
+    assert out[21] == {"id": "p21", "error": "negative X"}
+    doubled = [o["outputs"][0]["data"][0] for k, o in enumerate(out) if k != 21]
+    assert doubled == [2 * v for k, v in enumerate(values) if k != 21]
+    rows = [o["outputs"][0]["data"][1] for k, o in enumerate(out) if k != 21]
+    # Lines 0-7, 8-15, 24-31 and 32-39 each came as one request of 8 rows (the model's
+    # max_batch_size); the pack of 16-23 failed for line 21 and was sent again line by line.
+    assert rows.count(8.0) == 32 and rows.count(1.0) == 7, rows
+
+
 def test_bad_batch_jobs_are_refused_before_anything_is_queued(
     stack: str, db: str, bucket: str
 ) -> None:
@@ -208,7 +238,8 @@ def test_online_outranks_async_which_outranks_offline(stack: str, db: str, s3, b
         # Queued in the worst order: offline chunks first, then async jobs, then online.
         spec = {"input": f"s3://{bucket}/probe.jsonl", "output": f"s3://{bucket}/probe-out.jsonl"}
         batch_job = submit_batch(stack, "batch_probe", spec).json()["id"]
-        wait_until(lambda: client.llen(bulk) == 6, 10, "the offline chunks to be queued")
+        # The six lines go as one message of six rows (line_packing).
+        wait_until(lambda: client.llen(bulk) == 1, 10, "the offline lines to be queued")
         jobs = [submit(stack, "batch_probe", _probe(0.05)) for _ in range(6)]
         online = [
             pool.submit(
@@ -224,10 +255,10 @@ def test_online_outranks_async_which_outranks_offline(stack: str, db: str, s3, b
     # Next execution: the 3 online requests, and 5 async jobs in the free slots; then
     # the last job. The offline chunks wait while online or async work runs (this
     # model's rows cost seconds, so a tenth of its time buys none of them: BulkShare),
-    # and run together once it is quiet.
+    # and run together once it is quiet, as the one request of six rows they were packed in.
     assert online_y == [(after, 8)] * 3, online_y
     assert job_y == [(after, 8)] * 5 + [(after + 1, 1)], job_y
-    assert offline_y == [(after + 2, 6)] * 6, offline_y
+    assert offline_y == [(after + 2, 1)] * 6, offline_y
 
 
 def test_a_job_longer_than_the_visibility_timeout_runs_once(

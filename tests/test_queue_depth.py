@@ -248,7 +248,8 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
         # Three at the default level (2, step 1): two of them fill the held batch.
         send(range(10, 13))
         s.wait_until(lambda: s.started.read_text() == "2", 30, "the second batch to start")
-        # Two at level 3, two async jobs, and an offline batch job's three lines.
+        # Two at level 3, two async jobs, and an offline batch job's three lines, which its
+        # driver packs into one request of three rows (line_packing): one message.
         send(range(20, 22), priority=3)
         jobs = [submit(s.url, MODEL, [_x(30 + k)]) for k in range(2)]
         bucket = f"qd-{uuid.uuid4().hex[:12]}"
@@ -268,7 +269,7 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
         assert r.status_code == 202, r.text
         batch = r.json()["id"]
         assert_agree(
-            s, {1: 1, 2: 2, broker.PRIORITY_ASYNC: 2, broker.PRIORITY_BULK: 3}, {0: 2, 1: 2}
+            s, {1: 1, 2: 2, broker.PRIORITY_ASYNC: 2, broker.PRIORITY_BULK: 1}, {0: 2, 1: 2}
         )
         # Its driver runs (its lines wait above); a second batch job waits for a worker
         # (its worker runs one job driver: --job-concurrency 1).
@@ -289,7 +290,7 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
             check=True,
         ).stdout.splitlines()
         assert table[0].split() == ["MODEL", "ONLINE", "ASYNC", "OFFLINE", "WAITING", "IN", "FLIGHT", "OWED"]  # fmt: skip
-        assert table[1].split() == [MODEL, "3", "2", "3", "8", "4", "12"]
+        assert table[1].split() == [MODEL, "3", "2", "1", "6", "4", "10"]
 
         # Let everything run: every request answered, and nothing left owed or leaked.
         set_gate(s.allowed, 1_000_000)

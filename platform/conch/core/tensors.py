@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Any
 
 import numpy as np
@@ -103,6 +103,33 @@ def _split_bytes(raw: bytes | memoryview, count: int, name: str) -> list[bytes]:
     if off != len(data):
         raise _bytes_error(raw, count, name)
     return out
+
+
+def split_rows(
+    datatype: str, shape: Sequence[int], raw: bytes, rows: Sequence[int], name: str = ""
+) -> list[bytes]:
+    """Raw bytes of a batched tensor cut along its first dimension into parts of ``rows``
+    rows each (they must add up to ``shape[0]``): what each request of a stack gets back."""
+    if not shape or int(shape[0]) != sum(rows):
+        raise InvalidArgument(
+            f"tensor '{name}' of shape {list(shape)} does not have the {sum(rows)} rows sent"
+        )
+    per_row = element_count(shape[1:])
+    if datatype == "BYTES":
+        ends, off, view = [], 0, memoryview(raw)
+        for r in rows:
+            step = _bytes_end(view[off:], r * per_row)
+            if step < 0:
+                raise _bytes_error(raw, element_count(shape), name)
+            off += step
+            ends.append(off)
+        if off != len(raw):
+            raise _bytes_error(raw, element_count(shape), name)
+    else:
+        raw_size_ok(datatype, shape, raw, name)
+        row_bytes = per_row * ITEMSIZE[datatype]
+        ends = list(accumulate(r * row_bytes for r in rows))
+    return [raw[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def raw_size_ok(

@@ -6,7 +6,8 @@ was refused or failed. The job is a Celery task on ``conch.jobs`` (so a worker t
 running it hands it to another, which starts over); it sends the lines as infer messages
 at the lowest priority step of the model's queue, a bounded window at a time, so the
 batchers fill only the slots online requests and async jobs leave free, and the queue
-never holds more of the dataset than the window.
+never holds more of the dataset than the window. Lines the model can run together go
+packed into messages of many rows, ordered by size (``line_packing``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from conch.core import inference, validation
 from conch.core.ensemble_graph import ENSEMBLE
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable
 from conch.core.repository import ModelEntry, ModelRepository
-from conch.frontend import calls, v2_json
+from conch.frontend import calls, line_packing, v2_json
 from conch.frontend.ensemble_runner import GraphRunner
 from conch.frontend.job_keepalive import keepalive
 from conch.settings import Settings
@@ -41,8 +42,12 @@ from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 log = logging.getLogger(__name__)
 
 TASK_NAME = "conch.batch_job"
-WINDOW = 64  # lines in flight per job
+WINDOW = 64  # messages in flight per job
+WINDOW_LINES = 256  # lines in flight per job (a message carries up to PACK_ROWS rows)
 WINDOW_BYTES = 64 * 1024 * 1024  # and at most this much of their data in Redis
+LOOKAHEAD = 1024  # lines read ahead and packed by size (line_packing)
+PACK_ROWS = 16  # rows a message of packed lines carries at most (and the model's max)
+READY_BYTES = 64 * 1024 * 1024  # answers held for earlier lines before they spill to disk
 CHUNK = 1024 * 1024
 STALL_S = 600.0  # no reply for this long: the model is not being served; give up
 PROGRESS_EVERY_S = 0.5
@@ -134,23 +139,90 @@ def submit(
 # -- the worker side ------------------------------------------------------------------
 
 
-class _Window:
-    """Lines in flight, and the answers that wait for earlier lines to be written."""
+class _InOrder:
+    """Answers written to ``out`` in line order. One that comes before an earlier line's
+    waits in memory, or past ``budget`` bytes of them in a spill file, so a block of lines
+    reordered by size costs bounded memory whatever a model's answers weigh."""
 
-    def __init__(self, out: BinaryIO) -> None:
-        self.out = out
-        self.sent: dict[str, tuple[int, inference.InferRequest, int]] = {}  # id -> line, size
-        self.bytes = 0  # of the lines in flight
-        self.ready: dict[int, bytes] = {}
+    def __init__(self, out: BinaryIO, spill: BinaryIO, budget: int = READY_BYTES) -> None:
+        self.out, self.spill, self.budget = out, spill, budget
+        self.held: dict[int, bytes] = {}
+        self.held_bytes = 0
+        self.spilled: dict[int, tuple[int, int]] = {}  # line -> offset, length
         self.next = 0  # the next line to write
+        self.answered = 0
         self.failed = 0
 
     def answer(self, line: int, text: bytes, failed: bool) -> None:
-        self.ready[line] = text
+        self.answered += 1
         self.failed += failed
-        while self.next in self.ready:
-            self.out.write(self.ready.pop(self.next) + b"\n")
+        if line != self.next:
+            self._hold(line, text)
+            return
+        self.out.write(text + b"\n")
+        self.next += 1
+        while True:
+            if self.next in self.held:
+                text = self.held.pop(self.next)
+                self.held_bytes -= len(text)
+            elif self.next in self.spilled:
+                text = self._unspill(self.next)
+            else:
+                return
+            self.out.write(text + b"\n")
             self.next += 1
+
+    def _hold(self, line: int, text: bytes) -> None:
+        if self.held_bytes + len(text) <= self.budget:
+            self.held[line] = text
+            self.held_bytes += len(text)
+            return
+        self.spill.seek(0, 2)
+        self.spilled[line] = (self.spill.tell(), len(text))
+        self.spill.write(text)
+
+    def _unspill(self, line: int) -> bytes:
+        offset, length = self.spilled.pop(line)
+        self.spill.seek(offset)
+        text = self.spill.read(length)
+        if not self.spilled:  # nothing left in it: start it over
+            self.spill.seek(0)
+            self.spill.truncate()
+        return text
+
+
+@dataclass
+class _Flight:
+    """A message in flight: the lines it carries and their input bytes."""
+
+    lines: list[line_packing.Line]
+    size: int
+
+
+class _Window:
+    """The messages in flight, and how much of the job they hold."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, _Flight] = {}  # message id -> its lines
+        self.lines = 0
+        self.bytes = 0
+        self.replies = 0  # messages answered so far
+
+    def add(self, msg_id: str, flight: _Flight) -> None:
+        self.sent[msg_id] = flight
+        self.lines += len(flight.lines)
+        self.bytes += flight.size
+
+    def pop(self, msg_id: str) -> _Flight | None:
+        flight = self.sent.pop(msg_id, None)
+        if flight is not None:
+            self.replies += 1
+            self.lines -= len(flight.lines)
+            self.bytes -= flight.size
+        return flight
+
+    def full(self) -> bool:
+        return len(self.sent) >= WINDOW or self.lines >= WINDOW_LINES or self.bytes > WINDOW_BYTES
 
 
 def _decode_line(line: bytes, limit: int) -> inference.InferRequest:
@@ -182,6 +254,34 @@ def _answer_line(entry: ModelEntry, req: inference.InferRequest, reply: Reply) -
         labels=entry.labels() if any(o.class_count for o in (req.outputs or ())) else None,
         batched=entry.config.max_batch_size > 0,
     )
+
+
+def _answer(
+    entry: ModelEntry,
+    pack: list[line_packing.Line],
+    reply: Reply,
+    done: _InOrder,
+    send: Callable[[list[line_packing.Line]], None],
+) -> None:
+    """Answer each line a reply was for. A pack that failed is sent again a line at a
+    time, so only the line that fails a model fails (as if the lines had gone alone)."""
+    if len(pack) == 1:
+        (ln,) = pack
+        done.answer(ln.number, _answer_line(entry, ln.request, reply), reply.error is not None)
+        return
+    if reply.error is not None:
+        for ln in pack:
+            send([ln])
+        return
+    try:
+        parts = line_packing.split(reply.outputs or (), pack)
+    except ConchError as exc:
+        for ln in pack:
+            done.answer(ln.number, _error_line(ln.request.id, exc.message), True)
+        return
+    for ln, outputs in zip(pack, parts, strict=True):
+        own = Reply(reply.id, outputs=outputs, version=reply.version)
+        done.answer(ln.number, _answer_line(entry, ln.request, own), False)
 
 
 def new_reply_key(job_id: str) -> str:
@@ -277,24 +377,37 @@ def run(
         lines = _ModelQueue(client, entry.name, reply_key or new_reply_key(job_id), job_id)
     job_store.report_progress(client, job_id, lines=0, failed=0)
     last_report = time.monotonic()
-    with tempfile.TemporaryFile() as out, lines:
-        window = _Window(out)
+    max_rows = min(entry.config.max_batch_size, PACK_ROWS)
+    window = _Window()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as spill, lines:
+        done = _InOrder(out, spill)
+
+        def send(pack: list[line_packing.Line]) -> None:
+            msg = _message(to, line_packing.stack(pack), lines.reply_key)
+            window.add(msg.id, _Flight(pack, sum(ln.size for ln in pack)))
+            lines.send(msg)
 
         def collect(block: float) -> None:
             for reply in lines.replies(block):
-                sent = window.sent.pop(reply.id, None)
-                if sent is not None:
-                    window.bytes -= sent[2]
-                    window.answer(
-                        sent[0], _answer_line(entry, sent[1], reply), reply.error is not None
-                    )
+                flight = window.pop(reply.id)
+                if flight is not None:
+                    _answer(entry, flight.lines, reply, done, send)
 
         def progress(force: bool = False) -> None:
             nonlocal last_report
             if force or time.monotonic() - last_report > PROGRESS_EVERY_S:
-                job_store.report_progress(client, job_id, lines=window.next, failed=window.failed)
+                job_store.report_progress(client, job_id, lines=done.answered, failed=done.failed)
                 last_report = time.monotonic()
 
+        def send_ahead(ahead: list[line_packing.Line]) -> None:
+            for pack in line_packing.plan(ahead, entry.config, max_rows):
+                send(pack)
+                while window.full():
+                    _wait(collect, window, progress, entry.name)
+            progress()
+
+        ahead: list[line_packing.Line] = []
+        ahead_bytes = 0
         for line_no, line in enumerate(_lines(s3, source, max_line_bytes)):
             req: inference.InferRequest | None = None
             try:
@@ -304,17 +417,16 @@ def run(
                         "(--http-max-input-size); skipped"
                     )
                 req = _decode_line(line, max_line_bytes)
-                validation.validate_request(req, entry.config, model_name=entry.name)
+                rows = validation.validate_request(req, entry.config, model_name=entry.name)
             except ConchError as exc:
-                window.answer(line_no, _error_line(req.id if req else "", exc.message), True)
+                done.answer(line_no, _error_line(req.id if req else "", exc.message), True)
                 continue
-            msg = _message(to, req, lines.reply_key)
-            window.sent[msg.id] = (line_no, req, len(line))
-            window.bytes += len(line)
-            lines.send(msg)
-            while len(window.sent) >= WINDOW or window.bytes > WINDOW_BYTES:
-                _wait(collect, window, progress, entry.name)
-            progress()
+            ahead.append(line_packing.line(line_no, req, rows))
+            ahead_bytes += len(line)
+            if len(ahead) >= LOOKAHEAD or ahead_bytes > WINDOW_BYTES:
+                send_ahead(ahead)
+                ahead, ahead_bytes = [], 0
+        send_ahead(ahead)
         while window.sent:
             _wait(collect, window, progress, entry.name)
         progress(force=True)
@@ -324,8 +436,8 @@ def run(
         "model_name": entry.name,
         "input": str(source),
         "output": str(target),
-        "lines": window.next,
-        "failed": window.failed,
+        "lines": done.next,
+        "failed": done.failed,
     }
 
 
@@ -416,8 +528,8 @@ def _wait(
 ) -> None:
     """Collect replies until one arrives, giving up after STALL_S without any."""
     waited_since = time.monotonic()
-    before = len(window.sent)
-    while len(window.sent) == before:
+    before = window.replies
+    while window.replies == before:
         if time.monotonic() - waited_since > STALL_S:
             raise Unavailable(
                 f"no reply from model '{model}' for {STALL_S:.0f} s: is a worker serving it?"
