@@ -338,7 +338,8 @@ def test_bulk_share_lets_batch_job_lines_take_a_share_of_the_time_while_online_w
         runs += 1
     assert runs == math.ceil(0.005 / earned)  # lines get SHARE of the time, no more
     assert share.allowance() == 1
-    share.ran(0.045, protected_rows=8, bulk_rows=1)  # the line ran: its time is spent
+    share.took(1)  # a pop took the line: its time is spent
+    share.ran(0.045, protected_rows=8, bulk_rows=1, bulk_messages=1)
     assert share.allowance() == int((runs * earned + earned * 45 / 40 - 0.005) / 0.005)
     for _ in range(1000):  # however long online work runs, unused credit stays bounded
         share.ran(0.04, protected_rows=8, bulk_rows=0)
@@ -346,3 +347,48 @@ def test_bulk_share_lets_batch_job_lines_take_a_share_of_the_time_while_online_w
     now[0] += BulkShare.QUIET_S + 0.01
     assert share.allowance() is None  # online went quiet: every slot again
     assert share.held_for() is None
+
+
+def test_bulk_share_counts_the_rows_a_batch_job_message_carries() -> None:
+    """A batch job's message carries many lines (line_packing): the credit buys messages at
+    their rows' cost, and one message is affordable even when it costs more than the cap."""
+    import math
+
+    from conch.worker.batcher import BulkShare
+
+    now = [100.0]
+    share = BulkShare(clock=lambda: now[0])
+    for _ in range(1000):  # online batches of 8 rows, 10 ms a row
+        share.ran(0.08, protected_rows=8, bulk_rows=0)
+    assert share.allowance() == 1  # before any message ran: one, whatever it holds
+    share.took(16)  # a message of 16 rows, 160 ms: spent when taken, before it runs
+    assert share.allowance() == 0  # so the pop before it runs takes no other
+    share.ran(0.24, protected_rows=8, bulk_rows=16, bulk_messages=1)
+    assert share.allowance() == 0  # its cost is owed
+    runs = 0
+    while not share.allowance():
+        share.ran(0.08, protected_rows=8, bulk_rows=0)
+        runs += 1
+    # Paid back at SHARE of the time: from MAX_CREDIT_S less the message's 160 ms (plus the
+    # share its own execution earned) up to one message's cost, the cap now, above MAX_CREDIT_S.
+    k = BulkShare.SHARE / (1 - BulkShare.SHARE)
+    assert runs == math.ceil((0.16 - (BulkShare.MAX_CREDIT_S - 0.16 + 0.24 * k)) / (0.08 * k))
+    for _ in range(1000):
+        share.ran(0.08, protected_rows=8, bulk_rows=0)
+    assert share.allowance() == 1
+
+
+def test_bulk_share_does_not_take_time_spent_on_lines_for_quiet() -> None:
+    """Online requests that come while lines run wait unseen in the queue: a long run of
+    lines right after online work must not make the model look quiet (every slot to lines)."""
+    from conch.worker.batcher import BulkShare
+
+    now = [100.0]
+    share = BulkShare(clock=lambda: now[0])
+    share.ran(0.04, protected_rows=8, bulk_rows=0)
+    for _ in range(3):  # lines alone, 0.4 s each: 1.2 s since online rows last ran
+        now[0] += 0.4
+        share.ran(0.4, protected_rows=0, bulk_rows=32, bulk_messages=1)
+    assert share.allowance() is not None and share.held_for() is not None
+    now[0] += BulkShare.QUIET_S + 0.01  # then nothing at all for QUIET_S: quiet
+    assert share.allowance() is None

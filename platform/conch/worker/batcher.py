@@ -47,9 +47,10 @@ class BulkShare:
     longer, and the online requests in it and behind it wait for them. So while online or
     async work has come within ``QUIET_S``, lines may take only ``SHARE`` of the model's
     execution time: each execution with such work earns lines that share of its duration,
-    spent at the recent time per row, and a pop takes what the credit buys. With no such
-    work about, lines take every slot. 5 %: text_embedding on 2 vCPUs kept 0.93x of its
-    online throughput beside a batch job (10 %: 0.80x; every slot: 0.2x), bench/README.md.
+    spent at the recent time per row, and a pop takes the messages the credit buys (a
+    message of a batch job carries several lines' rows: line_packing). With no such work
+    about, lines take every slot. 5 %: text_embedding on 2 vCPUs kept 0.93x of its online
+    throughput beside a batch job (10 %: 0.80x; every slot: 0.2x), bench/README.md.
     """
 
     SHARE = 0.05
@@ -61,14 +62,17 @@ class BulkShare:
         self.protected_at = float("-inf")  # when online or async rows last ran
         self.credit_s = 0.0
         self.row_s = 0.0  # recent execution time per row
+        self.message_rows = 0.0  # recent rows per batch-job message (0: none seen yet)
 
     def allowance(self) -> int | None:
-        """Lines the next pop may take (None: no limit)."""
+        """Batch-job messages the next pop may take (None: no limit)."""
         if self.clock() - self.protected_at > self.QUIET_S:
             return None
-        if self.row_s <= 0:
+        if self.row_s <= 0 or self.credit_s <= 0:
             return 0
-        return int(self.credit_s / self.row_s)
+        if not self.message_rows:  # how many rows a message holds is not known yet
+            return min(1, int(self.credit_s / self.row_s))
+        return int(self.credit_s / (self.row_s * self.message_rows))
 
     def held_for(self) -> float | None:
         """How long lines are held back for now (until online work has been quiet for
@@ -76,17 +80,37 @@ class BulkShare:
         left = self.protected_at + self.QUIET_S - self.clock()
         return left if left > 0 else None
 
-    def ran(self, seconds: float, protected_rows: int, bulk_rows: int) -> None:
-        """An execution of ``seconds`` ran these rows (online/async, and batch-job lines)."""
+    def ran(
+        self, seconds: float, protected_rows: int, bulk_rows: int, bulk_messages: int = 0
+    ) -> None:
+        """An execution of ``seconds`` ran these rows (online/async, and batch-job lines
+        in ``bulk_messages`` messages)."""
         rows = protected_rows + bulk_rows
         if rows <= 0:
             return
         per_row = seconds / rows
         self.row_s = per_row if not self.row_s else 0.8 * self.row_s + 0.2 * per_row
-        if protected_rows:
+        if bulk_messages:  # their cost was spent when they were taken (took)
+            each = bulk_rows / bulk_messages
+            self.message_rows = (
+                each if not self.message_rows else 0.8 * self.message_rows + 0.2 * each
+            )
+        if not protected_rows:
+            # Time spent on lines alone is not quiet time: online work that came meanwhile
+            # waits in the queue unseen, so a long run of lines must not count as its
+            # absence (else the lines take every slot next and starve it).
+            if self.clock() - seconds - self.protected_at <= self.QUIET_S:
+                self.protected_at += seconds
+        else:
             self.protected_at = self.clock()
             earned = seconds * self.SHARE / (1 - self.SHARE)
-            self.credit_s = min(self.MAX_CREDIT_S, self.credit_s + earned)
+            # Unused credit stays bounded, but never below what one message costs.
+            cap = max(self.MAX_CREDIT_S, self.row_s * self.message_rows)
+            self.credit_s = min(cap, self.credit_s + earned)
+
+    def took(self, bulk_rows: int) -> None:
+        """A pop took messages of ``bulk_rows`` batch-job rows: their time is spent now, so
+        the pops before they run (a prefetch, the next batch's) cannot spend it again."""
         if bulk_rows and self.clock() - self.protected_at <= self.QUIET_S:
             self.credit_s -= bulk_rows * self.row_s
 
@@ -364,7 +388,11 @@ class Batcher(threading.Thread):
             return []
         self.inflight.add([tag for tag, _, _, _ in popped])
         try:
-            return self._admit_popped(popped)
+            items = self._admit_popped(popped)
+            self.bulk_share.took(
+                sum(i.rows for i in items if i.msg.priority >= broker.PRIORITY_BULK)
+            )
+            return items
         except BaseException:
             # Redis went away mid-admission: let go of all of them. They stay in flight in
             # Redis, where the visibility timeout brings them back to run (none has run).
@@ -530,9 +558,9 @@ class Batcher(threading.Thread):
             self._execute_one(group, backends, replies, runs, started)
         if cut and runs:
             runs[0].cut = cut
-        lines = sum(i.rows for i in batch if i.msg.priority >= broker.PRIORITY_BULK)
+        bulk = [i.rows for i in batch if i.msg.priority >= broker.PRIORITY_BULK]
         rows = sum(i.rows for i in batch)
-        self.bulk_share.ran(time.time() - started, rows - lines, lines)
+        self.bulk_share.ran(time.time() - started, rows - sum(bulk), sum(bulk), len(bulk))
         if alone:
             took = (time.time() - started) / max(1, len(batch))
             self._per_request_s = (
