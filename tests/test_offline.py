@@ -85,6 +85,19 @@ def put_jsonl(s3, bucket: str, key: str, lines: list[str]) -> None:
     s3.put_object(Bucket=bucket, Key=key, Body=("\n".join(lines) + "\n").encode())
 
 
+def one_row_lines(prefix: str, name: str, datatype: str, values: list) -> list[str]:
+    """JSONL request lines, one value of input ``name`` each (shape [1, 1]), ids prefix+k."""
+    return [
+        json.dumps(
+            {
+                "id": f"{prefix}{k}",
+                "inputs": [{"name": name, "datatype": datatype, "shape": [1, 1], "data": [v]}],
+            }
+        )
+        for k, v in enumerate(values)
+    ]
+
+
 def submit_batch(url: str, model: str, spec: dict) -> requests.Response:
     return requests.post(f"http://{url}/v2/models/{model}/batch", json=spec)
 
@@ -150,16 +163,7 @@ def test_lines_go_packed_and_a_failing_line_fails_alone(stack: str, s3, bucket: 
     the model fails is sent again a line at a time, so only the bad line fails."""
     values = [float(k) for k in range(40)]
     values[21] = -1.0  # the one line the model refuses
-    lines = [
-        json.dumps(
-            {
-                "id": f"p{k}",
-                "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [v]}],
-            }
-        )
-        for k, v in enumerate(values)
-    ]
-    put_jsonl(s3, bucket, "picky.jsonl", lines)
+    put_jsonl(s3, bucket, "picky.jsonl", one_row_lines("p", "X", "FP32", values))
     spec = {"input": f"s3://{bucket}/picky.jsonl", "output": f"s3://{bucket}/picky-out.jsonl"}
     job = submit_batch(stack, "picky", spec).json()["id"]
     status = wait_done(stack, job, timeout=60)

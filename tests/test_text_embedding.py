@@ -10,7 +10,6 @@ offline batch job over a JSONL corpus in the S3-API server.
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from test_jobs import result, submit, wait_done
-from test_offline import put_jsonl, read_jsonl, submit_batch
+from test_offline import one_row_lines, put_jsonl, read_jsonl, submit_batch
 
 from conch.backends.onnxruntime import gpu_available
 
@@ -190,16 +189,7 @@ def test_an_async_job_answers_what_infer_answers(stack: str, reference) -> None:
 def test_an_offline_batch_job_embeds_a_jsonl_corpus(stack: str, s3, reference) -> None:
     bucket = f"corpus-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=bucket)
-    lines = [
-        json.dumps(
-            {
-                "id": f"s{i}",
-                "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [text]}],
-            }
-        )
-        for i, text in enumerate(SENTENCES)
-    ]
-    put_jsonl(s3, bucket, "corpus.jsonl", lines)
+    put_jsonl(s3, bucket, "corpus.jsonl", one_row_lines("s", "TEXT", "BYTES", SENTENCES))
     spec = {"input": f"s3://{bucket}/corpus.jsonl", "output": f"s3://{bucket}/embeddings.jsonl"}
     r = submit_batch(stack, "text_embedding", spec)
     assert r.status_code == 202, r.text
@@ -217,12 +207,8 @@ def test_an_async_job_does_not_wait_for_a_running_batch_job(stack: str, s3, refe
     ensemble leaves room for an async job, which also overtakes the job's lines."""
     bucket = f"corpus-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=bucket)
-    line = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
-    lines = []
-    for i in range(400):
-        line["inputs"][0]["data"] = [f"{SENTENCES[i % 7]} ({i})"]
-        lines.append(json.dumps(line))
-    put_jsonl(s3, bucket, "long.jsonl", lines)
+    texts = [f"{SENTENCES[i % 7]} ({i})" for i in range(800)]  # packed, still seconds long
+    put_jsonl(s3, bucket, "long.jsonl", one_row_lines("l", "TEXT", "BYTES", texts))
     spec = {"input": f"s3://{bucket}/long.jsonl", "output": f"s3://{bucket}/long-out.jsonl"}
     batch = submit_batch(stack, "text_embedding", spec).json()["id"]
     wait_until(
@@ -235,7 +221,7 @@ def test_an_async_job_does_not_wait_for_a_running_batch_job(stack: str, s3, refe
     assert quick["status"] == "SUCCESS", str(quick)
     assert_agrees(result(stack, job).as_numpy("EMBEDDING"), reference[:2])
     long = wait_done(stack, batch, timeout=300)
-    assert long["status"] == "SUCCESS" and long["progress"] == {"lines": 400, "failed": 0}
+    assert long["status"] == "SUCCESS" and long["progress"] == {"lines": 800, "failed": 0}
     assert quick["finished"] < long["finished"], (quick, long)
 
 

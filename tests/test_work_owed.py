@@ -196,3 +196,16 @@ def test_the_jobs_queue_owes_what_waits_and_what_a_driver_runs_and_leaks_no_cras
         broker.job_running(clean, last.delivery_tag)
         broker.job_ended(clean, last.delivery_tag)
         assert jobs_owed(clean) == JobsWork(1, 0)
+
+
+def test_lines_a_pop_leaves_are_held_back_or_only_not_taken(clean: redis.Redis) -> None:
+    """A pop's ``bulk`` cap: lines held back (BulkShare) are not waiting for anyone and
+    wake no worker; lines a batch merely had no room for are waiting, and wake one."""
+    publish(clean, "m", broker.PRIORITY_BULK, 5)
+    drain = Drain(clean, "m")
+    wake = broker.wake_key(drain.queue)
+    assert len(drain.pop(8, bulk=1, held=True)) == 1
+    assert drain.waiting == 0 and clean.llen(wake) == 0
+    assert len(drain.pop(8, bulk=2, held=False)) == 2
+    assert drain.waiting == 2 and clean.llen(wake) == 2
+    assert len(drain.pop(8)) == 2 and drain.waiting == 0

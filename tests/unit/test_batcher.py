@@ -40,7 +40,7 @@ class FakeDrain:
         self.queued.append((msg.id, raw, attempts))
 
     def pop(
-        self, count: int, bulk: int | None = None, how: str = "pop"
+        self, count: int, bulk: int | None = None, held: bool = True, how: str = "pop"
     ) -> list[tuple[str, bytes, int]]:
         # The fake's messages are all online (priority 0): ``bulk`` limits none of them.
         taken, self.queued = self.queued[:count], self.queued[count:]
@@ -52,13 +52,13 @@ class FakeDrain:
     def wait(self, timeout: float) -> None:
         time.sleep(min(timeout, 0.01))
 
-    def queue_pop(self, pipe: Any, count: int, bulk: int | None = None) -> None:
+    def queue_pop(self, pipe: Any, count: int, bulk: int | None = None, held: bool = True) -> None:
         pipe.execute_command("POP", count)
 
     def popped(
-        self, result: Any, count: int, bulk: int | None = None
+        self, result: Any, count: int, bulk: int | None = None, held: bool = True
     ) -> list[tuple[str, bytes, int]]:
-        return self.pop(count, bulk, how="with the replies")
+        return self.pop(count, bulk, held, how="with the replies")
 
 
 class FakeSink:
@@ -338,8 +338,8 @@ def test_bulk_share_lets_batch_job_lines_take_a_share_of_the_time_while_online_w
         runs += 1
     assert runs == math.ceil(0.005 / earned)  # lines get SHARE of the time, no more
     assert share.allowance() == 1
-    share.took(1)  # a pop took the line: its time is spent
-    share.ran(0.045, protected_rows=8, bulk_rows=1, bulk_messages=1)
+    share.took(1, 1)  # a pop took the line: its time is spent
+    share.ran(0.045, protected_rows=8, bulk_rows=1)
     assert share.allowance() == int((runs * earned + earned * 45 / 40 - 0.005) / 0.005)
     for _ in range(1000):  # however long online work runs, unused credit stays bounded
         share.ran(0.04, protected_rows=8, bulk_rows=0)
@@ -361,9 +361,9 @@ def test_bulk_share_counts_the_rows_a_batch_job_message_carries() -> None:
     for _ in range(1000):  # online batches of 8 rows, 10 ms a row
         share.ran(0.08, protected_rows=8, bulk_rows=0)
     assert share.allowance() == 1  # before any message ran: one, whatever it holds
-    share.took(16)  # a message of 16 rows, 160 ms: spent when taken, before it runs
+    share.took(16, 1)  # a message of 16 rows, 160 ms: spent when taken, before it runs
     assert share.allowance() == 0  # so the pop before it runs takes no other
-    share.ran(0.24, protected_rows=8, bulk_rows=16, bulk_messages=1)
+    share.ran(0.24, protected_rows=8, bulk_rows=16)
     assert share.allowance() == 0  # its cost is owed
     runs = 0
     while not share.allowance():
@@ -388,7 +388,24 @@ def test_bulk_share_does_not_take_time_spent_on_lines_for_quiet() -> None:
     share.ran(0.04, protected_rows=8, bulk_rows=0)
     for _ in range(3):  # lines alone, 0.4 s each: 1.2 s since online rows last ran
         now[0] += 0.4
-        share.ran(0.4, protected_rows=0, bulk_rows=32, bulk_messages=1)
+        share.ran(0.4, protected_rows=0, bulk_rows=32)
     assert share.allowance() is not None and share.held_for() is not None
     now[0] += BulkShare.QUIET_S + 0.01  # then nothing at all for QUIET_S: quiet
     assert share.allowance() is None
+
+
+def test_bulk_share_fills_a_pop_with_the_messages_that_run_briefly() -> None:
+    """With every slot theirs, lines come a few rows' worth at a time (LINES_RUN_S), so an
+    online request that comes next waits for little; at least one message, whatever it holds."""
+    from conch.worker.batcher import BulkShare
+
+    share = BulkShare()
+    assert share.fill(64) == 64  # nothing known of the messages yet: the pop's count
+    share.took(64, 2)  # two messages of 32 rows
+    share.ran(0.32, protected_rows=0, bulk_rows=64)  # 5 ms a row
+    assert BulkShare.LINES_RUN_S / 0.005 < 32  # less than one message's rows run in it...
+    assert share.fill(64) == 1  # ...so one message a pop, not the two that fill 64 rows
+    cheap = BulkShare()
+    cheap.took(16, 4)  # messages of 4 rows, 0.1 ms a row: the pop's rows decide
+    cheap.ran(0.0016, protected_rows=0, bulk_rows=16)
+    assert cheap.fill(64) == 16

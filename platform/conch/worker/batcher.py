@@ -56,6 +56,7 @@ class BulkShare:
     SHARE = 0.05
     QUIET_S = 0.5
     MAX_CREDIT_S = 0.1  # unused credit does not pile up into a burst of lines
+    LINES_RUN_S = 0.1  # lines one pop takes when it may take every slot, in execution time
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
@@ -80,21 +81,14 @@ class BulkShare:
         left = self.protected_at + self.QUIET_S - self.clock()
         return left if left > 0 else None
 
-    def ran(
-        self, seconds: float, protected_rows: int, bulk_rows: int, bulk_messages: int = 0
-    ) -> None:
-        """An execution of ``seconds`` ran these rows (online/async, and batch-job lines
-        in ``bulk_messages`` messages)."""
+    def ran(self, seconds: float, protected_rows: int, bulk_rows: int) -> None:
+        """An execution of ``seconds`` ran these rows (online/async, and batch-job lines;
+        the lines' cost was spent when they were taken: ``took``)."""
         rows = protected_rows + bulk_rows
         if rows <= 0:
             return
         per_row = seconds / rows
         self.row_s = per_row if not self.row_s else 0.8 * self.row_s + 0.2 * per_row
-        if bulk_messages:  # their cost was spent when they were taken (took)
-            each = bulk_rows / bulk_messages
-            self.message_rows = (
-                each if not self.message_rows else 0.8 * self.message_rows + 0.2 * each
-            )
         if not protected_rows:
             # Time spent on lines alone is not quiet time: online work that came meanwhile
             # waits in the queue unseen, so a long run of lines must not count as its
@@ -108,11 +102,27 @@ class BulkShare:
             cap = max(self.MAX_CREDIT_S, self.row_s * self.message_rows)
             self.credit_s = min(cap, self.credit_s + earned)
 
-    def took(self, bulk_rows: int) -> None:
-        """A pop took messages of ``bulk_rows`` batch-job rows: their time is spent now, so
-        the pops before they run (a prefetch, the next batch's) cannot spend it again."""
+    def took(self, bulk_rows: int, bulk_messages: int) -> None:
+        """A pop took ``bulk_messages`` batch-job messages of ``bulk_rows`` rows (negative:
+        gave them back unrun). Their time is spent now, so the pops before they run (a
+        prefetch, the next batch's) cannot spend it again."""
+        if bulk_messages > 0:
+            each = bulk_rows / bulk_messages
+            self.message_rows = (
+                each if not self.message_rows else 0.8 * self.message_rows + 0.2 * each
+            )
         if bulk_rows and self.clock() - self.protected_at <= self.QUIET_S:
             self.credit_s -= bulk_rows * self.row_s
+
+    def fill(self, rows: int) -> int:
+        """How many batch-job messages a pop for ``rows`` rows takes (at least one): those
+        that fill them, and no more than run in about ``LINES_RUN_S``, so online requests
+        that come while they run wait for little even when lines have every slot."""
+        if not self.message_rows:
+            return rows
+        if self.row_s > 0:
+            rows = min(rows, int(self.LINES_RUN_S / self.row_s))
+        return max(1, int(rows / self.message_rows))
 
 
 @dataclass(frozen=True)
@@ -353,9 +363,17 @@ class Batcher(threading.Thread):
             if not more and left <= 0:
                 break
         n = self.policy.cut([i.rows for i in items])
-        batch, self._carry = items[:n], items[n:]
+        batch, carry = items[:n], items[n:]
         oldest = min(i.msg.enqueued for i in batch)
-        self.execute(batch, cut=self.policy.why_cut(batch, self._carry, oldest, time.time()))
+        cut = self.policy.why_cut(batch, carry, oldest, time.time())
+        # Lines past the batch go back to the queue rather than wait here, where they would
+        # run before online requests that come meanwhile.
+        lines = [i for i in carry if i.msg.priority >= broker.PRIORITY_BULK]
+        if lines:
+            self._hand_back(lines, quiet=True)
+            self.bulk_share.took(-sum(i.rows for i in lines), 0)
+        self._carry = [i for i in carry if i.msg.priority < broker.PRIORITY_BULK]
+        self.execute(batch, cut=cut)
 
     # -- taking messages --------------------------------------------------------------
     def _count(self) -> int:
@@ -369,13 +387,25 @@ class Batcher(threading.Thread):
             return 1
         return max(1, min(ALONE_MAX_POP, int(ALONE_BUDGET_S / self._per_request_s)))
 
+    def _bulk_limit(self, count: int) -> tuple[int | None, bool]:
+        """The most batch-job messages a pop of ``count`` may take, and whether the lines
+        left are held back (BulkShare) or only not taken now: a batching model takes the
+        messages that fill its batch's rows (each carries many: line_packing) and run
+        briefly (``BulkShare.fill``), not ``count`` of them, which would run ahead of
+        online requests that come next."""
+        share = self.bulk_share.allowance()
+        if self.policy.max_batch_size <= 1:
+            return share, share is not None
+        fill = self.bulk_share.fill(count)
+        return (fill, False) if share is None else (min(share, fill), True)
+
     def _pop(self, count: int) -> list[tuple[str, bytes, int, int]]:
-        bulk = self.bulk_share.allowance()
+        bulk, held = self._bulk_limit(count)
         if self.sequencer is None:
-            popped = self.drain.pop(count, bulk)
+            popped = self.drain.pop(count, bulk, held)
             return [(tag, raw, attempts, -1) for tag, raw, attempts in popped]
         with self.sequencer.lock:
-            popped = self.drain.pop(count, bulk)
+            popped = self.drain.pop(count, bulk, held)
             first = self.sequencer.issue(len(popped))
         return [(tag, raw, attempts, first + k) for k, (tag, raw, attempts) in enumerate(popped)]
 
@@ -389,9 +419,8 @@ class Batcher(threading.Thread):
         self.inflight.add([tag for tag, _, _, _ in popped])
         try:
             items = self._admit_popped(popped)
-            self.bulk_share.took(
-                sum(i.rows for i in items if i.msg.priority >= broker.PRIORITY_BULK)
-            )
+            lines = [i.rows for i in items if i.msg.priority >= broker.PRIORITY_BULK]
+            self.bulk_share.took(sum(lines), len(lines))
             return items
         except BaseException:
             # Redis went away mid-admission: let go of all of them. They stay in flight in
@@ -511,8 +540,9 @@ class Batcher(threading.Thread):
             if version > 0:
                 statistics.record_failures(pipe, self.model, version, reason, took_ns)
 
-    def _hand_back(self, items: list[Item]) -> None:
-        """Return held, unexecuted requests to the head of their queue (warm shutdown)."""
+    def _hand_back(self, items: list[Item], *, quiet: bool = False) -> None:
+        """Return held, unexecuted requests to the head of their queue (warm shutdown, or
+        ``quiet``: batch-job lines a batch had no room for)."""
         if not items:
             return
         pipe = self.client.pipeline(transaction=True)
@@ -532,7 +562,8 @@ class Batcher(threading.Thread):
         if self.sequencer is not None:
             for item in items:
                 self.sequencer.finish(item.ticket)
-        log.info("%s: handed back %d request(s) it held", self.name, len(items))
+        if not quiet:
+            log.info("%s: handed back %d request(s) it held", self.name, len(items))
 
     # -- running a batch --------------------------------------------------------------
     def execute(self, batch: list[Item], *, alone: bool = False, cut: str = "") -> None:
@@ -558,9 +589,9 @@ class Batcher(threading.Thread):
             self._execute_one(group, backends, replies, runs, started)
         if cut and runs:
             runs[0].cut = cut
-        bulk = [i.rows for i in batch if i.msg.priority >= broker.PRIORITY_BULK]
+        lines = sum(i.rows for i in batch if i.msg.priority >= broker.PRIORITY_BULK)
         rows = sum(i.rows for i in batch)
-        self.bulk_share.ran(time.time() - started, rows - sum(bulk), sum(bulk), len(bulk))
+        self.bulk_share.ran(time.time() - started, rows - lines, lines)
         if alone:
             took = (time.time() - started) / max(1, len(batch))
             self._per_request_s = (
@@ -665,16 +696,16 @@ class Batcher(threading.Thread):
         self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])
         tags = [i.tag for i in items]
         ack(pipe, self.drain.queue, tags)
-        bulk = self.bulk_share.allowance()
+        bulk, held = self._bulk_limit(prefetch)
         if prefetch:
-            self.drain.queue_pop(pipe, prefetch, bulk)
+            self.drain.queue_pop(pipe, prefetch, bulk, held)
         try:
             results = self._deliver(pipe)
         finally:  # sent, or given up (left for the visibility timeout to bring back)
             self.inflight.discard(tags)
         errors = [r for r in results[: -1 if prefetch else None] if isinstance(r, Exception)]
         if prefetch:
-            popped = self.drain.popped(results[-1], prefetch, bulk)
+            popped = self.drain.popped(results[-1], prefetch, bulk, held)
             self.inflight.add([tag for tag, _, _ in popped])
             self._prefetched = popped
         if errors:

@@ -41,12 +41,14 @@ POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 # KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set and its class
 # hash, then the priority sub-lists in order (the last: batch-job lines).
-# ARGV: max count, now, routing key, wake cap, max count from the last sub-list (-1: any;
-# otherwise the lines left there are not counted as waiting, nor given wake tokens), then
-# each sub-list's class (broker.step_class), in order.
+# ARGV: max count, now, routing key, wake cap, max count from the last sub-list (-1: any),
+# whether the lines left there are held back (1: not counted as waiting, nor given wake
+# tokens; 0: merely not taken by this pop), then each sub-list's class
+# (broker.step_class), in order: ARGV[i] is KEYS[i]'s.
 _POP_LUA = """
 local n = tonumber(ARGV[1])
 local bulk = tonumber(ARGV[5])
+local held = ARGV[6] == '1'
 local out = {}
 local waiting = 0
 local rk = cjson.encode(ARGV[3])
@@ -69,7 +71,7 @@ for i = 7, #KEYS do
         redis.call('ZADD', KEYS[3], ARGV[2], tag)
         redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
         redis.call('SADD', KEYS[5], tag)
-        redis.call('HSET', KEYS[6], tag, ARGV[i - 1])
+        redis.call('HSET', KEYS[6], tag, ARGV[i])
         out[#out + 1] = tag
         out[#out + 1] = raw
         out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
@@ -77,7 +79,7 @@ for i = 7, #KEYS do
       n = n - #items
     end
   end
-  if i < #KEYS or bulk < 0 then
+  if i < #KEYS or bulk < 0 or not held then
     -- lines held back (bulk >= 0) are not waiting for this pop: no wake tokens for them
     waiting = waiting + redis.call('LLEN', key)
   end
@@ -125,15 +127,18 @@ class Drain:
         elif timeout > 0:
             time.sleep(min(timeout, POLL_S))
 
-    def pop(self, count: int, bulk: int | None = None) -> list[tuple[str, bytes, int]]:
+    def pop(
+        self, count: int, bulk: int | None = None, held: bool = True
+    ) -> list[tuple[str, bytes, int]]:
         """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight, at
-        most ``bulk`` of them batch-job lines (None: as many as come).
+        most ``bulk`` of them batch-job messages (None: as many as come); ``held``: the
+        lines left are held back (BulkShare), not waiting, rather than only not taken now.
 
         ``self.waiting`` is then the number of messages still queued behind them.
         """
         if count <= 0:
             return []
-        args = self._args(count, bulk)
+        args = self._args(count, bulk, held)
         got = self._link.call("EVALSHA", self._pop.sha, len(self.keys), *self.keys, *args)
         if isinstance(got, redis.exceptions.NoScriptError):  # Redis restarted or flushed
             return self._unpack(self._pop(keys=self.keys, args=args))
@@ -141,29 +146,31 @@ class Drain:
             raise got
         return self._unpack(got)
 
-    def queue_pop(self, pipe: CommandQueue, count: int, bulk: int | None = None) -> None:
+    def queue_pop(
+        self, pipe: CommandQueue, count: int, bulk: int | None = None, held: bool = True
+    ) -> None:
         """Queue a pop on ``pipe``, to share the round trip of the replies before it.
 
         ``popped`` reads its result. The script goes by SHA alone: redis-py's own
         pipelined scripts ask ``SCRIPT EXISTS`` first, a round trip of its own.
         """
         pipe.execute_command(
-            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count, bulk)
+            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count, bulk, held)
         )
 
     def popped(
-        self, result: object, count: int, bulk: int | None = None
+        self, result: object, count: int, bulk: int | None = None, held: bool = True
     ) -> list[tuple[str, bytes, int]]:
         """The messages a ``queue_pop`` took, given its slot of the pipeline's results."""
         if isinstance(result, redis.exceptions.NoScriptError):  # Redis restarted or flushed
-            return self.pop(count, bulk)
+            return self.pop(count, bulk, held)
         if isinstance(result, BaseException):
             raise result
         return self._unpack(result)
 
-    def _args(self, count: int, bulk: int | None = None) -> list:
+    def _args(self, count: int, bulk: int | None = None, held: bool = True) -> list:
         bulk_arg = -1 if bulk is None else max(0, bulk)
-        return [count, time.time(), self.queue, WAKE_CAP, bulk_arg, *_CLASSES]
+        return [count, time.time(), self.queue, WAKE_CAP, bulk_arg, int(held), *_CLASSES]
 
     def _unpack(self, flat: list) -> list[tuple[str, bytes, int]]:
         self.waiting = int(flat[0])
