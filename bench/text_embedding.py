@@ -137,14 +137,29 @@ input [ {{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }} ]
 output [ {{ name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 384 ] }} ]
 dynamic_batching {{ }}
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{{threads}}" }} }}
 """
+
+
+def encoder_threads() -> int:
+    """The intra-op threads conch's encoder runs with (its config's ``intra_op_thread_count``,
+    read as conch reads it): every peer and in-process run gets the same."""
+    from conch.backends.autocomplete import int_parameter
+    from conch.backends.onnxruntime import DEFAULT_INTRA_OP_THREADS
+    from conch.core.model_config import parse_config
+
+    path = FUNCTIONS / ENCODER / "config.pbtxt"
+    config = parse_config(path.read_text(), model=ENCODER, source=str(path))
+    return int_parameter(config, "intra_op_thread_count", DEFAULT_INTRA_OP_THREADS)
 
 
 def triton_repository(dest: Path) -> Path:
     """Triton's text_embedding: model.py, te_pipeline.py and conch's helpers and files."""
     version = dest / MODEL / "1"
     version.mkdir(parents=True, exist_ok=True)
-    (dest / MODEL / "config.pbtxt").write_text(TRITON_CONFIG)
+    (dest / MODEL / "config.pbtxt").write_text(
+        TRITON_CONFIG.replace("{threads}", str(encoder_threads()))
+    )
     shutil.copyfile(BENCH / "triton_te_model.py", version / "model.py")
     shutil.copyfile(BENCH / "te_pipeline.py", version / "te_pipeline.py")
     tokenizer_dir = FUNCTIONS / "text_embedding_tokenizer" / "1"
@@ -390,7 +405,7 @@ def mlserver_repository(dest: Path, http_port: int) -> Path:
             "extra": {
                 "model_file": str(FUNCTIONS / ENCODER / "1" / "model.onnx"),
                 "tokenizer_dir": str(HELPER_DIRS[0]),
-                "intra_op_threads": inprocess.ORT_INTRA_OP_THREADS,
+                "intra_op_threads": encoder_threads(),
                 "inter_op_threads": inprocess.ORT_INTER_OP_THREADS,
                 # One model here, not an ensemble: perf_analyzer would ask for the steps' configs.
                 "triton_config": {
@@ -485,7 +500,7 @@ def bench_inprocess(args: argparse.Namespace, texts: list[str], results: TeResul
         ST_NAME: lambda chunk: model.encode(
             chunk, batch_size=len(chunk), normalize_embeddings=True
         ),
-        STEPS_NAME: te_pipeline.ThreeSteps.from_functions(str(FUNCTIONS)),
+        STEPS_NAME: te_pipeline.ThreeSteps.from_functions(str(FUNCTIONS), encoder_threads()),
     }
     sizes = sorted({1} | {max(1, round(b)) for b in results.encoder_batch.values()})
     budget = 1.0 if args.quick else 3.0

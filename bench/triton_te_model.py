@@ -6,6 +6,7 @@ this one Python model (bench/text_embedding.py copies it in as ``model.py``, bes
 embedded in one call, as conch's tokenizer batches them; the batch is cut back per request.
 """
 
+import json
 import os
 
 import numpy as np
@@ -16,7 +17,9 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         here = os.path.dirname(os.path.abspath(__file__))
-        self.embed = te_pipeline.ThreeSteps.load(os.path.join(here, "model.onnx"), here)
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        threads = int(parameters.get("intra_op_thread_count", {}).get("string_value", 1))
+        self.embed = te_pipeline.ThreeSteps.load(os.path.join(here, "model.onnx"), here, threads)
 
     def execute(self, requests):
         columns = [pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy() for r in requests]
