@@ -39,6 +39,11 @@ serve: $(STAMP) functions
 	  $(MAKE) --no-print-directory redis-server; fi
 	$(BIN)/conch serve --model-repository functions --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT)
 
+# Each test module whole on one of as many pytest workers as cores (its module-scoped stack
+# of real processes is started once); every worker starts its own Redis and S3 servers.
+# PYTEST_ARGS= runs them in one process, e.g. make test PYTEST_ARGS="tests/test_offline.py".
+PYTEST_ARGS ?= -n auto --dist loadfile
+
 test: $(STAMP) functions redis-server
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
