@@ -50,7 +50,8 @@ class BulkShare:
     spent at the recent time per row, and a pop takes the messages the credit buys (a
     message of a batch job carries several lines' rows: line_packing). With no such work
     about, lines take every slot. 5 %: text_embedding on 2 vCPUs kept 0.93x of its online
-    throughput beside a batch job (10 %: 0.80x; every slot: 0.2x), bench/README.md.
+    throughput beside a batch job (10 %: 0.80x; every slot: 0.2x), and 0.91x once a message
+    carried 32 lines (bench/README.md, runs 3 and 4).
     """
 
     SHARE = 0.05
@@ -118,7 +119,7 @@ class BulkShare:
         """How many batch-job messages a pop for ``rows`` rows takes (at least one): those
         that fill them, and no more than run in about ``LINES_RUN_S``, so online requests
         that come while they run wait for little even when lines have every slot."""
-        if not self.message_rows:
+        if not self.message_rows:  # none taken yet: a message a row, what is over goes back
             return rows
         if self.row_s > 0:
             rows = min(rows, int(self.LINES_RUN_S / self.row_s))

@@ -80,7 +80,7 @@ for i = 7, #KEYS do
     end
   end
   if i < #KEYS or bulk < 0 or not held then
-    -- lines held back (bulk >= 0) are not waiting for this pop: no wake tokens for them
+    -- lines held back (bulk >= 0, held) are waiting for no pop: no wake tokens for them
     waiting = waiting + redis.call('LLEN', key)
   end
 end
