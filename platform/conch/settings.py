@@ -1,13 +1,17 @@
 """Runtime settings shared by the gateway, the worker and ``conch serve``.
 
 This module is the one reader of conch's configuration. Flags win over environment
-variables, which win over the defaults here:
+variables, which win over the defaults. Each setting is declared once, as a field of
+``Settings`` made by ``setting()``: its type, its default, the environment variables that
+can set it (``CONCH_*``, ``REDIS_URL``, ``AWS_DEFAULT_REGION``/``AWS_REGION``), and its
+command-line flags (``Flag``: Triton's names where Triton has them, the subcommands that
+take it, its help, and the check its value must pass). What a flag does with its value
+follows from the field's type unless the flag says otherwise: a ``bool`` is Triton's
+``--flag=true|false``, an ``int`` or ``float`` is parsed as one, a ``StrEnum`` gives the
+choices. A help text shows the field's default, never a copy of it: ``{default}`` in the
+text, or ``(default X)`` added when the text does not speak of a default.
 
-- each field of ``Settings`` holds its default, and the environment variable that can set
-  it, if any (``CONCH_*``, ``REDIS_URL``, ``AWS_DEFAULT_REGION``/``AWS_REGION``);
-- ``FLAGS`` lists every command-line flag of ``conch serve|gateway|worker`` (Triton's names
-  where Triton has them), with the field it sets and the subcommands that take it.
-
+``FLAGS`` is every flag, in declaration order, bound to its field.
 ``Settings.from_env()`` reads the environment; ``Settings.from_args(namespace)`` adds the
 flags a command line gave (argparse defaults are all None, so only given flags count);
 ``settings.to_args(role)`` writes the flags that reproduce a Settings for one subcommand,
@@ -15,9 +19,10 @@ which is how ``conch serve`` starts its worker and gateway. Settings that have n
 (the visibility timeout, attempts, job limits, the HTTP worker class, the local Redis
 probe, the S3 region) reach those children through the environment they inherit.
 
-This module imports only the standard library (and ``conch.core.restricted_apis`` and
-``conch.core.cache_config``, which import nothing else): the gateway reads its Settings before gevent patches the process,
-and that must happen before redis is imported.
+Of conch, this module imports only the core's parsers of Triton's flag values
+(``restricted_apis``, ``cache_config``, ``metrics_config``, ``trace_config``), which
+import nothing but the standard library: the gateway reads its Settings before gevent
+patches the process, and that must happen before redis is imported.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, get_type_hints
 
 from conch.core.cache_config import CacheConfig
 from conch.core.metrics_config import MetricsConfig
@@ -100,11 +106,6 @@ GRPC_SHARED_PORT_ENV = "CONCH_GRPC_SHARED_PORT"
 GRPC_RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
 MAX_BATCH_SIZE_KEY = "default-max-batch-size"  # the one --backend-config setting conch applies
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _env(*names: str, parse: Callable[[str], Any] = str) -> dict[str, Any]:
-    """A field's metadata: the environment variables that set it (the first one set wins)."""
-    return {"env": names, "parse": parse}
 
 
 def default_http_workers(cpus: int | None) -> int:
@@ -196,234 +197,7 @@ class WorkerRange:
         return f"{self.minimum}:{self.maximum}"
 
 
-@dataclass
-class Settings:
-    model_repository: Path = Path("functions")
-    # The broker. Empty: a Redis answering on local_redis_url, else a private redis-server.
-    redis_url: str = field(default="", metadata=_env("REDIS_URL"))
-    # Requests with no "timeout" parameter wait this long for their reply.
-    request_timeout_s: float = field(
-        default=60.0, metadata=_env("CONCH_REQUEST_TIMEOUT_S", parse=float)
-    )
-    # Triton's --http-max-input-size default: 64 MiB.
-    max_input_bytes: int = field(
-        default=64 * 1024 * 1024, metadata=_env("CONCH_MAX_INPUT_BYTES", parse=int)
-    )
-    # A message a dead worker held comes back after this long (kombu's default is an hour).
-    visibility_timeout_s: float = field(
-        default=6.0, metadata=_env("CONCH_VISIBILITY_TIMEOUT_S", parse=float)
-    )
-    max_attempts: int = field(default=3, metadata=_env("CONCH_MAX_ATTEMPTS", parse=int))
-    # How long an async job's result (and its record) is kept: Celery's result_expires.
-    job_ttl_s: int = field(default=86_400, metadata=_env("CONCH_JOB_TTL_S", parse=int))
-    # Async jobs a model's queue may hold before submissions get a 503 (Redis memory).
-    max_queued_jobs: int = field(default=100_000, metadata=_env("CONCH_MAX_QUEUED_JOBS", parse=int))
-    auto_complete: bool = True
-    # Triton's --backend-config: what conch applies of it (default-max-batch-size).
-    backend_config: BackendConfig = field(default_factory=lambda: BackendConfig())
-    models: list[str] | None = None  # the worker serves these; None = all
-    # Triton's model control: none (load all at start), poll (follow the repository),
-    # explicit (load and unload through the API; --load-model at start).
-    model_control_mode: ModelControlMode = ModelControlMode.NONE
-    repository_poll_secs: float = 15.0
-    load_models: list[str] = field(default_factory=list)
-    log_verbose: int = 0
-    # Triton's log flags: a file instead of stderr, the line format, each severity on/off.
-    log_file: str = ""
-    log_format: LogFormat = LogFormat.DEFAULT
-    log_info: bool = True
-    log_warning: bool = True
-    log_error: bool = True
-    # Triton's --exit-timeout-secs: on SIGTERM, how long in-flight work may take to finish
-    # (the gateway's graceful timeout; the worker's warm shutdown) before the process exits.
-    exit_timeout_secs: int = 30
-    # Triton's --strict-readiness: /v2/health/ready also waits for every model that should
-    # be loaded to be served by a live worker; false: ready once the broker answers.
-    strict_readiness: bool = True
-    # Triton's metrics port: GET /metrics there, with Triton's nv_inference_* names.
-    allow_metrics: bool = True
-    metrics_port: int = 8002
-    metrics_address: str | None = None  # None: the HTTP address (--http-address)
-    # Workers report their host's CPU and GPU use (nv_cpu_*, nv_gpu_*), sampled at most
-    # every metrics_interval_ms.
-    allow_cpu_metrics: bool = True
-    allow_gpu_metrics: bool = True
-    metrics_interval_ms: int = 2000
-    # Triton's --metrics-config: latency counters, summaries, the first-response histogram.
-    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
-    trace_config: TraceConfig = field(default_factory=TraceConfig)
-    # The gateway's sockets and processes (gunicorn's bind, workers and threads).
-    http_address: str = "0.0.0.0"
-    http_port: int = 8000
-    http_thread_count: int = 64  # threads (or gevent connections) per gateway process
-    # Gateway processes: half the cores, at most 2. On a 2-core host that also runs the
-    # worker (conch serve), one gevent process beat two by 3-13 % (bench/README.md).
-    http_workers: int = field(default_factory=lambda: default_http_workers(os.cpu_count()))
-    # gunicorn worker class of the gateway (e.g. gthread instead of the gevent worker).
-    http_worker_class: str = field(default=GEVENT_WORKER, metadata=_env("CONCH_HTTP_WORKER_CLASS"))
-    # The Redis tried when no redis_url is given (tests point it at nothing).
-    local_redis_url: str = field(default=LOCAL_REDIS_URL, metadata=_env("CONCH_LOCAL_REDIS_URL"))
-    # Triton's --http-restricted-api: the API groups a request reaches only with a header.
-    # Its environment variable holds the flag's values one per line: conch serve hands the
-    # secrets to its gateway that way, out of the process list.
-    http_restricted_api: RestrictedApis = field(
-        default_factory=RestrictedApis,
-        metadata=_env(
-            RESTRICTED_API_ENV, parse=lambda text: RestrictedApis.parse(text.splitlines())
-        ),
-    )
-    # The gRPC frontend (Triton's GRPCInferenceService) and which frontends serve start.
-    allow_http: bool = True
-    allow_grpc: bool = True
-    grpc_address: str = "0.0.0.0"
-    grpc_port: int = 8001
-    # Triton's --grpc-infer-thread-count, with conch's default: each call holds its thread
-    # while its request waits in the queue, so the pool bounds the calls in flight.
-    grpc_infer_thread_count: int = 64
-    # gRPC server processes sharing the port (SO_REUSEPORT), as --http-workers for the
-    # gateway: grpcio's server is bound by its process's GIL (bench/README.md).
-    grpc_workers: int = field(default_factory=lambda: default_http_workers(os.cpu_count()))
-    # Set by ``conch grpc`` for the processes it starts when --grpc-workers > 1: they bind
-    # the port with SO_REUSEPORT, after it checked that the port was free.
-    grpc_shared_port: bool = field(
-        default=False, metadata=_env(GRPC_SHARED_PORT_ENV, parse=lambda text: _bool(text))
-    )
-    # Triton's --grpc-restricted-protocol: as --http-restricted-api, with gRPC metadata
-    # keys (GRPC_RESTRICTED_HEADER_PREFIX + key); a secret, so handed over in the environment.
-    grpc_restricted_protocol: RestrictedApis = field(
-        default_factory=RestrictedApis,
-        metadata=_env(
-            RESTRICTED_PROTOCOL_ENV, parse=lambda text: _parse_protocols(text.splitlines())
-        ),
-    )
-    # Triton's gRPC TLS: --grpc-use-ssl (server cert and key), --grpc-use-ssl-mutual (which
-    # wins, and also asks clients for a certificate signed by the root cert). PEM files.
-    grpc_use_ssl: bool = False
-    grpc_use_ssl_mutual: bool = False
-    grpc_server_cert: str = ""
-    grpc_server_key: str = ""
-    grpc_root_cert: str = ""
-    grpc_infer_response_compression_level: CompressionLevel = CompressionLevel.NONE
-    # Triton's gRPC keepalive flags (milliseconds), with Triton's (and gRPC core's) defaults.
-    grpc_keepalive_time_ms: int = 7_200_000
-    grpc_keepalive_timeout_ms: int = 20_000
-    grpc_keepalive_permit_without_calls: bool = False
-    grpc_http2_max_pings_without_data: int = 2
-    grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
-    grpc_http2_max_ping_strikes: int = 2
-    # 0: no limit (Triton's default, "undefined").
-    grpc_max_connection_age_ms: int = 0
-    grpc_max_connection_age_grace_ms: int = 0
-    # Sizes of Triton's own reuse pools of request and response objects: taken so that a
-    # Triton launch line starts, and named as ignored (grpcio keeps its own).
-    grpc_infer_allocation_pool_size: int = 0
-    grpc_max_response_pool_size: int = 0
-    # Triton's --cache-config: the response cache of the frontends (none: no caching).
-    # Its environment variable holds the flag's values one per line (a Redis password
-    # reaches conch serve's children that way, out of the process list).
-    cache_config: CacheConfig | None = field(
-        default=None,
-        metadata=_env(CACHE_CONFIG_ENV, parse=lambda text: CacheConfig.parse(text.splitlines())),
-    )
-    # Beyond Triton: the load API's file: parameters (model code and weights from the
-    # client) are refused unless this is on.
-    allow_model_upload: bool = False
-    # The local autoscaler (conch autoscale, conch serve --workers): how many workers, and
-    # the formula it shares with the chart (conch.wire.work_owed.desired_workers).
-    # None: conch serve runs one worker and no autoscaler.
-    workers: WorkerRange | None = None
-    target_work_per_worker: float = 10.0  # owed work (waiting + in flight) one worker takes
-    activation_work: int = 0  # at MIN 0, the owed work that wakes the first worker
-    scale_down_cooldown_secs: float = 300.0  # fewer workers only once wanted this long
-    scale_poll_secs: float = 2.0  # how often the autoscaler reads the queues
-    # The autoscaler counts the batch jobs queue too (conch.jobs): the one group whose
-    # workers take the jobs (batch_jobs). conch serve --workers turns it on.
-    scale_on_jobs: bool = False
-    # The worker takes batch jobs (consumes conch.jobs). false: it never runs a job's
-    # driver, for a group whose scaler does not count the jobs (it could be scaled down
-    # mid-job). Triton has no batch jobs, so no such flag.
-    batch_jobs: bool = True
-    # Jobs one worker's drivers run at once (Celery's thread pool on conch.jobs): batch
-    # jobs, and ensembles' async jobs, which must not wait for a long batch job to end.
-    job_concurrency: int = 4
-    # Models whose workers may all be gone by design (scaled to zero): with no live worker
-    # they read as ready and take requests, which wait in the queue for one to start.
-    # ["*"]: every model.
-    scale_to_zero: list[str] = field(default_factory=list)
-    # Batch jobs' S3 region; boto3 reads the rest of the AWS settings itself.
-    s3_region: str | None = field(default=None, metadata=_env("AWS_DEFAULT_REGION", "AWS_REGION"))
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """The defaults, with what the environment sets (an empty variable counts as unset)."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            for name in f.metadata.get("env", ()):
-                raw = environ.get(name)
-                if raw:
-                    try:
-                        values[f.name] = f.metadata["parse"](raw)
-                    except ValueError as exc:
-                        raise ValueError(f"${name}={raw!r}: {exc}") from None
-                    break
-        return cls(**values)
-
-    @classmethod
-    def from_args(
-        cls, namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
-    ) -> Settings:
-        """``from_env``, then every flag of ``FLAGS`` that ``namespace`` has a value for.
-
-        Raises ValueError for a flag value argparse cannot check (``--backend-config``,
-        a negative ``--exit-timeout-secs``) and for flags that contradict each other.
-        """
-        settings = cls.from_env(environ)
-        for flag in FLAGS:
-            given = getattr(namespace, flag.dest, None)
-            value = None if given is None else flag.read(given)
-            if value is not None:
-                setattr(settings, flag.field, value)
-        if settings.scale_on_jobs and not settings.batch_jobs:
-            raise ValueError(
-                "--jobs counts batch jobs that --batch-jobs=false keeps this group's workers "
-                "from running: count them in the group that runs them"
-            )
-        return settings
-
-    def to_args(self, role: Role | str) -> list[str]:
-        """The flags of subcommand ``role`` that reproduce these settings (those it has),
-        but for secrets: those are in ``child_env(role)``."""
-        return [
-            arg
-            for flag in FLAGS
-            if role in flag.roles and flag.to_env is None
-            for arg in flag.write(self)
-        ]
-
-    def child_env(self, role: Role | str) -> dict[str, str]:
-        """The environment variables that carry the secret flags of subcommand ``role``
-        to a child process: any user of the host can read a command line."""
-        env_names = {f.name: f.metadata.get("env", ()) for f in fields(self)}
-        env: dict[str, str] = {}
-        for flag in FLAGS:
-            if role in flag.roles and flag.to_env is not None:
-                text = flag.to_env(getattr(self, flag.field))
-                if text:
-                    env[env_names[flag.field][0]] = text
-        return env
-
-    def scales_to_zero(self, model: str) -> bool:
-        """``--scale-to-zero`` names ``model`` (or every model)."""
-        return "*" in self.scale_to_zero or model in self.scale_to_zero
-
-    @property
-    def http_worker_uses_gevent(self) -> bool:
-        """The gateway runs under gevent: the process must be patched before redis loads."""
-        return self.http_worker_class == GEVENT_WORKER or "gevent" in self.http_worker_class
-
-
-# --- command-line flags -------------------------------------------------------------------
+# --- flags: what a command line can say about a setting ------------------------------------
 
 ALL_ROLES = frozenset(Role)
 HTTP_ROLES = frozenset({Role.SERVE, Role.GATEWAY})
@@ -432,6 +206,7 @@ FRONTEND_ROLES = HTTP_ROLES | GRPC_ROLES  # what both frontends apply alike
 # Roles that run workers: the autoscaler takes every worker flag, to start its workers with.
 WORKER_ROLES = frozenset({Role.SERVE, Role.WORKER, Role.AUTOSCALE})
 SCALE_ROLES = frozenset({Role.SERVE, Role.AUTOSCALE})
+SERVE_ONLY = frozenset({Role.SERVE})
 
 
 def _value(name: str, value: Any) -> list[str]:
@@ -440,6 +215,11 @@ def _value(name: str, value: Any) -> list[str]:
 
 def _each(name: str, values: Iterable[str]) -> list[str]:
     return [arg for v in values for arg in (name, v)]
+
+
+def _config_args(name: str, config: Any) -> list[str]:
+    """A repeatable ``KEY=VALUE`` flag written back from its config's ``items()``."""
+    return _each(name, config.items())
 
 
 def _model_list(text: str) -> list[str] | None:
@@ -477,114 +257,33 @@ def _bool_arg(name: str, on: bool) -> list[str]:
     return [f"{name}={str(on).lower()}"]
 
 
-def _bool_flag(name: str, setting: str, roles: frozenset[Role], help: str) -> Flag:
-    """A Triton boolean flag: ``--name=true|false`` (or on/off, 1/0), written back so."""
-    return Flag(name, setting, roles, help, type=_bool, metavar="BOOL", as_args=_bool_arg)
+def _switch_args(name: str, on: bool) -> list[str]:
+    """A switch written back only when on."""
+    return [name] if on else []
 
 
-def _config_flag(
-    name: str,
-    setting: str,
-    roles: frozenset[Role],
-    help: str,
-    metavar: str,
-    parse: Callable[[list[str]], Any],
-) -> Flag:
-    """A repeatable Triton ``KEY=VALUE`` flag: its values parsed together into one
-    config, which writes them back with its ``items()``."""
-    return Flag(
-        name,
-        setting,
-        roles,
-        help,
-        metavar=metavar,
-        action="append",
-        read=parse,
-        as_args=lambda flag, config: _each(flag, config.items()),
-    )
+def _never(name: str, value: Any) -> list[str]:
+    return []
 
 
-def _choice_flag(name: str, setting: str, help: str, choices: type[StrEnum]) -> Flag:
-    """A flag whose values are an enum's, for every role."""
-    return Flag(name, setting, ALL_ROLES, help, choices=tuple(choices), read=choices)
-
-
-def _file_flag(name: str, setting: str, help: str) -> Flag:
-    """A gRPC TLS file flag (read only when TLS is on)."""
-    return Flag(name, setting, GRPC_ROLES, help, metavar="FILE", read=_given)
-
-
-def _millis_flag(name: str, setting: str, help: str) -> Flag:
-    """A gRPC transport duration, in milliseconds as Triton takes it."""
-    return Flag(name, setting, GRPC_ROLES, help, type=int, metavar="MS")
-
-
-# Triton flags that mean nothing here (sizes of Triton's own pools of request and response
-# objects; grpcio keeps its own): taken, so a Triton launch line starts, and named as
-# ignored when given. Each sets the field of its own name.
-IGNORED_GRPC_FLAGS = ("--grpc-infer-allocation-pool-size", "--grpc-max-response-pool-size")
-
-
-def flag_field(name: str) -> str:
-    """The Settings field a flag of that name sets, when it is named after it."""
-    return name.removeprefix("--").replace("-", "_")
-
-
-def _ignored_flag(name: str) -> Flag:
-    return Flag(
-        name,
-        flag_field(name),
-        GRPC_ROLES,
-        "Triton's; ignored (grpcio keeps its own pools)",
-        type=int,
-        metavar="N",
-        read=_given,
-        as_args=lambda flag, n: [flag, str(n)] if n else [],
-    )
-
-
-def _count_flag(name: str, setting: str, roles: Any, help: str) -> Flag:
-    """A flag that counts something there must be at least one of."""
-    return _bounded_flag(name, setting, roles, help, 1)
-
-
-def _bounded_flag(
-    name: str,
-    setting: str,
-    roles: Any,
-    help: str,
-    low: float,
-    *,
-    kind: type = int,
-    metavar: str = "N",
-    inclusive: bool = True,
-) -> Flag:
-    """A number flag with a lower bound (``inclusive`` or not), refused below it."""
-    return Flag(
-        name,
-        setting,
-        roles,
-        help,
-        type=kind,
-        metavar=metavar,
-        read=lambda n: _at_least(n, low, name, inclusive=inclusive),
-    )
-
-
-def _seconds(value: int) -> int:
+def _seconds(flag: str, value: int) -> int:
+    """A duration in whole seconds, 0 included."""
     if value < 0:
-        raise ValueError(f"--exit-timeout-secs {value}: must be 0 or more")
+        raise ValueError(f"{flag} {value}: must be 0 or more")
     return value
 
 
-def _at_least(value: Any, low: Any, flag: str, *, inclusive: bool = True) -> Any:
-    if value < low or (value == low and not inclusive):
-        raise ValueError(f"{flag} {value}: must be {'at least' if inclusive else 'above'} {low}")
-    return value
+def at_least(low: float, *, inclusive: bool = True) -> Callable[[str, Any], Any]:
+    """A number flag's check: refused below ``low`` (or at it, when not ``inclusive``)."""
 
+    def check(flag: str, value: Any) -> Any:
+        if value < low or (value == low and not inclusive):
+            raise ValueError(
+                f"{flag} {value}: must be {'at least' if inclusive else 'above'} {low}"
+            )
+        return value
 
-def _same(value: Any) -> Any:
-    return value
+    return check
 
 
 def _given(value: Any) -> Any:
@@ -592,14 +291,32 @@ def _given(value: Any) -> Any:
     return value or None
 
 
+def shown_default(value: Any) -> str | None:
+    """A default as a flag would spell it, or None for one that has no short spelling."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, int | str) and value != "":
+        return str(value)
+    return None
+
+
 @dataclass(frozen=True)
 class Flag:
-    """One command-line flag: its argparse arguments, the field it sets, how to read a
-    parsed value into the field (None: leave the field as it is) and how to write the
-    field back as arguments."""
+    """One command-line flag of a setting: its argparse arguments, how to read a parsed
+    value into the field (None: leave the field as it is) and how to write the field back
+    as arguments.
+
+    Declared inside ``setting()``; ``Settings`` binds it to its field, filling in from the
+    field's type what the declaration left out (``bound``). ``check(flag, value)`` refuses
+    a value (ValueError) after ``read``. ``ignored``: a Triton flag taken so that a Triton
+    launch line starts, but with no effect here; the CLI warns with this reason when given.
+    """
 
     name: str
-    field: str
     roles: frozenset[Role]
     help: str | None = None
     type: Callable[[str], Any] | None = None
@@ -609,18 +326,28 @@ class Flag:
     const: Any = None
     choices: tuple[str, ...] | None = None
     required: bool = False
-    read: Callable[[Any], Any] = _same
-    as_args: Callable[[str, Any], list[str]] = _value
+    read: Callable[[Any], Any] | None = None
+    check: Callable[[str, Any], Any] | None = None
+    as_args: Callable[[str, Any], list[str]] | None = None
     # A secret: written for children as the text of its field's environment variable,
     # never as arguments.
     to_env: Callable[[Any], str] | None = None
+    ignored: str | None = None
+    field: str = ""  # the Settings field it sets, filled in by ``bound``
 
     @property
     def dest(self) -> str:
         return self.name.removeprefix("--").replace("-", "_")
 
+    def value(self, given: Any) -> Any:
+        """The field's new value from what argparse parsed, or None to leave it."""
+        value = self.read(given) if self.read else given
+        if value is not None and self.check is not None:
+            value = self.check(self.name, value)
+        return value
+
     def write(self, settings: Settings) -> list[str]:
-        return self.as_args(self.name, getattr(settings, self.field))
+        return (self.as_args or _value)(self.name, getattr(settings, self.field))
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         # default None everywhere: a flag not given leaves the environment's value.
@@ -633,454 +360,767 @@ class Flag:
             kwargs["required"] = True
         parser.add_argument(self.name, **kwargs)
 
+    def bound(self, name: str, kind: Any, default: Any) -> Flag:
+        """This flag set on field ``name`` of type ``kind``, its help showing ``default``."""
+        typed: dict[str, Any] = {}
+        if kind is bool and self.action == "store":
+            typed = {"type": _bool, "metavar": "BOOL", "as_args": _bool_arg}
+        elif kind in (int, float):
+            typed = {"type": kind}
+        elif isinstance(kind, type) and issubclass(kind, StrEnum):
+            typed = {"choices": tuple(kind), "read": kind}
+        filled = {k: v for k, v in typed.items() if getattr(self, k) is None}
+        return replace(self, field=name, help=self._help(default), **filled)
 
-FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "--model-repository",
-        "model_repository",
-        ALL_ROLES,
-        "the Triton-layout model repository to serve",
-        type=Path,
-        metavar="DIR",
-        required=True,
-        read=lambda path: path.resolve(),
-    ),
-    Flag(
-        "--redis-url",
-        "redis_url",
-        ALL_ROLES,
-        "the broker (default: $REDIS_URL)",
-        read=_given,
-    ),
-    Flag(
-        "--log-verbose",
-        "log_verbose",
-        ALL_ROLES,
-        "verbose logging when N > 0",
-        type=int,
+    def _help(self, default: Any) -> str | None:
+        if self.help is None or self.help == argparse.SUPPRESS or self.required:
+            return self.help
+        if self.action != "store" or self.ignored:  # a switch, or a value nothing reads
+            return self.help
+        shown = shown_default(default)
+        if "{default}" in self.help:
+            if shown is None:
+                raise ValueError(f"{self.name}: its help shows a default it does not have")
+            return self.help.replace("{default}", shown)
+        if shown is None or "default" in self.help:
+            return self.help
+        return f"{self.help} (default {shown})"
+
+
+def setting(
+    default: Any = MISSING,
+    *flags: Flag,
+    env: str | tuple[str, ...] = (),
+    parse: Callable[[str], Any] | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """One setting: its default (or the ``factory`` that makes it), its flags, and the
+    environment variables that set it (the first one set wins), read with ``parse`` or
+    by the field's type."""
+    if isinstance(default, Flag):  # no default value: the factory makes it
+        default, flags = MISSING, (default, *flags)
+    metadata = {"env": (env,) if isinstance(env, str) else env, "parse": parse, "flags": flags}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _millis(name: str, help: str) -> Flag:
+    """A gRPC transport duration, in milliseconds as Triton takes it."""
+    return Flag(name, GRPC_ROLES, help, metavar="MS")
+
+
+def _tls_file(name: str, help: str) -> Flag:
+    """A gRPC TLS file flag (read only when TLS is on)."""
+    return Flag(name, GRPC_ROLES, help, metavar="FILE", read=_given)
+
+
+def _pool_size(name: str) -> Flag:
+    """One of Triton's sizes of its own pools of request and response objects."""
+    return Flag(
+        name,
+        GRPC_ROLES,
+        "Triton's; ignored (grpcio keeps its own pools)",
         metavar="N",
-    ),
-    _bool_flag("--log-info", "log_info", ALL_ROLES, "log info lines (default true)"),
-    _bool_flag("--log-warning", "log_warning", ALL_ROLES, "log warnings (default true)"),
-    _bool_flag("--log-error", "log_error", ALL_ROLES, "log errors (default true)"),
-    _choice_flag(
-        "--log-format",
-        "log_format",
-        "default: lines start 'I0304 10:22:33.123456 <pid> <file>:<line>]'; "
-        "ISO8601: '2024-03-04T10:22:33Z I <pid> <file>:<line>]' (UTC, as Triton); "
-        "json (conch's): one JSON object a line",
-        LogFormat,
-    ),
-    Flag(
-        "--log-file",
-        "log_file",
-        ALL_ROLES,
-        "append the log to this file instead of writing it to stderr",
-        metavar="FILE",
         read=_given,
-    ),
-    Flag(
-        "--exit-timeout-secs",
-        "exit_timeout_secs",
-        ALL_ROLES,
-        "on SIGTERM, in-flight work gets this long to finish before the process exits (default 30)",
-        type=int,
-        metavar="S",
-        read=_seconds,
-    ),
-    Flag(
-        "--disable-auto-complete-config",
-        "auto_complete",
-        ALL_ROLES,
-        "do not complete configs from the models themselves",
-        action="store_true",
-        read=lambda on: False if on else None,
-        as_args=lambda name, auto_complete: [] if auto_complete else [name],
-    ),
-    Flag(  # Triton's older spelling of the same switch; written back as the one above
-        "--strict-model-config",
-        "auto_complete",
-        ALL_ROLES,
-        argparse.SUPPRESS,
-        action="store_true",
-        read=lambda on: False if on else None,
-        as_args=lambda name, auto_complete: [],
-    ),
-    _config_flag(
-        "--backend-config",
-        "backend_config",
-        ALL_ROLES,
-        "Triton's form: [BACKEND,]default-max-batch-size=N is applied (for every backend, "
-        "or for one); other settings are logged and ignored; repeatable",
-        "[BACKEND,]SETTING=VALUE",
-        BackendConfig.parse,
-    ),
-    Flag(
-        "--request-timeout-secs",
-        "request_timeout_s",
-        ALL_ROLES,
-        "deadline of requests that set no 'timeout' parameter",
-        type=float,
-    ),
-    _choice_flag(
-        "--model-control-mode",
-        "model_control_mode",
-        "none: load everything at start; poll: follow repository changes; "
-        "explicit: load and unload through the repository API",
-        ModelControlMode,
-    ),
-    Flag(
-        "--repository-poll-secs",
-        "repository_poll_secs",
-        ALL_ROLES,
-        "poll mode: how often to look for repository changes",
-        type=float,
-        metavar="S",
-    ),
-    Flag(
-        "--load-model",
-        "load_models",
-        ALL_ROLES,
-        "explicit mode: load this model at start ('*' for all); repeatable",
-        metavar="MODEL",
-        action="append",
-        read=list,
-        as_args=_each,
-    ),
-    _bool_flag(
-        "--strict-readiness",
-        "strict_readiness",
-        FRONTEND_ROLES,
-        "/v2/health/ready waits for every model that should be loaded to be served by a "
-        "live worker (default true; false: ready once the broker answers)",
-    ),
-    Flag(
-        "--metrics-port",
-        "metrics_port",
-        HTTP_ROLES,
-        "GET /metrics here (Triton's 8002)",
-        type=int,
-    ),
-    _bool_flag(
-        "--allow-metrics",
-        "allow_metrics",
-        HTTP_ROLES,
-        "serve metrics (default true; --allow-metrics=false to turn them off)",
-    ),
-    Flag(
-        "--metrics-address",
-        "metrics_address",
-        HTTP_ROLES,
-        "the address the metrics port binds (default: --http-address's)",
-        read=_given,
-    ),
-    _bool_flag(
-        "--allow-cpu-metrics",
-        "allow_cpu_metrics",
-        WORKER_ROLES,
-        "workers report their host's CPU use and memory (nv_cpu_*; default true)",
-    ),
-    _bool_flag(
-        "--allow-gpu-metrics",
-        "allow_gpu_metrics",
-        WORKER_ROLES,
-        "workers report their GPUs' use, memory and power through NVML (nv_gpu_*; default "
-        "true; needs the gpu extra, nvidia-ml-py, and a GPU)",
-    ),
-    _config_flag(
-        "--trace-config",
-        "trace_config",
-        ALL_ROLES,
-        "Triton's: mode=opentelemetry, opentelemetry,url=<host:port/path> (OTLP/HTTP), "
-        "rate=<N> (one trace in N), count=<N> (-1: no limit), level=OFF|TIMESTAMPS; "
-        "repeatable; give it to workers too (they send the queue and batch spans)",
-        "KEY=VALUE",
-        TraceConfig.parse,
-    ),
-    _config_flag(
-        "--metrics-config",
-        "metrics_config",
-        ALL_ROLES,
-        "Triton's: counter_latencies=<bool>, summary_latencies=<bool>, "
-        "summary_quantiles=<q>:<error>,..., histogram_latencies=<bool>; repeatable; give it "
-        "to workers too (they keep the samples summaries are computed from)",
-        "KEY=VALUE",
-        MetricsConfig.parse,
-    ),
-    _bounded_flag(
-        "--metrics-interval-ms",
-        "metrics_interval_ms",
-        WORKER_ROLES,
-        "how often workers sample CPU and GPU use (at most; they report it with each "
-        "heartbeat; default 2000)",
-        1,
-        metavar="MS",
-    ),
-    Flag(
-        "--http-restricted-api",
-        "http_restricted_api",
-        HTTP_ROLES,
-        "requests to these APIs need header HEADER with value VALUE (403 otherwise); "
-        f"repeatable, each API in one flag at most. APIs: {group_names()}",
-        metavar="API,...:HEADER=VALUE",
-        action="append",
-        read=RestrictedApis.parse,
-        as_args=lambda name, rules: _each(name, rules.to_values()),
-        to_env=lambda rules: "\n".join(rules.to_values()),
-    ),
-    Flag(
-        "--cache-config",
-        "cache_config",
-        FRONTEND_ROLES,
-        "Triton's response cache, for models whose config sets response_cache { enable: true }: "
-        "local,size=BYTES (each frontend process its own) or redis,host=H,port=P[,password=..]"
-        "[,db=N][,size=BYTES] (one cache shared by every frontend); repeatable, keys add up",
-        metavar="CACHE,KEY=VALUE",
-        action="append",
-        read=CacheConfig.parse,
-        to_env=lambda config: "\n".join(config.to_values()) if config else "",
-    ),
-    Flag(
-        "--allow-model-upload",
-        "allow_model_upload",
-        FRONTEND_ROLES,
-        "let the load API take model files ('file:' parameters) from the client: "
-        "code the workers will run (default false)",
-        type=_bool,
-        metavar="BOOL",
-        nargs="?",
-        const=True,
-        as_args=lambda name, on: [name] if on else [],
-    ),
-    Flag("--http-port", "http_port", HTTP_ROLES, type=int),
-    Flag("--http-address", "http_address", HTTP_ROLES, read=_given),
-    Flag(
-        "--http-thread-count",
-        "http_thread_count",
-        HTTP_ROLES,
-        "threads per gateway process",
-        type=int,
-    ),
-    Flag("--http-workers", "http_workers", HTTP_ROLES, "gateway processes", type=int),
-    Flag(
-        "--http-max-input-size",
-        "max_input_bytes",
-        FRONTEND_ROLES,
-        "the largest request body (and gRPC request message) taken, in bytes (64 MiB)",
-        type=int,
-        metavar="BYTES",
-        read=_given,
-    ),
-    _bool_flag(
-        "--allow-http",
-        "allow_http",
-        frozenset({Role.SERVE}),
-        "serve the HTTP frontend (default true)",
-    ),
-    _bool_flag(
-        "--allow-grpc",
-        "allow_grpc",
-        frozenset({Role.SERVE}),
-        "serve the gRPC frontend (default true)",
-    ),
-    Flag("--grpc-port", "grpc_port", GRPC_ROLES, "the gRPC port (Triton's 8001)", type=int),
-    Flag("--grpc-address", "grpc_address", GRPC_ROLES, read=_given),
-    Flag(
-        "--grpc-infer-thread-count",
-        "grpc_infer_thread_count",
-        GRPC_ROLES,
-        "calls (a stream counts as one) the gRPC server runs at once; each holds its "
-        "thread while its request is queued (default 64; Triton's is 2)",
-        type=int,
-    ),
-    _count_flag(
-        "--grpc-workers",
-        "grpc_workers",
-        GRPC_ROLES,
-        "gRPC server processes, sharing the port (SO_REUSEPORT); conch's own flag, Triton "
-        "has none (default: as --http-workers)",
-    ),
-    Flag(
-        "--grpc-restricted-protocol",
-        "grpc_restricted_protocol",
-        GRPC_ROLES,
-        "RPCs of these groups need gRPC metadata triton-grpc-protocol-KEY with value "
-        f"VALUE (UNAVAILABLE otherwise); repeatable. Groups: {group_names()}",
-        metavar="PROTOCOL,...:KEY=VALUE",
-        action="append",
-        read=_parse_protocols,
-        as_args=lambda name, rules: _each(name, rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
-        to_env=lambda rules: "\n".join(rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
-    ),
-    _bool_flag(
-        "--grpc-use-ssl",
-        "grpc_use_ssl",
-        GRPC_ROLES,
-        "serve gRPC over TLS with --grpc-server-cert and --grpc-server-key (default false)",
-    ),
-    _bool_flag(
-        "--grpc-use-ssl-mutual",
-        "grpc_use_ssl_mutual",
-        GRPC_ROLES,
-        "TLS that also requires a client certificate signed by --grpc-root-cert; "
-        "wins over --grpc-use-ssl (default false)",
-    ),
-    _file_flag("--grpc-server-cert", "grpc_server_cert", "PEM server certificate"),
-    _file_flag("--grpc-server-key", "grpc_server_key", "PEM server key"),
-    _file_flag(
-        "--grpc-root-cert", "grpc_root_cert", "PEM root certificate that client certificates need"
-    ),
-    Flag(
-        "--grpc-infer-response-compression-level",
-        "grpc_infer_response_compression_level",
-        GRPC_ROLES,
-        "compress infer responses: none (default), low, medium or high",
-        type=str.lower,
-        choices=tuple(CompressionLevel),
-        read=CompressionLevel,
-    ),
-    _millis_flag(
-        "--grpc-keepalive-time",
-        "grpc_keepalive_time_ms",
-        "ping an idle connection after this long (default 7200000)",
-    ),
-    _millis_flag(
-        "--grpc-keepalive-timeout",
-        "grpc_keepalive_timeout_ms",
-        "close the connection when a ping is not answered in this long (default 20000)",
-    ),
-    _bool_flag(
-        "--grpc-keepalive-permit-without-calls",
-        "grpc_keepalive_permit_without_calls",
-        GRPC_ROLES,
-        "keepalive pings also when no call is in flight (default false)",
-    ),
-    Flag(
-        "--grpc-http2-max-pings-without-data",
-        "grpc_http2_max_pings_without_data",
-        GRPC_ROLES,
-        "pings sent with no data frame between them; 0: no limit (default 2)",
-        type=int,
-        metavar="N",
-    ),
-    _millis_flag(
-        "--grpc-http2-min-recv-ping-interval-without-data",
-        "grpc_http2_min_recv_ping_interval_without_data_ms",
-        "a client ping sooner than this after the last, with no data, is a strike (default 300000)",
-    ),
-    Flag(
-        "--grpc-http2-max-ping-strikes",
-        "grpc_http2_max_ping_strikes",
-        GRPC_ROLES,
-        "strikes before the connection is closed (GOAWAY); 0: no limit (default 2)",
-        type=int,
-        metavar="N",
-    ),
-    _millis_flag(
-        "--grpc-max-connection-age",
-        "grpc_max_connection_age_ms",
-        "close a connection this old, gracefully (default: no limit)",
-    ),
-    _millis_flag(
-        "--grpc-max-connection-age-grace",
-        "grpc_max_connection_age_grace_ms",
-        "calls still running on a connection past its age get this long (default: no limit)",
-    ),
-    *(_ignored_flag(name) for name in IGNORED_GRPC_FLAGS),
-    _bool_flag(
-        "--batch-jobs",
-        "batch_jobs",
-        WORKER_ROLES,
-        "run batch jobs' drivers (default true). false: never, for the workers of a group "
-        "whose autoscaler does not count the jobs (no --jobs) and so could retire one "
-        "mid-job. conch's own: Triton has no batch jobs",
-    ),
-    _count_flag(
-        "--job-concurrency",
-        "job_concurrency",
-        WORKER_ROLES,
-        "jobs this worker's drivers run at once: batch jobs and ensembles' async jobs "
-        "(default 4). conch's own: Triton has no jobs",
-    ),
-    Flag(
-        "--models",
-        "models",
-        WORKER_ROLES,
-        "comma-separated models this worker serves (default: all); '\\,' is a comma inside a name",
-        read=_model_list,
-        as_args=_model_list_args,
-    ),
-    Flag(
-        "--workers",
-        "workers",
-        SCALE_ROLES,
-        "run MIN to MAX workers, started and retired on the work their models owe "
-        "(conch serve: instead of one worker; MIN 0 scales to zero)",
-        metavar="MIN:MAX",
-        read=WorkerRange.parse,
-        as_args=lambda name, workers: [name, str(workers)] if workers else [],
-    ),
-    _bounded_flag(
-        "--target-work-per-worker",
-        "target_work_per_worker",
-        SCALE_ROLES,
-        "workers wanted = ceil(owed work / N), owed work being the group's requests waiting "
-        "plus those in flight on a worker (default 10)",
-        0.0,
-        kind=float,
-        inclusive=False,
-    ),
-    _bounded_flag(
-        "--activation-work",
-        "activation_work",
-        SCALE_ROLES,
-        "with MIN 0: the first worker starts once owed work is above N (default 0)",
+        as_args=lambda flag, n: [flag, str(n)] if n else [],
+        ignored="grpcio keeps its own pools of requests and responses",
+    )
+
+
+@dataclass
+class Settings:
+    """Every setting of every role, each declared once (see the module's docstring)."""
+
+    model_repository: Path = setting(
+        Path("functions"),
+        Flag(
+            "--model-repository",
+            ALL_ROLES,
+            "the Triton-layout model repository to serve",
+            type=Path,
+            metavar="DIR",
+            required=True,
+            read=lambda path: path.resolve(),
+        ),
+    )
+    # Empty: a Redis answering on local_redis_url, else a private redis-server.
+    redis_url: str = setting(
+        "",
+        Flag("--redis-url", ALL_ROLES, "the broker (default: $REDIS_URL)", read=_given),
+        env="REDIS_URL",
+    )
+    # The Redis tried when no redis_url is given (tests point it at nothing).
+    local_redis_url: str = setting(LOCAL_REDIS_URL, env="CONCH_LOCAL_REDIS_URL")
+    log_verbose: int = setting(
+        0, Flag("--log-verbose", ALL_ROLES, "verbose logging when N > 0", metavar="N")
+    )
+    log_info: bool = setting(True, Flag("--log-info", ALL_ROLES, "log info lines"))
+    log_warning: bool = setting(True, Flag("--log-warning", ALL_ROLES, "log warnings"))
+    log_error: bool = setting(True, Flag("--log-error", ALL_ROLES, "log errors"))
+    log_format: LogFormat = setting(
+        LogFormat.DEFAULT,
+        Flag(
+            "--log-format",
+            ALL_ROLES,
+            "default: lines start 'I0304 10:22:33.123456 <pid> <file>:<line>]'; "
+            "ISO8601: '2024-03-04T10:22:33Z I <pid> <file>:<line>]' (UTC, as Triton); "
+            "json (conch's): one JSON object a line",
+        ),
+    )
+    log_file: str = setting(
+        "",
+        Flag(
+            "--log-file",
+            ALL_ROLES,
+            "append the log to this file instead of writing it to stderr",
+            metavar="FILE",
+            read=_given,
+        ),
+    )
+    # Triton's: on SIGTERM, the gateway's graceful timeout and the worker's warm shutdown.
+    exit_timeout_secs: int = setting(
+        30,
+        Flag(
+            "--exit-timeout-secs",
+            ALL_ROLES,
+            "on SIGTERM, in-flight work gets this long to finish before the process exits",
+            metavar="S",
+            check=_seconds,
+        ),
+    )
+    auto_complete: bool = setting(
+        True,
+        Flag(
+            "--disable-auto-complete-config",
+            ALL_ROLES,
+            "do not complete configs from the models themselves",
+            action="store_true",
+            read=lambda on: False if on else None,
+            as_args=lambda name, auto_complete: [] if auto_complete else [name],
+        ),
+        # Triton's older spelling of the same switch; written back as the one above.
+        Flag(
+            "--strict-model-config",
+            ALL_ROLES,
+            argparse.SUPPRESS,
+            action="store_true",
+            read=lambda on: False if on else None,
+            as_args=_never,
+        ),
+    )
+    backend_config: BackendConfig = setting(
+        Flag(
+            "--backend-config",
+            ALL_ROLES,
+            "Triton's form: [BACKEND,]default-max-batch-size=N is applied (for every "
+            "backend, or for one); other settings are logged and ignored; repeatable",
+            metavar="[BACKEND,]SETTING=VALUE",
+            action="append",
+            read=BackendConfig.parse,
+            as_args=_config_args,
+        ),
+        factory=BackendConfig,
+    )
+    # Requests with no "timeout" parameter wait this long for their reply.
+    request_timeout_s: float = setting(
+        60.0,
+        Flag(
+            "--request-timeout-secs",
+            ALL_ROLES,
+            "deadline of requests that set no 'timeout' parameter",
+        ),
+        env="CONCH_REQUEST_TIMEOUT_S",
+    )
+    # A message a dead worker held comes back after this long (kombu's default is an hour).
+    visibility_timeout_s: float = setting(6.0, env="CONCH_VISIBILITY_TIMEOUT_S")
+    max_attempts: int = setting(3, env="CONCH_MAX_ATTEMPTS")
+    # How long an async job's result (and its record) is kept: Celery's result_expires.
+    job_ttl_s: int = setting(86_400, env="CONCH_JOB_TTL_S")
+    # Async jobs a model's queue may hold before submissions get a 503 (Redis memory).
+    max_queued_jobs: int = setting(100_000, env="CONCH_MAX_QUEUED_JOBS")
+    model_control_mode: ModelControlMode = setting(
+        ModelControlMode.NONE,
+        Flag(
+            "--model-control-mode",
+            ALL_ROLES,
+            "none: load everything at start; poll: follow repository changes; "
+            "explicit: load and unload through the repository API",
+        ),
+    )
+    repository_poll_secs: float = setting(
+        15.0,
+        Flag(
+            "--repository-poll-secs",
+            ALL_ROLES,
+            "poll mode: how often to look for repository changes",
+            metavar="S",
+        ),
+    )
+    load_models: list[str] = setting(
+        Flag(
+            "--load-model",
+            ALL_ROLES,
+            "explicit mode: load this model at start ('*' for all); repeatable",
+            metavar="MODEL",
+            action="append",
+            read=list,
+            as_args=_each,
+        ),
+        factory=list,
+    )
+    strict_readiness: bool = setting(
+        True,
+        Flag(
+            "--strict-readiness",
+            FRONTEND_ROLES,
+            "/v2/health/ready waits for every model that should be loaded to be served by a "
+            "live worker (default {default}; false: ready once the broker answers)",
+        ),
+    )
+    # Triton's metrics port: GET /metrics there, with Triton's nv_inference_* names.
+    metrics_port: int = setting(
+        8002, Flag("--metrics-port", HTTP_ROLES, "GET /metrics here (default {default}, Triton's)")
+    )
+    allow_metrics: bool = setting(
+        True,
+        Flag(
+            "--allow-metrics",
+            HTTP_ROLES,
+            "serve metrics (default {default}; --allow-metrics=false to turn them off)",
+        ),
+    )
+    metrics_address: str | None = setting(
+        None,
+        Flag(
+            "--metrics-address",
+            HTTP_ROLES,
+            "the address the metrics port binds (default: --http-address's)",
+            read=_given,
+        ),
+    )
+    allow_cpu_metrics: bool = setting(
+        True,
+        Flag(
+            "--allow-cpu-metrics",
+            WORKER_ROLES,
+            "workers report their host's CPU use and memory (nv_cpu_*; default {default})",
+        ),
+    )
+    allow_gpu_metrics: bool = setting(
+        True,
+        Flag(
+            "--allow-gpu-metrics",
+            WORKER_ROLES,
+            "workers report their GPUs' use, memory and power through NVML (nv_gpu_*; "
+            "default {default}; needs the gpu extra, nvidia-ml-py, and a GPU)",
+        ),
+    )
+    trace_config: TraceConfig = setting(
+        Flag(
+            "--trace-config",
+            ALL_ROLES,
+            "Triton's: mode=opentelemetry, opentelemetry,url=<host:port/path> (OTLP/HTTP), "
+            "rate=<N> (one trace in N), count=<N> (-1: no limit), level=OFF|TIMESTAMPS; "
+            "repeatable; give it to workers too (they send the queue and batch spans)",
+            metavar="KEY=VALUE",
+            action="append",
+            read=TraceConfig.parse,
+            as_args=_config_args,
+        ),
+        factory=TraceConfig,
+    )
+    # Triton's: latency counters, summaries, the first-response histogram.
+    metrics_config: MetricsConfig = setting(
+        Flag(
+            "--metrics-config",
+            ALL_ROLES,
+            "Triton's: counter_latencies=<bool>, summary_latencies=<bool>, "
+            "summary_quantiles=<q>:<error>,..., histogram_latencies=<bool>; repeatable; "
+            "give it to workers too (they keep the samples summaries are computed from)",
+            metavar="KEY=VALUE",
+            action="append",
+            read=MetricsConfig.parse,
+            as_args=_config_args,
+        ),
+        factory=MetricsConfig,
+    )
+    metrics_interval_ms: int = setting(
+        2000,
+        Flag(
+            "--metrics-interval-ms",
+            WORKER_ROLES,
+            "how often workers sample CPU and GPU use (at most; they report it with each "
+            "heartbeat; default {default})",
+            metavar="MS",
+            check=at_least(1),
+        ),
+    )
+    # Its environment variable holds the flag's values one per line: conch serve hands the
+    # secrets to its gateway that way, out of the process list.
+    http_restricted_api: RestrictedApis = setting(
+        Flag(
+            "--http-restricted-api",
+            HTTP_ROLES,
+            "requests to these APIs need header HEADER with value VALUE (403 otherwise); "
+            f"repeatable, each API in one flag at most. APIs: {group_names()}",
+            metavar="API,...:HEADER=VALUE",
+            action="append",
+            read=RestrictedApis.parse,
+            as_args=lambda name, rules: _each(name, rules.to_values()),
+            to_env=lambda rules: "\n".join(rules.to_values()),
+        ),
+        factory=RestrictedApis,
+        env=RESTRICTED_API_ENV,
+        parse=lambda text: RestrictedApis.parse(text.splitlines()),
+    )
+    # Its environment variable holds the flag's values one per line (a Redis password
+    # reaches conch serve's children that way, out of the process list).
+    cache_config: CacheConfig | None = setting(
+        None,
+        Flag(
+            "--cache-config",
+            FRONTEND_ROLES,
+            "Triton's response cache, for models whose config sets response_cache { enable: "
+            "true }: local,size=BYTES (each frontend process its own) or redis,host=H,port=P"
+            "[,password=..][,db=N][,size=BYTES] (one cache shared by every frontend); "
+            "repeatable, keys add up",
+            metavar="CACHE,KEY=VALUE",
+            action="append",
+            read=CacheConfig.parse,
+            to_env=lambda config: "\n".join(config.to_values()) if config else "",
+        ),
+        env=CACHE_CONFIG_ENV,
+        parse=lambda text: CacheConfig.parse(text.splitlines()),
+    )
+    # Beyond Triton: the load API's file: parameters (model code and weights from the
+    # client) are refused unless this is on.
+    allow_model_upload: bool = setting(
+        False,
+        Flag(
+            "--allow-model-upload",
+            FRONTEND_ROLES,
+            "let the load API take model files ('file:' parameters) from the client: "
+            "code the workers will run (default {default})",
+            nargs="?",
+            const=True,
+            as_args=_switch_args,
+        ),
+    )
+    # The gateway's sockets and processes (gunicorn's bind, workers and threads).
+    http_port: int = setting(8000, Flag("--http-port", HTTP_ROLES, "the HTTP port"))
+    http_address: str = setting(
+        "0.0.0.0",
+        Flag("--http-address", HTTP_ROLES, "the address the HTTP port binds", read=_given),
+    )
+    http_thread_count: int = setting(
+        64, Flag("--http-thread-count", HTTP_ROLES, "threads per gateway process")
+    )
+    # On a 2-core host that also runs the worker (conch serve), one gevent process beat
+    # two (bench/README.md).
+    http_workers: int = setting(
+        Flag(
+            "--http-workers",
+            HTTP_ROLES,
+            "gateway processes (default: half the cores, 1 to 2)",
+        ),
+        factory=lambda: default_http_workers(os.cpu_count()),
+    )
+    # gunicorn worker class of the gateway (e.g. gthread instead of the gevent worker).
+    http_worker_class: str = setting(GEVENT_WORKER, env="CONCH_HTTP_WORKER_CLASS")
+    # Triton's --http-max-input-size: the largest body, and gRPC message, taken.
+    max_input_bytes: int = setting(
+        64 * 1024 * 1024,
+        Flag(
+            "--http-max-input-size",
+            FRONTEND_ROLES,
+            "the largest request body (and gRPC request message) taken, in bytes",
+            metavar="BYTES",
+            read=_given,
+        ),
+        env="CONCH_MAX_INPUT_BYTES",
+    )
+    allow_http: bool = setting(True, Flag("--allow-http", SERVE_ONLY, "serve the HTTP frontend"))
+    allow_grpc: bool = setting(True, Flag("--allow-grpc", SERVE_ONLY, "serve the gRPC frontend"))
+    grpc_port: int = setting(8001, Flag("--grpc-port", GRPC_ROLES, "the gRPC port"))
+    grpc_address: str = setting(
+        "0.0.0.0",
+        Flag("--grpc-address", GRPC_ROLES, "the address the gRPC port binds", read=_given),
+    )
+    # conch's default, not Triton's: each call holds its thread while its request waits in
+    # the queue, so the pool bounds the calls in flight.
+    grpc_infer_thread_count: int = setting(
+        64,
+        Flag(
+            "--grpc-infer-thread-count",
+            GRPC_ROLES,
+            "calls (a stream counts as one) the gRPC server runs at once; each holds its "
+            "thread while its request is queued (default {default}; Triton's is 2)",
+        ),
+    )
+    # grpcio's server is bound by its process's GIL (bench/README.md).
+    grpc_workers: int = setting(
+        Flag(
+            "--grpc-workers",
+            GRPC_ROLES,
+            "gRPC server processes, sharing the port (SO_REUSEPORT); conch's own flag, "
+            "Triton has none (default: as --http-workers)",
+            metavar="N",
+            check=at_least(1),
+        ),
+        factory=lambda: default_http_workers(os.cpu_count()),
+    )
+    # Set by ``conch grpc`` for the processes it starts when --grpc-workers > 1: they bind
+    # the port with SO_REUSEPORT, after it checked that the port was free.
+    grpc_shared_port: bool = setting(False, env=GRPC_SHARED_PORT_ENV)
+    # A secret, so handed to children in the environment, as --http-restricted-api.
+    grpc_restricted_protocol: RestrictedApis = setting(
+        Flag(
+            "--grpc-restricted-protocol",
+            GRPC_ROLES,
+            "RPCs of these groups need gRPC metadata triton-grpc-protocol-KEY with value "
+            f"VALUE (UNAVAILABLE otherwise); repeatable. Groups: {group_names()}",
+            metavar="PROTOCOL,...:KEY=VALUE",
+            action="append",
+            read=_parse_protocols,
+            as_args=lambda name, rules: _each(name, rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
+            to_env=lambda rules: "\n".join(rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
+        ),
+        factory=RestrictedApis,
+        env=RESTRICTED_PROTOCOL_ENV,
+        parse=lambda text: _parse_protocols(text.splitlines()),
+    )
+    grpc_use_ssl: bool = setting(
+        False,
+        Flag(
+            "--grpc-use-ssl",
+            GRPC_ROLES,
+            "serve gRPC over TLS with --grpc-server-cert and --grpc-server-key",
+        ),
+    )
+    grpc_use_ssl_mutual: bool = setting(
+        False,
+        Flag(
+            "--grpc-use-ssl-mutual",
+            GRPC_ROLES,
+            "TLS that also requires a client certificate signed by --grpc-root-cert; "
+            "wins over --grpc-use-ssl",
+        ),
+    )
+    grpc_server_cert: str = setting("", _tls_file("--grpc-server-cert", "PEM server certificate"))
+    grpc_server_key: str = setting("", _tls_file("--grpc-server-key", "PEM server key"))
+    grpc_root_cert: str = setting(
+        "", _tls_file("--grpc-root-cert", "PEM root certificate that client certificates need")
+    )
+    grpc_infer_response_compression_level: CompressionLevel = setting(
+        CompressionLevel.NONE,
+        Flag(
+            "--grpc-infer-response-compression-level",
+            GRPC_ROLES,
+            "compress infer responses: none, low, medium or high",
+            type=str.lower,  # Triton lower-cases the level
+        ),
+    )
+    # Triton's keepalive flags, with Triton's (and gRPC core's) defaults.
+    grpc_keepalive_time_ms: int = setting(
+        7_200_000, _millis("--grpc-keepalive-time", "ping an idle connection after this long")
+    )
+    grpc_keepalive_timeout_ms: int = setting(
+        20_000,
+        _millis(
+            "--grpc-keepalive-timeout",
+            "close the connection when a ping is not answered in this long",
+        ),
+    )
+    grpc_keepalive_permit_without_calls: bool = setting(
+        False,
+        Flag(
+            "--grpc-keepalive-permit-without-calls",
+            GRPC_ROLES,
+            "keepalive pings also when no call is in flight",
+        ),
+    )
+    grpc_http2_max_pings_without_data: int = setting(
+        2,
+        Flag(
+            "--grpc-http2-max-pings-without-data",
+            GRPC_ROLES,
+            "pings sent with no data frame between them; 0: no limit",
+            metavar="N",
+        ),
+    )
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = setting(
+        300_000,
+        _millis(
+            "--grpc-http2-min-recv-ping-interval-without-data",
+            "a client ping sooner than this after the last, with no data, is a strike",
+        ),
+    )
+    grpc_http2_max_ping_strikes: int = setting(
+        2,
+        Flag(
+            "--grpc-http2-max-ping-strikes",
+            GRPC_ROLES,
+            "strikes before the connection is closed (GOAWAY); 0: no limit",
+            metavar="N",
+        ),
+    )
+    # 0: no limit (Triton's default, "undefined").
+    grpc_max_connection_age_ms: int = setting(
         0,
-    ),
-    _bounded_flag(
-        "--scale-down-cooldown-secs",
-        "scale_down_cooldown_secs",
-        SCALE_ROLES,
-        "retire a worker only once fewer have been wanted for this long (default 300)",
-        0.0,
-        kind=float,
-        metavar="S",
-    ),
-    _bounded_flag(
-        "--scale-poll-secs",
-        "scale_poll_secs",
-        SCALE_ROLES,
-        "how often the autoscaler reads the queues (default 2)",
-        0.0,
-        kind=float,
-        metavar="S",
-        inclusive=False,
-    ),
-    Flag(
-        "--jobs",
-        "scale_on_jobs",
-        frozenset({Role.AUTOSCALE}),
-        "count the batch jobs queue (jobs waiting and running) in the work owed: for the "
-        "one group that runs batch jobs (the others' workers get --batch-jobs=false), so "
-        "jobs wake it at zero (conch serve --workers: unless --batch-jobs=false)",
-        action="store_true",
-        read=lambda on: True if on else None,
-        as_args=lambda name, on: [name] if on else [],
-    ),
-    Flag(
-        "--scale-to-zero",
-        "scale_to_zero",
-        FRONTEND_ROLES,
-        "these models (all when no list is given) may have no worker by design: with none "
-        "live they read as ready and their requests wait in the queue, within their "
-        "timeout, for an autoscaler to start one; '\\,' is a comma inside a name",
-        metavar="MODEL,...",
-        nargs="?",
-        const="*",
-        read=_model_list,
-        as_args=_model_list_args,
-    ),
-)
+        _millis(
+            "--grpc-max-connection-age",
+            "close a connection this old, gracefully (default: no limit)",
+        ),
+    )
+    grpc_max_connection_age_grace_ms: int = setting(
+        0,
+        _millis(
+            "--grpc-max-connection-age-grace",
+            "calls still running on a connection past its age get this long (default: no limit)",
+        ),
+    )
+    grpc_infer_allocation_pool_size: int = setting(
+        0, _pool_size("--grpc-infer-allocation-pool-size")
+    )
+    grpc_max_response_pool_size: int = setting(0, _pool_size("--grpc-max-response-pool-size"))
+    batch_jobs: bool = setting(
+        True,
+        Flag(
+            "--batch-jobs",
+            WORKER_ROLES,
+            "run batch jobs' drivers (default {default}). false: never, for the workers of a "
+            "group whose autoscaler does not count the jobs (no --jobs) and so could retire "
+            "one mid-job. conch's own: Triton has no batch jobs",
+        ),
+    )
+    # Celery's thread pool on conch.jobs: ensembles' async jobs must not wait for a long
+    # batch job to end.
+    job_concurrency: int = setting(
+        4,
+        Flag(
+            "--job-concurrency",
+            WORKER_ROLES,
+            "jobs this worker's drivers run at once: batch jobs and ensembles' async jobs "
+            "(default {default}). conch's own: Triton has no jobs",
+            metavar="N",
+            check=at_least(1),
+        ),
+    )
+    # None: every model.
+    models: list[str] | None = setting(
+        None,
+        Flag(
+            "--models",
+            WORKER_ROLES,
+            "comma-separated models this worker serves (default: all); '\\,' is a comma "
+            "inside a name",
+            read=_model_list,
+            as_args=_model_list_args,
+        ),
+    )
+    # The local autoscaler, and the formula it shares with the chart
+    # (conch.wire.work_owed.desired_workers). None: conch serve runs one worker.
+    workers: WorkerRange | None = setting(
+        None,
+        Flag(
+            "--workers",
+            SCALE_ROLES,
+            "run MIN to MAX workers, started and retired on the work their models owe "
+            "(conch serve: instead of one worker; MIN 0 scales to zero)",
+            metavar="MIN:MAX",
+            read=WorkerRange.parse,
+            as_args=lambda name, workers: [name, str(workers)] if workers else [],
+        ),
+    )
+    target_work_per_worker: float = setting(
+        10.0,
+        Flag(
+            "--target-work-per-worker",
+            SCALE_ROLES,
+            "workers wanted = ceil(owed work / N), owed work being the group's requests "
+            "waiting plus those in flight on a worker (default {default})",
+            metavar="N",
+            check=at_least(0.0, inclusive=False),
+        ),
+    )
+    activation_work: int = setting(
+        0,
+        Flag(
+            "--activation-work",
+            SCALE_ROLES,
+            "with MIN 0: the first worker starts once owed work is above N (default {default})",
+            metavar="N",
+            check=at_least(0),
+        ),
+    )
+    scale_down_cooldown_secs: float = setting(
+        300.0,
+        Flag(
+            "--scale-down-cooldown-secs",
+            SCALE_ROLES,
+            "retire a worker only once fewer have been wanted for this long (default {default})",
+            metavar="S",
+            check=at_least(0.0),
+        ),
+    )
+    scale_poll_secs: float = setting(
+        2.0,
+        Flag(
+            "--scale-poll-secs",
+            SCALE_ROLES,
+            "how often the autoscaler reads the queues (default {default})",
+            metavar="S",
+            check=at_least(0.0, inclusive=False),
+        ),
+    )
+    # conch serve --workers turns it on (unless --batch-jobs=false).
+    scale_on_jobs: bool = setting(
+        False,
+        Flag(
+            "--jobs",
+            frozenset({Role.AUTOSCALE}),
+            "count the batch jobs queue (jobs waiting and running) in the work owed: for the "
+            "one group that runs batch jobs (the others' workers get --batch-jobs=false), so "
+            "jobs wake it at zero (conch serve --workers: unless --batch-jobs=false)",
+            action="store_true",
+            read=lambda on: True if on else None,
+            as_args=_switch_args,
+        ),
+    )
+    # ["*"]: every model.
+    scale_to_zero: list[str] = setting(
+        Flag(
+            "--scale-to-zero",
+            FRONTEND_ROLES,
+            "these models (all when no list is given) may have no worker by design: with "
+            "none live they read as ready and their requests wait in the queue, within "
+            "their timeout, for an autoscaler to start one; '\\,' is a comma inside a name",
+            metavar="MODEL,...",
+            nargs="?",
+            const="*",
+            read=_model_list,
+            as_args=_model_list_args,
+        ),
+        factory=list,
+    )
+    # Batch jobs' S3 region; boto3 reads the rest of the AWS settings itself.
+    s3_region: str | None = setting(None, env=("AWS_DEFAULT_REGION", "AWS_REGION"))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The defaults, with what the environment sets (an empty variable counts as unset)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            for name in f.metadata["env"]:
+                raw = environ.get(name)
+                if raw:
+                    try:
+                        values[f.name] = _ENV_PARSERS[f.name](raw)
+                    except ValueError as exc:
+                        raise ValueError(f"${name}={raw!r}: {exc}") from None
+                    break
+        return cls(**values)
+
+    @classmethod
+    def from_args(
+        cls, namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """``from_env``, then every flag of ``FLAGS`` that ``namespace`` has a value for.
+
+        Raises ValueError for a flag value argparse cannot check (``--backend-config``,
+        a negative ``--exit-timeout-secs``) and for flags that contradict each other.
+        """
+        settings = cls.from_env(environ)
+        for flag in FLAGS:
+            given = getattr(namespace, flag.dest, None)
+            value = None if given is None else flag.value(given)
+            if value is not None:
+                setattr(settings, flag.field, value)
+        if settings.scale_on_jobs and not settings.batch_jobs:
+            raise ValueError(
+                "--jobs counts batch jobs that --batch-jobs=false keeps this group's workers "
+                "from running: count them in the group that runs them"
+            )
+        return settings
+
+    def to_args(self, role: Role | str) -> list[str]:
+        """The flags of subcommand ``role`` that reproduce these settings (those it has),
+        but for secrets: those are in ``child_env(role)``."""
+        return [
+            arg
+            for flag in FLAGS
+            if role in flag.roles and flag.to_env is None
+            for arg in flag.write(self)
+        ]
+
+    def child_env(self, role: Role | str) -> dict[str, str]:
+        """The environment variables that carry the secret flags of subcommand ``role``
+        to a child process: any user of the host can read a command line."""
+        env_names = {f.name: f.metadata["env"] for f in fields(self)}
+        env: dict[str, str] = {}
+        for flag in FLAGS:
+            if role in flag.roles and flag.to_env is not None:
+                text = flag.to_env(getattr(self, flag.field))
+                if text:
+                    env[env_names[flag.field][0]] = text
+        return env
+
+    def scales_to_zero(self, model: str) -> bool:
+        """``--scale-to-zero`` names ``model`` (or every model)."""
+        return "*" in self.scale_to_zero or model in self.scale_to_zero
+
+    @property
+    def http_worker_uses_gevent(self) -> bool:
+        """The gateway runs under gevent: the process must be patched before redis loads."""
+        return self.http_worker_class == GEVENT_WORKER or "gevent" in self.http_worker_class
+
+
+def _plain(kind: Any) -> Any:
+    """``T`` of ``T | None``; any other type as it is."""
+    if isinstance(kind, UnionType):
+        args = [a for a in kind.__args__ if a is not type(None)]
+        return args[0] if len(args) == 1 else kind
+    return kind
+
+
+def _env_parser(name: str, kind: Any, parse: Callable[[str], Any] | None) -> Callable[[str], Any]:
+    """How an environment variable's text becomes field ``name``'s value."""
+    if parse is not None:
+        return parse
+    plain = _plain(kind)
+    if plain is bool:
+        return _bool
+    if plain in (str, int, float):
+        return plain
+    raise TypeError(f"Settings.{name}: give setting() a parse for its environment variable")
+
+
+def declared_flags(cls: type) -> tuple[Flag, ...]:
+    """The flags that the ``setting()`` fields of dataclass ``cls`` declare, in declaration
+    order, each bound to its field: its type fills in what the flag left out, and its help
+    shows the field's default."""
+    kinds, defaults = get_type_hints(cls), cls()
+    return tuple(
+        flag.bound(f.name, kinds[f.name], getattr(defaults, f.name))
+        for f in fields(cls)
+        for flag in f.metadata["flags"]
+    )
+
+
+def env_parsers(cls: type) -> dict[str, Callable[[str], Any]]:
+    """How each environment variable's text becomes its field's value, by field name."""
+    kinds = get_type_hints(cls)
+    return {
+        f.name: _env_parser(f.name, kinds[f.name], f.metadata["parse"])
+        for f in fields(cls)
+        if f.metadata["env"]
+    }
+
+
+FLAGS = declared_flags(Settings)
+_ENV_PARSERS = env_parsers(Settings)
 
 
 def add_arguments(parser: argparse.ArgumentParser, role: Role | str) -> None:
@@ -1093,7 +1133,6 @@ def add_arguments(parser: argparse.ArgumentParser, role: Role | str) -> None:
 __all__ = [
     "FLAGS",
     "GEVENT_WORKER",
-    "IGNORED_GRPC_FLAGS",
     "BackendConfig",
     "CompressionLevel",
     "Flag",
@@ -1103,5 +1142,7 @@ __all__ = [
     "Settings",
     "WorkerRange",
     "add_arguments",
-    "flag_field",
+    "declared_flags",
+    "env_parsers",
+    "setting",
 ]

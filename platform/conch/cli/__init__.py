@@ -22,7 +22,7 @@ import logging
 
 from conch import __version__, server_log
 from conch.core.backend_table import BACKENDS
-from conch.settings import IGNORED_GRPC_FLAGS, Role, Settings, add_arguments, flag_field
+from conch.settings import FLAGS, Role, Settings, add_arguments
 
 log = logging.getLogger("conch.cli")
 
@@ -75,9 +75,9 @@ def _warn_ignored(settings: Settings) -> None:
     config = settings.backend_config
     for item in config.ignored:
         log.warning("--backend-config %s ignored: conch applies only default-max-batch-size", item)
-    for name in IGNORED_GRPC_FLAGS:
-        if getattr(settings, flag_field(name)):
-            log.warning("%s ignored: grpcio keeps its own pools of requests and responses", name)
+    for flag in FLAGS:
+        if flag.ignored and getattr(settings, flag.field):
+            log.warning("%s ignored: %s", flag.name, flag.ignored)
     for backend in sorted(set(config.max_batch_sizes) - {"", *BACKENDS}):
         log.warning(
             "--backend-config %s,...: conch has no backend '%s' (it has %s)",
