@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from conch.core.errors import InvalidArgument, Unavailable
-from conch.frontend import batch_job
+from conch.frontend.jobs import batch_job
 from conch.wire import job_store
 from conch.wire.messages import Reply
 

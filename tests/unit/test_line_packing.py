@@ -11,7 +11,7 @@ import pytest
 from conch.core import inference, tensors
 from conch.core.errors import InvalidArgument
 from conch.core.model_config import parse_config
-from conch.frontend import batch_job, line_packing
+from conch.frontend.jobs import batch_job, line_packing
 
 
 def config(max_batch_size: int) -> object:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from conch.core.errors import ModelLoadError
 from conch.core.model_config import model_config_pb2
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 
 def type_name(value: int) -> str:
@@ -41,7 +44,7 @@ def set_dims(entry: Any, dims: list[int]) -> None:
         entry.reshape.SetInParent()
 
 
-def int_parameter(config: Any, key: str, default: int) -> int:
+def int_parameter(config: ModelConfig, key: str, default: int) -> int:
     """The config's ``parameters { key: ... }`` as an integer, ``default`` when absent.
 
     Whitespace around the number is accepted, as Triton accepts it (its backends parse
@@ -104,7 +107,7 @@ class Hooks:
         """``max_batch_size`` for a config that leaves it out, when the model can batch."""
         return default_max_batch_size
 
-    def check_batching(self, config: Any) -> None:
+    def check_batching(self, config: ModelConfig) -> None:
         """More checks once ``max_batch_size`` (> 0) is known to fit the model's shapes."""
 
     def dims_fit(self, tensor: Any, have: list[int], batched: bool) -> bool:
@@ -117,7 +120,7 @@ class Hooks:
 
 
 def check_and_fill(
-    config: Any,
+    config: ModelConfig,
     inputs: Sequence[ModelTensor],
     outputs: Sequence[ModelTensor],
     *,
@@ -199,7 +202,14 @@ def check_and_fill(
 
 
 def _check_entry(
-    config: Any, what: str, entry: Any, t: ModelTensor, *, fill: bool, source: str, hooks: Hooks
+    config: ModelConfig,
+    what: str,
+    entry: Any,
+    t: ModelTensor,
+    *,
+    fill: bool,
+    source: str,
+    hooks: Hooks,
 ) -> None:
     """One config input or output against the model's tensor of that name."""
     model = config.name

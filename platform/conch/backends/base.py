@@ -11,12 +11,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.model_spec import BlsPort, InstanceSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 
 def to_model_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np.ndarray:
@@ -74,7 +77,7 @@ class Backend(ABC):
 
     @classmethod
     def auto_complete(
-        cls, config: Any, model_file: Path | None, *, default_max_batch_size: int
+        cls, config: ModelConfig, model_file: Path | None, *, default_max_batch_size: int
     ) -> None:
         """Fill in what the config leaves out from the model itself (Triton's auto-complete).
 

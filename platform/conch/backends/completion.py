@@ -9,17 +9,20 @@ module is imported the first time the repository asks about a model of that back
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from conch.backends import backend_class
 from conch.backends.autocomplete import cuda_device_count
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 
 class BackendCompleter:
     """Dispatches to each backend class's ``auto_complete`` and ``gpu_available``."""
 
     def auto_complete(
-        self, backend: str, config: Any, model_file: Path, *, default_max_batch_size: int
+        self, backend: str, config: ModelConfig, model_file: Path, *, default_max_batch_size: int
     ) -> None:
         backend_class(backend).auto_complete(
             config, model_file, default_max_batch_size=default_max_batch_size

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import InvalidArgument, ModelLoadError
 from conch.core.sequence import SequenceSpec
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,9 @@ def _io(session: Any, model: str) -> tuple[list[_Tensor], list[_Tensor]]:
     )
 
 
-def _check_and_fill(config: Any, session: Any, *, fill: bool, default_max_batch_size: int) -> None:
+def _check_and_fill(
+    config: ModelConfig, session: Any, *, fill: bool, default_max_batch_size: int
+) -> None:
     """Fill missing config inputs/outputs from the model (``fill``) and check existing ones.
 
     A sequence model's control and state inputs, and its state outputs, are the server's
@@ -117,7 +122,7 @@ def _check_and_fill(config: Any, session: Any, *, fill: bool, default_max_batch_
     )
 
 
-def _check_sequence_io(config: Any, session: Any) -> None:
+def _check_sequence_io(config: ModelConfig, session: Any) -> None:
     """The model has each control and state tensor the config's sequence_batching names,
     of its datatype, a control of shape [1] after the batch dimension (Triton's checks)."""
     spec = SequenceSpec.from_config(config)
@@ -233,7 +238,7 @@ class OnnxRuntimeBackend(TensorBackend):
 
     @classmethod
     def auto_complete(
-        cls, config: Any, model_file: Path | None, *, default_max_batch_size: int
+        cls, config: ModelConfig, model_file: Path | None, *, default_max_batch_size: int
     ) -> None:
         if model_file is None or not model_file.exists():
             raise ModelLoadError(f"model '{config.name}': model file {model_file} not found")

@@ -24,7 +24,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,11 @@ from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.core.datatypes import wire_to_config
 from conch.core.errors import Internal, InvalidArgument, ModelLoadError
 from conch.core.sequence import SequenceSpec
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +111,7 @@ def named_index(name: str) -> int | None:
 # --------------------------------------------------------------------------- config
 
 
-def check_config(config: Any) -> None:
+def check_config(config: ModelConfig) -> None:
     """What the pytorch backend needs from a config, without the model: listed I/O, types."""
     model = config.name
     for what, entries in (("input", config.input), ("output", config.output)):
@@ -314,7 +319,7 @@ def describe_forward(module: Any, model: str) -> tuple[list[Argument], int | Non
     return args, returns
 
 
-def _bool_parameter(config: Any, key: str, default: bool) -> bool:
+def _bool_parameter(config: ModelConfig, key: str, default: bool) -> bool:
     if key not in config.parameters:
         return default
     raw = config.parameters[key].string_value.strip().lower()
@@ -398,7 +403,9 @@ class PyTorchBackend(TensorBackend):
         self._outputs: list[str] = []
 
     @classmethod
-    def auto_complete(cls, config: Any, model_file: Any, *, default_max_batch_size: int) -> None:
+    def auto_complete(
+        cls, config: ModelConfig, model_file: Path | None, *, default_max_batch_size: int
+    ) -> None:
         # Triton's pytorch backend completes nothing from a TorchScript file: the config
         # must list the model's tensors. Check what can be checked without torch, so the
         # gateway reports a broken config at once without loading the model.

@@ -19,7 +19,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from conch.backends.pytorch import (
     torch_to_numpy,
 )
 from conch.core.errors import Internal, InvalidArgument, ModelLoadError
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +205,7 @@ class _Profiles(autocomplete.Hooks):
         # Triton's TensorRT auto-complete: the largest batch the profile allows.
         return max(1, min((t.profile_max[0] for t in self.inputs if t.profile_max), default=0))
 
-    def check_batching(self, config: Any) -> None:
+    def check_batching(self, config: ModelConfig) -> None:
         for t in self.inputs:
             if t.profile_max and t.profile_max[0] < config.max_batch_size:
                 raise ModelLoadError(
@@ -234,7 +237,7 @@ class _Profiles(autocomplete.Hooks):
 
 
 def check_and_fill(
-    config: Any, tensors: list[EngineTensor], *, fill: bool, default_max_batch_size: int
+    config: ModelConfig, tensors: list[EngineTensor], *, fill: bool, default_max_batch_size: int
 ) -> None:
     """Check the config against the engine's tensors; with ``fill``, add what it leaves out
     (``autocomplete.check_and_fill`` with the profile checks).
@@ -301,7 +304,7 @@ def _inspect(model_file: Path, model: str) -> list[EngineTensor]:
     return _inspected[key]
 
 
-def _profile_index(config: Any, instance: InstanceSpec) -> int:
+def _profile_index(config: ModelConfig, instance: InstanceSpec) -> int:
     """The optimization profile the instance's group names (Triton's ``profile``), else 0."""
     for group in config.instance_group:
         if instance.name.startswith(f"{group.name}_") and group.profile:
@@ -332,7 +335,7 @@ class TensorRTBackend(TensorBackend):
 
     @classmethod
     def auto_complete(
-        cls, config: Any, model_file: Path | None, *, default_max_batch_size: int
+        cls, config: ModelConfig, model_file: Path | None, *, default_max_batch_size: int
     ) -> None:
         if model_file is None or not model_file.exists():
             raise ModelLoadError(f"model '{config.name}': model file {model_file} not found")

@@ -12,9 +12,13 @@ tensor's batch dimension is added or stripped between batching and non-batching 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conch.core.model_config import response_cache_problem, wire_type
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
+    from conch.core.repository import ModelEntry
 
 ENSEMBLE = "ensemble"
 MAX_DEPTH = 8  # ensembles of ensembles
@@ -37,7 +41,7 @@ class Step:
 Tensor = tuple[str, tuple[int, ...], bytes]
 
 
-def steps(config: Any) -> list[Step]:
+def steps(config: ModelConfig) -> list[Step]:
     return [
         Step(i, s.model_name, s.model_version or -1, dict(s.input_map), dict(s.output_map))
         for i, s in enumerate(config.ensemble_scheduling.step)
@@ -82,12 +86,12 @@ def fit_batch(dims: Any, batching: bool, batch: int, shape: tuple[int, ...]) -> 
     return shape
 
 
-def batch_of(config: Any, shape: tuple[int, ...]) -> int:
+def batch_of(config: ModelConfig, shape: tuple[int, ...]) -> int:
     """The batch a tensor of ``shape`` carries into or out of a model with ``config``."""
     return shape[0] if config.max_batch_size > 0 and shape else 0
 
 
-def _full_shape(config: Any, dims: Any) -> list[int]:
+def _full_shape(config: ModelConfig, dims: Any) -> list[int]:
     return ([-1] if config.max_batch_size > 0 else []) + [int(d) for d in dims]
 
 
@@ -105,11 +109,11 @@ def _consistent(a: _Shape, b: _Shape) -> bool:
     return _compatible(a[0], b[0]) or _compatible(a[1], b[1])
 
 
-def _shape(config: Any, dims: Any) -> _Shape:
+def _shape(config: ModelConfig, dims: Any) -> _Shape:
     return [int(d) for d in dims], _full_shape(config, dims)
 
 
-def check(entry: Any, entries: dict[str, Any]) -> str | None:
+def check(entry: ModelEntry, entries: dict[str, ModelEntry]) -> str | None:
     """Why this ensemble cannot serve, or None. Step models must have been read."""
     cfg = entry.config
     where = f"ensemble '{entry.name}'"
@@ -184,7 +188,7 @@ def check(entry: Any, entries: dict[str, Any]) -> str | None:
     return None
 
 
-def link(entry: Any, entries: dict[str, Any]) -> None:
+def link(entry: ModelEntry, entries: dict[str, ModelEntry]) -> None:
     """Check the ensemble against its step models (``entry.error`` says why it cannot
     serve) and complete what Triton derives from them: an output with no
     ``label_filename`` of its own takes the labels of the step output it comes from, and
@@ -206,7 +210,7 @@ def link(entry: Any, entries: dict[str, Any]) -> None:
     entry.error = f"ensemble '{entry.name}': {problem}" if problem else None
 
 
-def link_all(entries: dict[str, Any]) -> None:
+def link_all(entries: dict[str, ModelEntry]) -> None:
     """``link`` every ensemble of a repository, each after the ensembles it calls."""
     done: set[str] = set()
 
@@ -230,7 +234,7 @@ def link_all(entries: dict[str, Any]) -> None:
             visit(name, 0)
 
 
-def _cycle(graph: list[Step], cfg: Any) -> str | None:
+def _cycle(graph: list[Step], cfg: ModelConfig) -> str | None:
     producer = {t: s for s in graph for t in s.outputs.values()}
     state: dict[int, int] = {}  # 1 visiting, 2 done
     path: list[Step] = []

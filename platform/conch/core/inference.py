@@ -9,7 +9,10 @@ form end to end (no re-encoding between the body, Redis and the backend).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 # Request parameters Triton interprets itself; they are kept in InferRequest.parameters.
 RESERVED_PARAMETERS = frozenset(
@@ -56,7 +59,7 @@ class InferRequest:
     def wire_inputs(self) -> list[tuple[str, str, tuple[int, ...], bytes]]:
         return [(t.name, t.datatype, tuple(t.shape), t.raw) for t in self.inputs]
 
-    def output_names(self, config: Any) -> list[str]:
+    def output_names(self, config: ModelConfig) -> list[str]:
         """The outputs asked for, in order; all of the model's when none are listed."""
         if self.outputs is None:
             return [o.name for o in config.output]

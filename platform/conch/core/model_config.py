@@ -4,6 +4,10 @@ The schema is Triton's own ``inference.ModelConfig``, compiled into the tritoncl
 wheel as ``tritonclient/grpc/model_config_pb2.py``. Importing it as a module would run
 ``tritonclient/grpc/__init__.py``, which needs ``grpc`` (not installed), so it is loaded
 by path instead.
+
+``ModelConfig`` is the message's type for annotations, for type checkers only (import it
+under ``TYPE_CHECKING``). Annotations are never evaluated at run time (every module has
+``from __future__ import annotations``), so naming the type loads nothing.
 """
 
 from __future__ import annotations
@@ -15,13 +19,17 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    # The class a type checker finds; at run time it is model_config_pb2().ModelConfig.
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 _PB2_MODULE = "conch._triton_model_config_pb2"
 
@@ -54,7 +62,7 @@ def model_config_pb2() -> ModuleType:
     return module
 
 
-def new_config() -> Any:
+def new_config() -> ModelConfig:
     """An empty ``inference.ModelConfig``."""
     return model_config_pb2().ModelConfig()
 
@@ -62,7 +70,7 @@ def new_config() -> Any:
 _PARSE_POSITION = re.compile(r"^(\d+):(\d+) : (.*)$", re.S)
 
 
-def parse_config(text: str, *, model: str, source: str) -> Any:
+def parse_config(text: str, *, model: str, source: str) -> ModelConfig:
     """Parse ``config.pbtxt`` text; a ``ModelLoadError`` names the model, file and position."""
     cfg = new_config()
     try:
@@ -98,7 +106,7 @@ def _ints_back(value: Any, descriptor: Descriptor) -> None:
             value[field.name] = [int(v) for v in item] if isinstance(item, list) else int(item)
 
 
-def config_to_json(cfg: Any) -> dict[str, Any]:
+def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
     """The config as Triton's HTTP API returns it.
 
     Protobuf JSON with proto field names and every field without presence printed, then
@@ -112,7 +120,7 @@ def config_to_json(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def json_to_config(obj: dict[str, Any] | str, *, model: str = "") -> Any:
+def json_to_config(obj: dict[str, Any] | str, *, model: str = "") -> ModelConfig:
     """A ``ModelConfig`` from Triton's JSON (the load API's ``config`` parameter).
 
     Accepts int64 values as numbers or strings and both field-name styles.
@@ -129,7 +137,7 @@ def json_to_config(obj: dict[str, Any] | str, *, model: str = "") -> Any:
     return cfg
 
 
-def response_cache_problem(cfg: Any) -> str | None:
+def response_cache_problem(cfg: ModelConfig) -> str | None:
     """Why ``cfg`` may not enable the response cache, or None. Triton's rules: a decoupled
     model (an ensemble with a decoupled step is one) sends many responses per request,
     and a cache entry is one; a sequence model's answer depends on the steps before it."""
@@ -162,6 +170,6 @@ def wire_type(data_type: int) -> str:
     return config_to_wire(model_config_pb2().DataType.Name(data_type))
 
 
-def output_types(config: Any) -> dict[str, str]:
+def output_types(config: ModelConfig) -> dict[str, str]:
     """Each output's wire datatype, as the config declares it."""
     return {o.name: wire_type(o.data_type) for o in config.output}

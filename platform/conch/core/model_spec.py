@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class ModelSpec:
     name: str
     version: int
     path: Path  # <repository>/<model>
-    config: Any  # Triton's ModelConfig message, completed by the repository
+    config: ModelConfig  # completed by the repository
     bls: BlsPort | None = None  # the worker's BLS client; the Python backend hands it to pb_utils
 
     @property

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from conch.core import ensemble_graph, sequence, unsupported
 from conch.core.backend_table import (
@@ -33,6 +33,9 @@ from conch.core.model_config import (
 )
 from conch.core.model_spec import InstanceSpec, ModelSpec
 from conch.core.repository_keys import VERSION_NAME, is_model_name, model_name_problem
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class Completer(Protocol):
     """
 
     def auto_complete(
-        self, backend: str, config: Any, model_file: Path, *, default_max_batch_size: int
+        self, backend: str, config: ModelConfig, model_file: Path, *, default_max_batch_size: int
     ) -> None:
         """Triton's auto-complete of ``config`` by ``backend`` from its model file; raise
         ``ModelLoadError`` when the config contradicts the model."""
@@ -84,7 +87,7 @@ class ModelEntry:
 
     name: str
     path: Path
-    config: Any = None  # inference.ModelConfig, completed; partial or None when error is set
+    config: ModelConfig | None = None  # completed; partial or None when error is set
     error: str | None = None
     versions: list[int] = field(default_factory=list)
     backend: str = ""
@@ -370,7 +373,7 @@ class ModelRepository:
             raise ModelLoadError(f"{where}: {exc.message}") from None
         entry.output_labels = _read_labels(cfg, path, where)
 
-    def _backend(self, cfg: Any, path: Path, on_disk: list[int], where: str) -> str:
+    def _backend(self, cfg: ModelConfig, path: Path, on_disk: list[int], where: str) -> str:
         if cfg.backend or cfg.platform:
             try:
                 name = backend_name_for(cfg.platform, cfg.backend)
@@ -404,7 +407,9 @@ class ModelRepository:
             f"in the version directories {on_disk or '(none)'}"
         )
 
-    def _read_ensemble(self, entry: ModelEntry, cfg: Any, on_disk: list[int], where: str) -> None:
+    def _read_ensemble(
+        self, entry: ModelEntry, cfg: ModelConfig, on_disk: list[int], where: str
+    ) -> None:
         """Ensembles have no model file and no instances: the gateway runs their steps."""
         entry.backend = ensemble_graph.ENSEMBLE
         cfg.platform, cfg.backend = ensemble_graph.ENSEMBLE, ""
@@ -418,7 +423,7 @@ class ModelRepository:
         _validate(cfg, where)
         entry.output_labels = _read_labels(cfg, entry.path, where)
 
-    def _versions(self, cfg: Any, on_disk: list[int], where: str, path: Path) -> list[int]:
+    def _versions(self, cfg: ModelConfig, on_disk: list[int], where: str, path: Path) -> list[int]:
         policy = cfg.version_policy
         kind = policy.WhichOneof("policy_choice")
         if kind == "all":
@@ -446,7 +451,7 @@ class ModelRepository:
             )
         return chosen
 
-    def _instance_groups(self, cfg: Any, where: str, backend: str) -> None:
+    def _instance_groups(self, cfg: ModelConfig, where: str, backend: str) -> None:
         pb2_group = cfg.DESCRIPTOR.fields_by_name["instance_group"].message_type
         kind_enum = pb2_group.fields_by_name["kind"].enum_type.values_by_name
         gpus = self.gpu_count(backend)
@@ -473,7 +478,7 @@ class ModelRepository:
                 )
 
 
-def _normalize(cfg: Any) -> None:
+def _normalize(cfg: ModelConfig) -> None:
     """What Triton fills in after any auto-complete (on or off): a dynamic batcher with no
     ``preferred_batch_size`` prefers full batches. The scheduler itself is the backend's
     to add (``Backend.auto_complete``); a config with none runs on the default scheduler,
@@ -494,7 +499,7 @@ def _normalize(cfg: Any) -> None:
             sb.oldest.preferred_batch_size.append(cfg.max_batch_size)
 
 
-def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:
+def _read_labels(cfg: ModelConfig, path: Path, where: str) -> dict[str, list[str]]:
     labels: dict[str, list[str]] = {}
     for out in cfg.output:
         if not out.label_filename:
@@ -510,7 +515,7 @@ def _read_labels(cfg: Any, path: Path, where: str) -> dict[str, list[str]]:
     return labels
 
 
-def _validate(cfg: Any, where: str) -> None:
+def _validate(cfg: ModelConfig, where: str) -> None:
     problem = response_cache_problem(cfg)
     if problem:
         raise ModelLoadError(f"{where}: {problem}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from conch.core.datatypes import ITEMSIZE, WIRE_TO_NUMPY
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError
 from conch.core.model_config import model_config_pb2, wire_type
 from conch.core.tensors import to_numpy
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 # Triton's default when max_sequence_idle_microseconds is 0 or unset.
 DEFAULT_IDLE_US = 1_000_000
@@ -99,7 +102,7 @@ class SequenceSpec:
     states: tuple[StateSpec, ...]
 
     @classmethod
-    def from_config(cls, config: Any) -> SequenceSpec | None:
+    def from_config(cls, config: ModelConfig) -> SequenceSpec | None:
         """The model's spec, None without ``sequence_batching``; ``ModelLoadError`` when
         the section is one Triton refuses to load."""
         if not config.HasField("sequence_batching"):
@@ -405,7 +408,7 @@ CONTROL_BACKENDS = frozenset({"onnxruntime", "pytorch", "python"})
 STATE_BACKENDS = frozenset({"onnxruntime", "pytorch"})
 
 
-def check(config: Any, backend: str) -> SequenceSpec | None:
+def check(config: ModelConfig, backend: str) -> SequenceSpec | None:
     """Check a model's ``sequence_batching`` when its repository is read (Triton's load
     errors, and what conch's ``backend`` cannot serve); its spec, or None."""
     spec = SequenceSpec.from_config(config)
@@ -439,7 +442,7 @@ def check(config: Any, backend: str) -> SequenceSpec | None:
 STATE_IN_REDIS = "sequence_state_in_redis"
 
 
-def state_in_redis(config: Any) -> bool:
+def state_in_redis(config: ModelConfig) -> bool:
     """Whether a sequence's implicit state is saved after each step, so the sequence can
     move to another worker (``STATE_IN_REDIS``, default true)."""
     if STATE_IN_REDIS not in config.parameters:

@@ -19,9 +19,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conch.core.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,22 +45,22 @@ class Feature:
     field: str  # as a Triton user writes it in config.pbtxt
     action: Action
     why: str  # what ignoring it would do
-    present: Callable[[Any], bool]
+    present: Callable[[ModelConfig], bool]
 
 
-def _has(name: str) -> Callable[[Any], bool]:
+def _has(name: str) -> Callable[[ModelConfig], bool]:
     return lambda cfg: cfg.HasField(name)
 
 
-def _any_group(pred: Callable[[Any], bool]) -> Callable[[Any], bool]:
+def _any_group(pred: Callable[[Any], bool]) -> Callable[[ModelConfig], bool]:
     return lambda cfg: any(pred(g) for g in cfg.instance_group)
 
 
-def _parameter(key: str) -> Callable[[Any], bool]:
+def _parameter(key: str) -> Callable[[ModelConfig], bool]:
     return lambda cfg: key in cfg.parameters
 
 
-def _optimization(name: str) -> Callable[[Any], bool]:
+def _optimization(name: str) -> Callable[[ModelConfig], bool]:
     return lambda cfg: cfg.HasField("optimization") and cfg.optimization.HasField(name)
 
 
@@ -148,7 +151,7 @@ FEATURES: tuple[Feature, ...] = (
 )
 
 
-def check(cfg: Any, where: str) -> list[Feature]:
+def check(cfg: ModelConfig, where: str) -> list[Feature]:
     """Refuse ``cfg`` (``ModelLoadError`` naming every refused field) or log each ignored one.
 
     Returns the features that were only warned about, so callers and tests can see them.

@@ -8,11 +8,14 @@ poisoned a dynamic batch).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from conch.core.errors import InvalidArgument
 from conch.core.inference import InferRequest
 from conch.core.model_config import wire_type
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 
 def _shape_str(shape: Sequence[int]) -> str:
@@ -25,7 +28,9 @@ def _dims_match(actual: Sequence[int], expected: Sequence[int]) -> bool:
     return all(e == -1 or a == e for a, e in zip(actual, expected, strict=True))
 
 
-def validate_request(req: InferRequest, config: Any, *, model_name: str | None = None) -> int:
+def validate_request(
+    req: InferRequest, config: ModelConfig, *, model_name: str | None = None
+) -> int:
     """Check inputs and requested outputs against ``config`` (an ``inference.ModelConfig``).
 
     ``model_name`` (default ``config.name``) is the name messages use. Returns the

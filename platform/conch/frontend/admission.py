@@ -11,9 +11,12 @@ and how long it may wait before it is rejected or delayed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from conch.wire import broker
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class Admission:
     delay_on_timeout: bool  # Triton's timeout_action DELAY (else REJECT)
 
 
-def admit(config: Any, priority: int | None, timeout_us: int | None) -> Admission:
+def admit(config: ModelConfig, priority: int | None, timeout_us: int | None) -> Admission:
     """Apply the model's queue policy to one request's parameters."""
     if not config.HasField("dynamic_batching"):
         return Admission(0, 0, 0.0, False)

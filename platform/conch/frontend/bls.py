@@ -51,7 +51,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis
@@ -75,6 +75,9 @@ from conch.settings import Settings
 from conch.wire import outage
 from conch.wire.messages import MAX_CHAIN, InferMessage
 from conch.wire.redis_client import open_client
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +208,8 @@ class BlsClient:
         )
 
     def graph_runner(self) -> ensemble_runner.GraphRunner:
-        """Ensembles run for a job driver in this process, on this client's view of the
-        models and its dispatcher (``conch.frontend.ensemble_jobs``, batch jobs)."""
+        """Ensembles run for a job driver in this process (``conch.frontend.jobs``), on
+        this client's view of the models and its dispatcher."""
         return ensemble_runner.GraphRunner(
             self.client, self.view.serving, self.dispatcher, self.view.check_available
         )
@@ -319,7 +322,7 @@ class BlsClient:
         return str(version)
 
     @staticmethod
-    def _inputs(given: Sequence[tuple[str, Any]], config: Any, target: str) -> list[tuple]:
+    def _inputs(given: Sequence[tuple[str, Any]], config: ModelConfig, target: str) -> list[tuple]:
         expected = {i.name: wire_type(i.data_type) for i in config.input}
         out: list[tuple] = []
         seen: set[str] = set()

@@ -36,7 +36,8 @@ from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
 from conch.core.repository import ModelEntry
 from conch.core.repository_keys import model_name_problem
 from conch.core.request_scope import RequestTag, about
-from conch.frontend import batch_job, calls, ensemble_jobs, ensemble_runner, model_control
+from conch.frontend import calls, ensemble_runner, model_control
+from conch.frontend.jobs import batch_job, ensemble_job
 from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher
 from conch.frontend.response_cache import ResponseCache
@@ -536,7 +537,7 @@ class DataPlane:
         )
         limit = self.settings.max_queued_jobs
         if to.entry.backend == ensemble_graph.ENSEMBLE:  # a worker's job driver runs its graph
-            ensemble_jobs.submit(self._client, record, msg, limit)
+            ensemble_job.submit(self._client, record, msg, limit)
             self._count_job(model, job_store.INFER)
             return JobState(record, job_store.Outcome(job_store.PENDING))
         pipe = self._client.pipeline(transaction=False)

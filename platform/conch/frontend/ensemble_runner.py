@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
@@ -32,6 +32,10 @@ from conch.frontend.producer import Abandonment, Dispatcher, Pending
 from conch.frontend.response_cache import ResponseCache
 from conch.wire import statistics
 from conch.wire.messages import InferMessage, Reply, WireTensor
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
+    from conch.core.repository import ModelEntry
 
 
 class StepCall(Protocol):
@@ -104,11 +108,11 @@ class _Done:
 
 
 def run(
-    entry: Any,
+    entry: ModelEntry,
     inputs: dict[str, Tensor],
     wanted: list[str],
     start: StepRunner,
-    config_of: Callable[[Step], Any],
+    config_of: Callable[[Step], ModelConfig],
 ) -> dict[str, Tensor]:
     """Execute the steps the ``wanted`` outputs need; a failing step fails the request
     with its error and model.
@@ -174,12 +178,12 @@ def run(
 
 
 def execute(
-    entry: Any,
+    entry: ModelEntry,
     inputs: dict[str, Tensor],
     wanted: list[str],
-    outer: Any,
+    outer: InferMessage,
     *,
-    resolve: Callable[[str], Any],
+    resolve: Callable[[str], ModelEntry],
     dispatcher: Dispatcher,
     check: Callable[[str], None] | None = None,
     abandonment: Abandonment | None = None,
@@ -206,7 +210,7 @@ def execute(
     caller = calls.Caller(outer.deadline, outer.priority, tuple(outer.chain))
     params = {**outer.params, "timeout": outer.timeout_us} if outer.timeout_us else outer.params
 
-    def config_of(step: Step) -> Any:
+    def config_of(step: Step) -> ModelConfig:
         if check is not None:
             check(step.model)
         return resolve(step.model).config
@@ -267,7 +271,7 @@ def execute(
 
 def execute_counted(
     client: redis.Redis,
-    entry: Any,
+    entry: ModelEntry,
     inputs: dict[str, Tensor],
     outer: InferMessage,
     version: int,
@@ -300,7 +304,7 @@ class GraphRunner:
     def __init__(
         self,
         client: redis.Redis,
-        resolve: Callable[[str], Any],
+        resolve: Callable[[str], ModelEntry],
         dispatcher: Dispatcher,
         check: Callable[[str], None] | None = None,
     ) -> None:
@@ -309,7 +313,7 @@ class GraphRunner:
         self.dispatcher = dispatcher
         self.check = check
 
-    def reply(self, entry: Any, msg: InferMessage, version: int, lane: calls.Lane) -> Reply:
+    def reply(self, entry: ModelEntry, msg: InferMessage, version: int, lane: calls.Lane) -> Reply:
         """The graph's answer to ``msg`` as a model's worker would give it: outputs, or
         the error that failed it."""
         inputs = {name: (dt, tuple(shape), raw) for name, dt, shape, raw in msg.inputs}
@@ -331,7 +335,7 @@ class GraphRunner:
         return Reply(msg.id, outputs=outputs, version=version)
 
 
-def _guard(entry: Any, step: Step, fn: Callable[[], Any]) -> Any:
+def _guard(entry: ModelEntry, step: Step, fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except ConchError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -20,6 +20,9 @@ from conch.core.repository_keys import model_name_problem
 from conch.settings import Settings
 from conch.wire import control_bus, worker_reports
 from conch.wire.broker import new_id
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 LOAD_WAIT_S = 120.0
 UNLOAD_WAIT_S = 30.0
@@ -172,7 +175,7 @@ def unload(
 
 
 def _ensemble_steps(
-    client: redis.Redis, settings: Settings, model: str, config: Any | None
+    client: redis.Redis, settings: Settings, model: str, config: ModelConfig | None
 ) -> list[str]:
     """The step models of ``model`` if it is an ensemble (from ``config``, else its files)."""
     if config is None:

@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 import redis
@@ -39,6 +39,9 @@ import redis
 from conch.core.cache_config import LOCAL, CacheConfig
 from conch.wire import cache_store, statistics
 from conch.wire.messages import MAX_TENSORS, BadMessage, WireTensor, read_tensor
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +166,7 @@ class ResponseCache:
             log.warning("response cache: statistics not written yet: %s", exc)
 
     @staticmethod
-    def applies(config: Any) -> bool:
+    def applies(config: ModelConfig) -> bool:
         """The model's config enables the cache (load refuses it for decoupled models)."""
         return config.response_cache.enable
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -26,6 +26,9 @@ from conch.core.sequence import (
 from conch.wire import broker, sequences
 from conch.wire.messages import InferMessage
 
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
+
 
 class SequenceRoute:
     """Sequence models' specs (read once per config) and the mailbox publisher."""
@@ -33,9 +36,9 @@ class SequenceRoute:
     def __init__(self, client: redis.Redis) -> None:
         self.publisher = sequences.SequencePublisher(client)
         # model -> (the config read, its spec): one entry a model, replaced on a reload.
-        self._specs: dict[str, tuple[Any, SequenceSpec | None]] = {}
+        self._specs: dict[str, tuple[ModelConfig, SequenceSpec | None]] = {}
 
-    def spec(self, config: Any) -> SequenceSpec | None:
+    def spec(self, config: ModelConfig) -> SequenceSpec | None:
         """The model's sequence batching, None for a model without it."""
         known = self._specs.get(config.name)
         if known is None or known[0] is not config:

@@ -30,7 +30,7 @@ JOB_ID = re.compile(r"[0-9a-f]{32}")
 
 PENDING, STARTED, SUCCESS, FAILURE = "PENDING", "STARTED", "SUCCESS", "FAILURE"
 REVOKED = "REVOKED"  # Celery's name for a cancelled task
-INFER, BATCH = "infer", "batch"  # one request; an offline batch job (conch.frontend.batch_job)
+INFER, BATCH = "infer", "batch"  # one request; an offline batch job (conch.frontend.jobs.batch_job)
 PROGRESS = ("lines", "failed")
 
 
@@ -78,7 +78,7 @@ class JobRecord:
     submitted: float  # epoch seconds
     # INFER: how the client wants the result encoded: the request's id, its output list
     # ([name, binary, class_count] each, or None for all) and binary_data_output.
-    # BATCH: the input and output object URIs (conch.frontend.batch_job).
+    # BATCH: the input and output object URIs (conch.frontend.jobs.batch_job).
     detail: dict[str, Any]
     kind: str = INFER
     progress: dict[str, int] = field(default_factory=dict)  # BATCH: lines done, failed

@@ -28,7 +28,8 @@ from celery import Celery, signals
 
 from conch.backends.completion import complete
 from conch.core import tracing
-from conch.frontend import bls, job_tasks
+from conch.frontend import bls
+from conch.frontend.jobs import tasks as job_tasks
 from conch.settings import Settings
 from conch.wire import broker, control_bus
 from conch.wire.redis_client import open_client
@@ -109,7 +110,7 @@ def _make_host(settings: Settings, name: str) -> ModelHost:
 
 
 def _register_jobs(app: Celery, settings: Settings) -> None:
-    """Batch jobs and ensembles' async jobs run as Celery tasks (``frontend.job_tasks``);
+    """Batch jobs and ensembles' async jobs run as Celery tasks (``frontend.jobs.tasks``);
     a batch job's result lives in Celery's backend."""
     app.conf.update(
         result_backend=celery_url(settings.redis_url),

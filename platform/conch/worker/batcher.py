@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -29,6 +29,9 @@ from conch.wire.messages import BadMessage, InferMessage, Reply
 from conch.wire.redis_link import CommandQueue, Commands, RedisLink
 from conch.worker.drain import Drain, ack, dead_letter, requeue
 from conch.worker.replies import ReplySink
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +136,7 @@ class BatchPolicy:
     preferred: tuple[int, ...] = ()
 
     @classmethod
-    def from_config(cls, config: Any) -> BatchPolicy:
+    def from_config(cls, config: ModelConfig) -> BatchPolicy:
         if config.max_batch_size > 0 and config.HasField("dynamic_batching"):
             db = config.dynamic_batching
             preferred = tuple(

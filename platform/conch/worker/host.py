@@ -22,10 +22,10 @@ from typing import Any
 import redis
 
 from conch.backends import Backend, backend_class
-from conch.backends.base import BlsPort
+from conch.backends.base import BlsPort, InstanceSpec
 from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
-from conch.core.repository import ModelRepository
+from conch.core.repository import ModelEntry, ModelRepository
 from conch.core.sequence import SequenceSpec, state_in_redis
 from conch.settings import Settings
 from conch.wire import control_bus, model_metrics, statistics, worker_reports
@@ -119,7 +119,7 @@ class ModelHost:
         self._reporting = False
         self._report_lock = threading.Lock()
 
-    def wanted(self, entries: dict[str, Any]) -> list[str]:
+    def wanted(self, entries: dict[str, ModelEntry]) -> list[str]:
         """The models this worker should serve now."""
         names = [n for n, e in sorted(entries.items()) if e.backend != ensemble_graph.ENSEMBLE]
         if self.settings.models:
@@ -174,7 +174,7 @@ class ModelHost:
             return
         self.serve(name, entry, load_id=load_id)
 
-    def serve(self, name: str, entry: Any, *, load_id: str = "") -> None:
+    def serve(self, name: str, entry: ModelEntry, *, load_id: str = "") -> None:
         """Load ``entry`` beside what serves ``name`` now, then switch and drain the old.
 
         A broken new config or version leaves the old one serving, with the reason.
@@ -261,7 +261,9 @@ class ModelHost:
             except Exception:
                 log.exception("model '%s': unload failed", old.name)
 
-    def _load(self, entry: Any) -> tuple[dict[int, list[Backend]], list[Batcher | SequenceBatcher]]:
+    def _load(
+        self, entry: ModelEntry
+    ) -> tuple[dict[int, list[Backend]], list[Batcher | SequenceBatcher]]:
         cls = backend_class(entry.backend)
         specs = entry.instances()
         versions: dict[int, list[Backend]] = {}
@@ -308,10 +310,10 @@ class ModelHost:
 
     def _sequence_batchers(
         self,
-        entry: Any,
+        entry: ModelEntry,
         seq: SequenceSpec,
         versions: dict[int, list[Backend]],
-        specs: list[Any],
+        specs: list[InstanceSpec],
     ) -> list[SequenceBatcher]:
         """A sequence model's instances: each a slot of sequences (``sequence_batcher``)."""
         initial = seq.initial_state(entry.path)

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from conch.core import call_context
 from conch.core.errors import ConchError, Internal, ModelLoadError, Unavailable, from_code
 from conch.core.model_config import config_to_json, json_to_config
 from conch.core.sequence import SEQUENCE_PARAMETERS, sequence_params
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +196,7 @@ def _binds(node: ast.stmt, name: str) -> bool:
     return False
 
 
-def _check_not_decoupled(config: Any, model: str) -> None:
+def _check_not_decoupled(config: ModelConfig, model: str) -> None:
     if config.HasField("model_transaction_policy") and config.model_transaction_policy.decoupled:
         raise ModelLoadError(
             f"model '{model}' is decoupled (model_transaction_policy {{ decoupled: true }}): "
@@ -219,7 +222,7 @@ class PythonBackend(Backend):
 
     @classmethod
     def auto_complete(
-        cls, config: Any, model_file: Path | None, *, default_max_batch_size: int
+        cls, config: ModelConfig, model_file: Path | None, *, default_max_batch_size: int
     ) -> None:
         model = config.name
         if model_file is None or not model_file.is_file():

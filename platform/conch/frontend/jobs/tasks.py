@@ -14,7 +14,8 @@ from celery.exceptions import Ignore
 from conch.core import tracing
 from conch.core.errors import ConchError
 from conch.core.repository import ModelRepository
-from conch.frontend import batch_job, bls, ensemble_jobs
+from conch.frontend import bls
+from conch.frontend.jobs import batch_job, ensemble_job
 from conch.settings import Settings
 
 
@@ -39,6 +40,6 @@ def register(
 
     # An ensemble's async job writes its result as a model's job does (job_store): Celery
     # keeps no state of its own for it, so nothing it writes overwrites that result.
-    @app.task(name=ensemble_jobs.TASK_NAME, ignore_result=True, track_started=False)
+    @app.task(name=ensemble_job.TASK_NAME, ignore_result=True, track_started=False)
     def run_ensemble_job(payload: dict[str, Any]) -> None:
-        ensemble_jobs.run_task(settings, client, graph, payload)
+        ensemble_job.run_task(settings, client, graph, payload)

@@ -31,9 +31,10 @@ from conch.core import inference, validation
 from conch.core.ensemble_graph import ENSEMBLE
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable
 from conch.core.repository import ModelEntry, ModelRepository
-from conch.frontend import calls, line_packing, v2_json
+from conch.frontend import calls, v2_json
 from conch.frontend.ensemble_runner import GraphRunner
-from conch.frontend.job_keepalive import keepalive
+from conch.frontend.jobs import line_packing
+from conch.frontend.jobs.keepalive import keepalive
 from conch.settings import Settings
 from conch.wire import broker, job_store, statistics
 from conch.wire.job_store import JobCancelled

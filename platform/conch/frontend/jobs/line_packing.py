@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from conch.core import inference, tensors
 from conch.wire.messages import WireTensor
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ def line(number: int, request: inference.InferRequest, rows: int) -> Line:
     return Line(number, request, rows, sum(len(t.raw) for t in request.inputs))
 
 
-def pack_key(request: inference.InferRequest, config: Any) -> Hashable | None:
+def pack_key(request: inference.InferRequest, config: ModelConfig) -> Hashable | None:
     """What lines must share to be stacked into one request; None when this one runs alone
     (the model has no batch dimension, or takes ragged batches)."""
     if config.max_batch_size <= 0 or any(i.allow_ragged_batch for i in config.input):
@@ -52,7 +55,7 @@ def pack_key(request: inference.InferRequest, config: Any) -> Hashable | None:
     return inputs, outputs, parameters
 
 
-def plan(lines: Sequence[Line], config: Any, max_rows: int) -> list[list[Line]]:
+def plan(lines: Sequence[Line], config: ModelConfig, max_rows: int) -> list[list[Line]]:
     """``lines`` as packs of at most ``max_rows`` rows: each group of lines that can be
     stacked, ordered by size, cut into runs; a line that cannot be stacked is a pack alone."""
     groups: dict[Hashable, list[Line]] = {}

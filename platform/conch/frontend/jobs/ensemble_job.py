@@ -21,7 +21,7 @@ from conch.core import tracing
 from conch.core.errors import ConchError, Internal, Unavailable
 from conch.frontend import calls
 from conch.frontend.ensemble_runner import GraphRunner
-from conch.frontend.job_keepalive import keepalive
+from conch.frontend.jobs.keepalive import keepalive
 from conch.settings import Settings
 from conch.wire import broker, job_store
 from conch.wire.messages import BadMessage, InferMessage, Reply
