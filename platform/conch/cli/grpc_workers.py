@@ -1,6 +1,6 @@
 """``conch grpc --grpc-workers N`` (N > 1): N gRPC server processes on one port.
 
-grpcio's server is bound by its process's GIL (about 1.3 cores at most, bench/README.md),
+grpcio's server is bound by its process's GIL (bench/README.md, "Served on the H100"),
 so, as gunicorn does for the gateway, more processes serve the port: each a ``conch grpc``
 child of its own (a fresh interpreter: its own grpcio core and Redis connections), binding
 with SO_REUSEPORT so that the kernel spreads new connections among them. This process

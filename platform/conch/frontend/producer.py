@@ -8,8 +8,8 @@ them, so a request costs one pipelined round trip to publish and nothing to rece
 
 When Redis goes away, a request that is waiting for its reply keeps waiting through a
 short outage: its message and its reply live in Redis, and a Redis that logs writes
-(append-only file) comes back with both, so the answer still comes (measured: about
-0.2 s after Redis answers again). The listener reconnects on its own, and then checks
+(append-only file) comes back with both, so the answer still comes, soon after Redis
+answers again (bench/README.md, "Measurements the code cites"). The listener reconnects on its own, and then checks
 that Redis kept its data (``outage.lost``); if it did not, every waiting request gets a
 503 at once instead of waiting for a reply that will never come. If Redis is not back
 within ``OUTAGE_GRACE_S``, every waiting request gets a 503 with ``Retry-After`` then,

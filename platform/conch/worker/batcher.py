@@ -52,9 +52,8 @@ class BulkShare:
     execution time: each execution with such work earns lines that share of its duration,
     spent at the recent time per row, and a pop takes the messages the credit buys (a
     message of a batch job carries several lines' rows: line_packing). With no such work
-    about, lines take every slot. 5 %: text_embedding on 2 vCPUs kept 0.93x of its online
-    throughput beside a batch job (10 %: 0.80x; every slot: 0.2x), and 0.91x once a message
-    carried 32 lines (bench/README.md, runs 3 and 4).
+    about, lines take every slot. Why ``SHARE`` is what it is, and what online traffic kept
+    beside a batch job at other shares: bench/README.md, text_embedding runs 3 and 4.
     """
 
     SHARE = 0.05

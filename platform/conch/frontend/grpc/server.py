@@ -9,16 +9,16 @@ own process (not a thread of the gateway) so that the gateway's gevent patching 
 gunicorn's forking never meet grpcio; ``conch serve`` starts it beside the gateway and
 the worker.
 
-Measured (bench/README.md, "Issue 14: gRPC"; ``bench/grpc_floor.py``): grpcio's server
-costs about 0.3 ms of CPU per unary call before any work is done, most of it handing
-each call between threads, and its asyncio server as much; more processes sharing the
+Measured (bench/README.md, "Issue 14: gRPC", "Where the time goes"; ``bench/grpc_floor.py``):
+grpcio's server costs more CPU per unary call, before any work is done, than conch's whole
+HTTP path, most of it handing each call between threads, and its asyncio server as much; more processes sharing the
 port (``--grpc-workers``, SO_REUSEPORT: ``cli/grpc_workers.py``) spread that cost over
 cores but do not lower it. grpc.aio would not buy what its rewrite costs, and the
 synchronous server stays: its
 handler semantics (``add_callback`` on cancellation, blocking request iterators) are
 what the cancellation and stream code is written against. What conch's HTTP/1.1 path
-does on gevent, HTTP/2 framed by hand would do for gRPC (measured there at a tenth of
-grpcio's cost per call): that is the way to the HTTP path's throughput.
+does on gevent, HTTP/2 framed by hand would do for gRPC (measured there at a small
+fraction of grpcio's cost per call): that is the way to the HTTP path's throughput.
 
 The data plane is built as the gateway builds its own (``frontend.composition``):
 the same checks, dispatch, queues and errors answer both protocols.

@@ -5,8 +5,8 @@
   connection as work in progress and holds the shutdown for the whole graceful timeout.
   This one closes idle connections at once and lets the ones mid-request finish.
 - A response goes out in one write: status line and headers with the body, instead of
-  a separate send for the headers (measured: that send alone was a tenth of the
-  gateway's CPU per infer call).
+  a separate send for the headers (that send alone was a large share of the gateway's
+  CPU per infer call: bench/README.md, "Measurements the code cites").
 - Infer calls skip WSGI altogether: the data plane answers them and the worker writes
   the bytes, with no environ, response object or middleware between (the rest of the
   API, and the metrics port, go through the WSGI app).
