@@ -140,12 +140,14 @@ bench-gpu: $(STAMP)
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python bench/run.py --gpu $(BENCH_GPU_ARGS)
 
-# ruff, then the rooms' import contracts (pyproject.toml [tool.importlinter]).
+# ruff, then the rooms' import contracts (pyproject.toml [tool.importlinter]), then the
+# commit subjects (tools/commit_subjects.sh: 72 characters at most).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
+	@tools/commit_subjects.sh
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
