@@ -37,7 +37,10 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
 import procs  # noqa: E402
-from run import PaOptions, _conch, perf_analyzer_path, run_perf_analyzer, say  # noqa: E402
+from run import PaOptions, run_perf_analyzer, say  # noqa: E402
+
+from conch.devtools import perf_analyzer  # noqa: E402
+from conch.devtools.processes import conch  # noqa: E402
 
 ENTRY_BYTES = 100  # an mlp answer in the cache: 16 FP32 and msgpack framing, about
 
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = ROOT / ".cache" / "bench" / "cache" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    pa = PaOptions(perf_analyzer_path(), args.window_ms, 30, 6)
+    pa = PaOptions(perf_analyzer.binary(), args.window_ms, 30, 6)
     pa.input_files["mlp_cached"] = _samples(args.samples, run_dir / "samples.json")
     private = redis_server.start_private()
     host, port = private.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
@@ -101,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             repo = _repository(Path(tmp))
             common = ["--model-repository", str(repo), "--redis-url", private.url]
             http_port = redis_server.free_port()
-            group.start("conch-worker", _conch("worker", *common))
+            group.start("conch-worker", conch("worker", *common))
             group.start(
                 "conch-gateway",
-                _conch(
+                conch(
                     "gateway",
                     *common,
                     *("--http-address", "127.0.0.1", "--http-port", str(http_port)),

@@ -27,6 +27,9 @@ sys.path.insert(0, str(BENCH))
 import procs  # noqa: E402
 import run  # noqa: E402
 
+from conch.devtools import perf_analyzer  # noqa: E402
+from conch.devtools.processes import conch  # noqa: E402
+
 import models  # noqa: E402
 
 AWS = {
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     run.say(f"run folder: {run_dir}")
     repo = models.build_repository()
-    pa = run.PaOptions(run.perf_analyzer_path(), args.window_ms, 100, 5)
+    pa = run.PaOptions(perf_analyzer.binary(), args.window_ms, 100, 5)
     pa.input_files[args.model] = run.write_input_data(
         repo, args.model, run_dir / f"input-{args.model}.json"
     )
@@ -95,13 +98,13 @@ def main(argv: list[str] | None = None) -> int:
             common = ["--model-repository", str(repo), "--redis-url", private.url]
             group.start(
                 "conch-worker",
-                run._conch("worker", *common, "--models", args.model),
+                conch("worker", *common, "--models", args.model),
                 env={**AWS, "AWS_ENDPOINT_URL": endpoint},
             )
             port = redis_server.free_port()
             gw = ["--http-address", "127.0.0.1", "--http-port", str(port)]
             gw += ["--metrics-port", str(redis_server.free_port())]
-            group.start("conch-gateway", run._conch("gateway", *common, *gw))
+            group.start("conch-gateway", conch("gateway", *common, *gw))
             url = f"127.0.0.1:{port}"
 
             def ready() -> bool:

@@ -309,6 +309,9 @@ SERVE = {
 sys.path.insert(0, str(BENCH))
 import procs  # noqa: E402
 
+from conch.devtools import perf_analyzer  # noqa: E402
+from conch.devtools.processes import conch  # noqa: E402
+
 
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -326,24 +329,24 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def perf_analyzer(pa: str, url: str, protocol: str, args: argparse.Namespace, csv: Path) -> float:
+def measure(pa: str, url: str, protocol: str, args: argparse.Namespace, csv: Path) -> float:
     """Run perf_analyzer to the end; its last window's infer/s."""
-    import csv as csv_module
-
-    subprocess.run(
+    ran = perf_analyzer.run(
+        pa,
         [
-            pa,
             *("-m", "mlp", "-u", url, "-i", protocol),
             *("--concurrency-range", str(args.concurrency)),
             *("--measurement-mode", "time_windows", "--measurement-interval", str(args.window_ms)),
-            *("--stability-percentage", "1000", "--max-trials", "3", "-f", str(csv)),
+            *("--stability-percentage", "1000", "--max-trials", "3"),
         ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        timeout=args.window_ms / 1000 * 5 + 60,
+        csv,
+        timeout_s=args.window_ms / 1000 * 5 + 60,
     )
-    with csv.open(newline="") as f:
-        return float(list(csv_module.DictReader(f))[-1]["Inferences/Second"])
+    if ran.code != 0 or not ran.rows:
+        raise RuntimeError(
+            f"perf_analyzer exited {ran.code}; its output: {csv.with_suffix('.log')}"
+        )
+    return float(ran.rows[-1]["Inferences/Second"])
 
 
 def floors(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
@@ -363,7 +366,7 @@ def floors(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
                 procs.wait_until(lambda port=port: _listening(port), 30, None, kind)
                 cpu0, pa0 = procs.cpu_seconds(pids=[server.pid])[server.pid], _children_cpu()
                 url = f"127.0.0.1:{port}"
-                rate = perf_analyzer(pa, url, "grpc", args, out_dir / f"floor-{kind}.csv")
+                rate = measure(pa, url, "grpc", args, out_dir / f"floor-{kind}.csv")
                 cpu1, pa1 = procs.cpu_seconds(pids=[server.pid])[server.pid], _children_cpu()
             finally:
                 server.terminate()
@@ -396,16 +399,14 @@ def dataplane(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
     try:
         with procs.Group(out_dir / "logs") as group:
             group.guard("redis-server", private.process.pid)
-            conch = [sys.executable, "-m", "conch"]
             common = ["--model-repository", str(repo), "--redis-url", private.url]
-            worker = group.start("worker", [*conch, "worker", *common])
+            worker = group.start("worker", conch("worker", *common))
             http, grpc_port, h2_port = _free_port(), _free_port(), _free_port()
             local = "127.0.0.1"
             commands = {
                 "conch HTTP (gevent)": (
                     "gateway",
-                    [
-                        *conch,
+                    conch(
                         "gateway",
                         *common,
                         "--http-address",
@@ -414,21 +415,20 @@ def dataplane(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
                         str(http),
                         "--allow-metrics",
                         "false",
-                    ],
+                    ),
                     http,
                     "http",
                 ),
                 "conch gRPC (grpcio)": (
                     "grpc",
-                    [
-                        *conch,
+                    conch(
                         "grpc",
                         *common,
                         "--grpc-address",
                         local,
                         "--grpc-port",
                         str(grpc_port),
-                    ],
+                    ),
                     grpc_port,
                     "grpc",
                 ),
@@ -475,7 +475,7 @@ def dataplane(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
                     cpu0 = procs.cpu_seconds(pids=[pids["redis"]], sessions=[child.pid, worker.pid])
                     pa0 = _children_cpu()
                     csv = out_dir / f"dataplane-{protocol}-{child.name}.csv"
-                    rate = perf_analyzer(pa, url, protocol, args, csv)
+                    rate = measure(pa, url, protocol, args, csv)
                     cpu1 = procs.cpu_seconds(pids=[pids["redis"]], sessions=[child.pid, worker.pid])
                     served = _successes(f"127.0.0.1:{http}") - count0
                     ms = {k: 1000 * (cpu1[pid] - cpu0[pid]) / served for k, pid in ids.items()}
@@ -508,9 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         "conch's data plane, a private Redis and a worker",
     )
     args = p.parse_args(argv)
-    pa = subprocess.run(
-        [str(BENCH / "perf-analyzer-setup")], check=True, stdout=subprocess.PIPE, text=True
-    ).stdout.split()[-1]
+    pa = perf_analyzer.binary()
     out_dir = BENCH.parent / ".cache" / "bench" / "grpc-floor"
     out_dir.mkdir(parents=True, exist_ok=True)
     (dataplane if args.dataplane else floors)(pa, args, out_dir)

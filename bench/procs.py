@@ -10,22 +10,14 @@ newest first, by process group: SIGTERM, then SIGKILL after a grace period.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
+from conch.devtools import processes
 
 _GUARD = """
 import os, signal, sys
@@ -101,16 +93,7 @@ class Group:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115  (closed in Child.stop)
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        proc = subprocess.Popen(
-            list(cmd),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            cwd=cwd,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-        )
+        proc = processes.spawn(cmd, log_file, env=full_env, cwd=cwd)
         child = Child(name, proc, log_path, log_file)
         self.children.append(child)
         return child
@@ -185,43 +168,12 @@ def cpu_seconds(pids: Sequence[int] = (), sessions: Sequence[int] = ()) -> dict[
     return out
 
 
-def run_bounded(cmd: Sequence[str], *, timeout_s: float, log_path: Path) -> tuple[int | None, str]:
-    """Run a command to completion in its own session, output to ``log_path``.
-
-    Returns (exit status or None on timeout, output). On timeout or interruption the
-    whole process group is killed before this returns or re-raises.
-    """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            list(cmd),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-        )
-        code: int | None
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return code, log_path.read_text(errors="replace")
-
-
 def wait_until(predicate, timeout_s: float, group: Group | None = None, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if group is not None:
-            group.check_alive()
-        if predicate():
-            return
-        time.sleep(0.2)
+    """Until ``predicate`` holds; RuntimeError as soon as a child of ``group`` exits,
+    TimeoutError with the log tails of its children after ``timeout_s``."""
+    watch = group.check_alive if group is not None else None
+    if processes.wait_until(predicate, timeout_s, watch=watch, every=0.2):
+        return
     tails = ""
     if group is not None:
         tails = "".join(f"\n--- {c.name} ({c.log_path}):\n{c.log_tail(15)}" for c in group.children)

@@ -43,7 +43,6 @@ the benchmark could not run.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import signal
@@ -66,6 +65,9 @@ sys.path.insert(0, str(BENCH))
 import gpu_models  # noqa: E402
 import inprocess  # noqa: E402
 import procs  # noqa: E402
+
+from conch.devtools import perf_analyzer  # noqa: E402
+from conch.devtools.processes import conch  # noqa: E402
 
 import models  # noqa: E402
 
@@ -141,20 +143,6 @@ class Results:
 # --------------------------------------------------------------------------- perf_analyzer
 
 
-def perf_analyzer_path() -> str:
-    """$PERF_ANALYZER if set (as the tests take it), else bench/perf-analyzer-setup's."""
-    given = os.environ.get("PERF_ANALYZER")
-    if given:
-        return given
-    out = subprocess.run(
-        [str(BENCH / "perf-analyzer-setup")], check=True, stdout=subprocess.PIPE, text=True
-    )
-    path = out.stdout.strip().splitlines()[-1]
-    if not os.access(path, os.X_OK):
-        raise RuntimeError(f"bench/perf-analyzer-setup printed {path!r}, which is not executable")
-    return path
-
-
 @dataclass
 class PaOptions:
     binary: str
@@ -220,8 +208,7 @@ def run_perf_analyzer(
     point = Point(tag, model, concurrency)
     for attempt, stability in enumerate((pa.stability_pct, FALLBACK_STABILITY_PCT)):
         csv_path = out_dir / f"pa-{tag}-{model}-c{concurrency}{'-retry' if attempt else ''}.csv"
-        cmd = [
-            pa.binary,
+        args = [
             "-m",
             model,
             "-u",
@@ -238,26 +225,19 @@ def run_perf_analyzer(
             str(stability),
             "--max-trials",
             str(pa.max_trials),
-            "-f",
-            str(csv_path),
         ]
         if model in pa.input_files:
-            cmd += ["--input-data", str(pa.input_files[model])]
+            args += ["--input-data", str(pa.input_files[model])]
         if json:
-            cmd += ["--input-tensor-format=json", "--output-tensor-format=json"]
-        cmd += extra
+            args += ["--input-tensor-format=json", "--output-tensor-format=json"]
+        args += extra
         # Windows until stable (at most max_trials), plus start-up and draining slack.
         timeout = pa.window_ms / 1000 * (pa.max_trials + 2) + 60
-        code, output = procs.run_bounded(
-            cmd, timeout_s=timeout, log_path=csv_path.with_suffix(".log")
-        )
+        ran = perf_analyzer.run(pa.binary, args, csv_path, timeout_s=timeout)
+        code, output, rows = ran.code, ran.output, ran.rows
         if code is None:
             point.error = f"perf_analyzer timed out after {timeout:.0f} s"
             return point
-        rows: list[dict[str, str]] = []
-        if csv_path.exists():
-            with csv_path.open(newline="") as f:
-                rows = list(csv.DictReader(f))
         if code == 0 and rows:
             row = rows[-1]
             point.infer_per_s = float(row["Inferences/Second"])
@@ -278,10 +258,6 @@ def run_perf_analyzer(
 
 
 # --------------------------------------------------------------------------- conch
-
-
-def _conch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "conch", *args]
 
 
 def _worker_counts(client: Any, model: str) -> tuple[tuple[int, int, int], float]:
@@ -347,7 +323,7 @@ def bench_conch(
             port = redis_server.free_port()
             # --gpu: the chosen models' own (an ensemble's steps), not the whole repository.
             served = ["--models", ",".join(gpu_models.serves(args.models))] if args.gpu else []
-            worker = group.start("conch-worker", _conch("worker", *common, *served))
+            worker = group.start("conch-worker", conch("worker", *common, *served))
             gw_args = [
                 "--http-address",
                 "127.0.0.1",
@@ -360,7 +336,7 @@ def bench_conch(
                 gw_args += ["--http-workers", str(args.http_workers)]
             if args.http_thread_count:
                 gw_args += ["--http-thread-count", str(args.http_thread_count)]
-            gateway = group.start("conch-gateway", _conch("gateway", *common, *gw_args))
+            gateway = group.start("conch-gateway", conch("gateway", *common, *gw_args))
             url = f"127.0.0.1:{port}"
             clients: list[Any] = [httpclient.InferenceServerClient(url)]
             urls = {"conch": url}
@@ -373,7 +349,7 @@ def bench_conch(
                     grpc_args += ["--grpc-infer-thread-count", str(args.grpc_infer_thread_count)]
                 if args.grpc_workers:
                     grpc_args += ["--grpc-workers", str(args.grpc_workers)]
-                frontend = group.start("conch-grpc", _conch("grpc", *common, *grpc_args))
+                frontend = group.start("conch-grpc", conch("grpc", *common, *grpc_args))
                 urls["conch-grpc"] = f"127.0.0.1:{grpc_port}"
                 clients.append(grpcclient.InferenceServerClient(urls["conch-grpc"]))
                 cpu_sessions["grpc"] = frontend.pid
@@ -1283,7 +1259,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             repo = models.build_repository()
         pa = PaOptions(
-            perf_analyzer_path(), args.window_ms, args.stability_percentage, args.max_trials
+            perf_analyzer.binary(), args.window_ms, args.stability_percentage, args.max_trials
         )
         say(f"perf_analyzer: {pa.binary}")
         for model in args.models:

@@ -50,6 +50,9 @@ import inprocess  # noqa: E402
 import procs  # noqa: E402
 import run  # noqa: E402
 
+from conch.devtools import perf_analyzer  # noqa: E402
+from conch.devtools.processes import conch  # noqa: E402
+
 MODEL = "seq_gru"
 LOCAL = "seq_gru_local"  # the same files, its state kept out of Redis
 OUTPUT_SIZE = 32
@@ -213,17 +216,17 @@ def bench_conch(
         with procs.Group(run_dir / "logs") as group:
             group.guard("redis-server", private.process.pid)
             common = ["--model-repository", str(repo), "--redis-url", private.url]
-            group.start("conch-worker", run._conch("worker", *common))
+            group.start("conch-worker", conch("worker", *common))
             port, grpc_port = redis_server.free_port(), redis_server.free_port()
             gateway = [
                 *("--http-address", "127.0.0.1", "--http-port", str(port)),
                 *("--metrics-port", str(redis_server.free_port())),
             ]
-            group.start("conch-gateway", run._conch("gateway", *common, *gateway))
+            group.start("conch-gateway", conch("gateway", *common, *gateway))
             urls = {"http": f"127.0.0.1:{port}"}
             if not args.skip_grpc:
                 grpc = ["--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port)]
-                group.start("conch-grpc", run._conch("grpc", *common, *grpc))
+                group.start("conch-grpc", conch("grpc", *common, *grpc))
                 urls["grpc"] = f"127.0.0.1:{grpc_port}"
             say(f"conch: waiting for {MODEL} and {LOCAL} on {', '.join(urls.values())}")
             procs.wait_until(
@@ -498,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         build_gru(repo, LOCAL, args.input_size, args.hidden, state_in_redis=False)
         data = write_streams(run_dir / "streams.json", args.input_size)
         pa = run.PaOptions(
-            binary=run.perf_analyzer_path(),
+            binary=perf_analyzer.binary(),
             window_ms=args.window_ms,
             stability_pct=100,
             max_trials=args.max_trials,

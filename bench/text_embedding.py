@@ -60,6 +60,9 @@ import pyspy_top  # noqa: E402
 import run  # noqa: E402
 import te_corpus  # noqa: E402
 
+from conch.devtools import perf_analyzer  # noqa: E402
+from conch.devtools.processes import conch  # noqa: E402
+
 MODEL = "text_embedding"
 STEPS = ("text_embedding_tokenizer", "text_embedding_encoder", "text_embedding_pooling")
 ENCODER = STEPS[1]
@@ -228,13 +231,13 @@ def conch_stack(run_dir: Path, source: Path, *, with_s3: bool) -> Iterator[Stack
             common = ["--model-repository", str(repo), "--redis-url", private.url]
             worker = group.start(
                 "conch-worker",
-                run._conch("worker", *common),
+                conch("worker", *common),
                 env={"AWS_ENDPOINT_URL": endpoint} if endpoint else None,
             )
             port = redis_server.free_port()
             gw = ["--http-address", "127.0.0.1", "--http-port", str(port)]
             gw += ["--metrics-port", str(redis_server.free_port())]
-            gateway = group.start("conch-gateway", run._conch("gateway", *common, *gw))
+            gateway = group.start("conch-gateway", conch("gateway", *common, *gw))
             url = f"127.0.0.1:{port}"
             say(f"conch: waiting for {MODEL} on {url}")
             procs.wait_until(
@@ -769,7 +772,7 @@ def measure(args: argparse.Namespace, run_dir: Path, results: TeResults) -> None
         raise RuntimeError(f"{', '.join(map(str, missing))} missing: run `make functions`")
     texts = te_corpus.sentences(REQUEST_SENTENCES)
     pa = run.PaOptions(
-        run.perf_analyzer_path(), args.window_ms, args.stability_percentage, args.max_trials
+        perf_analyzer.binary(), args.window_ms, args.stability_percentage, args.max_trials
     )
     pa.input_files[MODEL] = run_dir / "input-text_embedding.json"
     pa.input_files[MODEL].write_text(json.dumps(te_corpus.perf_analyzer_data(texts)))
