@@ -41,7 +41,8 @@ serve: $(STAMP) functions
 
 # Each test module whole on one of as many pytest workers as cores (its module-scoped stack
 # of real processes is started once); every worker starts its own Redis and S3 servers.
-# PYTEST_ARGS= runs them in one process, e.g. make test PYTEST_ARGS="tests/test_offline.py".
+# PYTEST_ARGS= runs them in one process, e.g.
+# make test PYTEST_ARGS="tests/integration/jobs/test_offline.py".
 PYTEST_ARGS ?= -n auto --dist loadfile
 
 test: $(STAMP) functions redis-server
@@ -146,8 +147,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-
 	@tools/commit_subjects.sh
+
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .

@@ -21,7 +21,8 @@ VENV=${VENV:-$ROOT/.venv}
 # requests, msgpack, prometheus-client, werkzeug, click, jinja2 and protobuf lacks, with
 # what they require. protobuf and werkzeug too: tritonclient's model_config_pb2 wants
 # protobuf >= 6.33.5, Flask 3.1 wants Werkzeug >= 3.1. gunicorn_h1c is left out (an sdist
-# build here, optional for the gateway); moto too (tests/test_repo_sync*.py need it).
+# build here, optional for the gateway); moto too (the repo_sync tests in
+# tests/integration/repository/ need it).
 # flask-swagger-ui: the gateway imports it (GET /v2/docs). grpcio at .venv's version with
 # grpcio-health-checking, which wants a grpcio as new as itself. text_embedding (make
 # bench-gpu) also needs tokenizers, safetensors, onnx and sentence-transformers, which the

@@ -1,4 +1,6 @@
-"""Shared fixtures: a private redis-server and a moto S3 server per test session."""
+"""Shared fixtures (a private redis-server and a moto S3 server per test session), and the
+markers that say what each test needs, applied here from what it uses so they cannot drift.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +11,78 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import boto3
 import pytest
 import redis
 
 from conch.devtools.redis_server import free_port, start_private
+
+TESTS = Path(__file__).parent
+
+# A test that asks for one of these fixtures, or whose module can start a redis-server of
+# its own, needs Redis; one that asks for these, the S3 server.
+REDIS_FIXTURES = frozenset({"redis_url", "rclient"})
+REDIS_STARTERS = frozenset(
+    {
+        ("harness", "start_redis"),
+        ("harness", "DurableRedis"),
+        ("harness", "start_serve"),  # conch serve starts one when given no Redis
+        ("conch.devtools.redis_server", "start_private"),
+    }
+)
+S3_FIXTURES = frozenset({"s3_endpoint", "s3"})
+
+# The modules under integration/ that finish in a few seconds (measured on a whole run of
+# the suite), so `pytest -m "not slow"` keeps them; every other one there is slow.
+QUICK_INTEGRATION = frozenset(
+    {
+        "integration/autoscale/test_autoscale_pool.py",
+        "integration/backends/test_tensorrt_backend.py",
+        "integration/cache/test_response_cache_parts.py",
+        "integration/deploy/test_dashboard.py",
+        "integration/jobs/test_jobs_offline.py",
+        "integration/redis/test_dispatch.py",
+        "integration/redis/test_redis_client.py",
+        "integration/redis/test_redis_link.py",
+        "integration/redis/test_unix_socket.py",
+        "integration/redis/test_wire_keys.py",
+        "integration/redis/test_work_owed.py",
+        "integration/repository/test_repo_sync_rules.py",
+        "integration/serving/test_unsupported_config.py",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by them
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``redis``, ``s3`` and ``slow`` on the tests that need them (``gpu`` is on the tests
+    themselves: each skips without a CUDA GPU)."""
+    starts_redis: dict[ModuleType | None, bool] = {}
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        module = getattr(item, "module", None)
+        if module not in starts_redis:
+            starts_redis[module] = _starts_redis(module)
+        if fixtures & REDIS_FIXTURES or starts_redis[module]:
+            item.add_marker(pytest.mark.redis)
+        if fixtures & S3_FIXTURES:
+            item.add_marker(pytest.mark.s3)
+        where = item.path.relative_to(TESTS).as_posix()
+        if where.startswith("integration/") and where not in QUICK_INTEGRATION:
+            item.add_marker(pytest.mark.slow)
+
+
+def _starts_redis(module: ModuleType | None) -> bool:
+    """Whether ``module`` holds a way to start a redis-server (``REDIS_STARTERS``)."""
+    if module is None:
+        return False
+    held = (
+        (getattr(v, "__module__", None), getattr(v, "__qualname__", None))
+        for v in vars(module).values()
+    )
+    return not REDIS_STARTERS.isdisjoint(held)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,8 @@ from typing import Protocol
 import redis
 import tritonclient.http as httpclient
 
+from conch.devtools import perf_analyzer, processes
+from conch.devtools.processes import conch
 from conch.devtools.redis_server import answers, free_port, redis_server_binary, wait_answering
 from conch.wire import worker_reports
 from conch.wire.work_owed import work_owed
@@ -33,6 +35,7 @@ __all__ = [
     "DurableRedis",
     "Place",
     "Service",
+    "conch",
     "connect",
     "fresh_db",
     "read_response",
@@ -169,10 +172,6 @@ class DurableRedis:
             self.proc.wait(timeout=10)
 
 
-def conch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "conch", *args]
-
-
 def start_redis(log_dir: Path, *, on: Place = HERE, port: int = 0) -> tuple[Service, str]:
     """A redis-server that keeps nothing, on ``on``'s address and ``port`` (a free one
     when 0); its URL once it answers."""
@@ -296,43 +295,23 @@ def start_serve(
 
 
 def run_perf_analyzer(*args: str) -> tuple[str, list[float]]:
-    """Triton's perf_analyzer ($PERF_ANALYZER, which ``make test`` sets, else what
-    ``bench/perf-analyzer-setup`` makes) with 1 s windows: its output, and the throughput
-    of each concurrency it measured (from its CSV); the test fails if it fails.
+    """Triton's perf_analyzer (``conch.devtools.perf_analyzer``) with 1 s windows: its
+    output, and the throughput of each concurrency it measured (from its CSV); the test
+    fails if it fails.
 
     These tests check that it runs, not how steadily: at 200% any three windows count
     as stable (none can be more than 3x their mean), so a shared, busy machine never
     fails them for instability."""
-    command = (
-        os.environ.get("PERF_ANALYZER")
-        or subprocess.run(
-            [str(ROOT / "bench" / "perf-analyzer-setup")],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
     with tempfile.TemporaryDirectory() as tmp:
-        csv = Path(tmp) / "pa.csv"  # an ensemble's steps get CSVs of their own beside it
-        proc = subprocess.run(
-            [
-                command,
-                *args,
-                "--measurement-interval",
-                "1000",
-                "--stability-percentage",
-                "200",
-                "-f",
-                str(csv),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
+        pa = perf_analyzer.run(
+            perf_analyzer.binary(),
+            [*args, "--measurement-interval", "1000", "--stability-percentage", "200"],
+            Path(tmp) / "pa.csv",
+            timeout_s=240,
         )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        rows = csv.read_text().splitlines()
-    assert rows[0].startswith("Concurrency"), rows
-    return proc.stdout, [float(r.split(",")[1]) for r in rows[1:]]
+    assert pa.code == 0, pa.output[-6000:]
+    assert pa.lines[0].startswith("Concurrency"), pa.lines
+    return pa.output, [float(row["Inferences/Second"]) for row in pa.rows]
 
 
 def start_grpc(
@@ -391,18 +370,19 @@ def _live(url: str, headers: dict[str, str] | None = None) -> bool:
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str, *services: Service) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
+    """Until ``pred`` holds; the test fails with the log of any of ``services`` that exits
+    meanwhile, or with all their logs after ``timeout`` seconds."""
+
+    def watch() -> None:
         for s in services:
             if not s.alive():
                 raise AssertionError(
                     f"{s.name} exited ({s.proc.returncode}) while waiting for {what}:\n{s.log()[-4000:]}"
                 )
-        time.sleep(0.1)
-    logs = "\n".join(f"--- {s.name}\n{s.log()[-4000:]}" for s in services)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
+
+    if not processes.wait_until(pred, timeout, watch=watch):
+        logs = "\n".join(f"--- {s.name}\n{s.log()[-4000:]}" for s in services)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
 
 
 def wait_model_ready(

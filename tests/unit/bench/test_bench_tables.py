@@ -1,0 +1,84 @@
+"""The bench's overhead and CPU tables (issue 12, points 4 and 5): what they compute."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from unit.bench._bench import bench_run
+
+
+@pytest.fixture(scope="module")
+def run():
+    return bench_run()
+
+
+BATCHED = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500 }\n"
+
+
+def _repo(tmp_path: Path, models: tuple[tuple[str, str], ...] | None = None) -> Path:
+    for name, extra in models or (("batched", BATCHED), ("plain", "max_batch_size: 0\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\n{extra}'
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        )
+    return tmp_path
+
+
+def test_overhead_is_p50_less_compute_less_the_configured_delay(run, tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    results = run.Results()
+    results.points += [
+        run.Point("conch", "batched", 1, infer_per_s=900, p50_ms=1.07, compute_ms=0.05),
+        run.Point("triton", "batched", 1, infer_per_s=1100, p50_ms=0.87, compute_ms=0.12),
+        run.Point("conch", "plain", 1, infer_per_s=2000, p50_ms=0.45, compute_ms=0.03),
+    ]
+    args = argparse.Namespace(models=["batched", "plain"], concurrency=[1])
+    rows = {
+        line.split(" | ")[0].strip("| "): [c.strip() for c in line.strip("|").split("|")]
+        for line in run.format_overhead_table(results, args, repo).splitlines()[2:]
+    }
+    # 1.07 - 0.05 - 0.5 (its max_queue_delay) = 0.52: over the 0.5 ms goal.
+    assert rows["batched"][1:6] == ["0.50", "1.07", "0.050", "0.52", "FAIL"]
+    assert rows["batched"][6:] == ["0.87", "0.120", "0.25"]
+    # No dynamic batching: no delay to take off; 0.42 ms passes; Triton was not run.
+    assert rows["plain"][1:] == ["0.00", "0.45", "0.030", "0.42", "PASS", "-", "-", "-"]
+
+
+def test_compute_per_request_comes_from_the_statistics_counters(run) -> None:
+    assert run._compute_ms((10, 5_000_000), (110, 15_000_000)) == pytest.approx(0.1)
+    assert run._compute_ms((10, 5_000_000), (10, 5_000_000)) is None
+
+
+def test_grpc_column_is_measured_against_http_in_the_same_run(run, tmp_path: Path) -> None:
+    results = run.Results()
+    results.points += [
+        run.Point("conch", "mlp", 16, infer_per_s=6000, p50_ms=2.2, p99_ms=5.0, mean_batch=5.0),
+        run.Point("conch-grpc", "mlp", 16, infer_per_s=4500, p50_ms=3.1),
+    ]
+    args = argparse.Namespace(
+        models=["mlp"], concurrency=[16], skip_grpc=False, skip_mlserver=True, skip_triton=True
+    )
+    row = [c.strip() for c in run.format_table(results, args).splitlines()[2].strip("|").split("|")]
+    assert row[6:9] == ["4,500", "3.10", "0.75"]  # gRPC infer/s, its p50, gRPC ÷ HTTP
+    repo = _repo(tmp_path, (("mlp", BATCHED), ("mlp_large", BATCHED)))
+    floor = next(f for f in run.floors(results, repo) if "gRPC" in f[0])
+    assert floor[1:] == ("0.75x (4,500 vs 6,000)", "FAIL")
+    results.points[1].infer_per_s = 6100
+    assert next(f for f in run.floors(results, repo) if "gRPC" in f[0])[2] == "PASS"
+
+
+def test_cpu_table_has_a_row_per_protocol(run) -> None:
+    results = run.Results()
+    results.points += [
+        run.Point("conch", "mlp", 16, infer_per_s=1000, cpu_ms_per_request={"gateway": 0.2}),
+        run.Point("conch-grpc", "mlp", 16, infer_per_s=500, cpu_ms_per_request={"grpc": 0.6}),
+    ]
+    args = argparse.Namespace(models=["mlp"], concurrency=[16])
+    rows = run.format_cpu_table(results, args).splitlines()[2:]
+    assert [r.split(" | ")[2] for r in rows] == ["conch HTTP", "conch gRPC"]
+    assert rows[1].endswith("| - | 0.60 | - | - | - | - | - | 0.60 | 0.30 |")
