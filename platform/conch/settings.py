@@ -8,7 +8,8 @@ command-line flags (``Flag``: Triton's names where Triton has them, the subcomma
 take it, its help, and the check its value must pass). What a flag does with its value
 follows from the field's type unless the flag says otherwise: a ``bool`` is Triton's
 ``--flag=true|false``, an ``int`` or ``float`` is parsed as one, a ``StrEnum`` gives the
-choices. A help text shows the field's default, never a copy of it: ``{default}`` in the
+choices, and a config class with ``parse`` and ``items`` takes a repeatable flag's values
+together and writes them back. A help text shows the field's default, never a copy of it: ``{default}`` in the
 text, or ``(default X)`` added when the text does not speak of a default.
 
 ``FLAGS`` is every flag, in declaration order, bound to its field.
@@ -217,6 +218,12 @@ def _each(name: str, values: Iterable[str]) -> list[str]:
     return [arg for v in values for arg in (name, v)]
 
 
+def _is_config(kind: type) -> bool:
+    """A config that a repeatable flag's values make together (``parse(values)``) and that
+    writes them back (``items()``): Triton's ``--backend-config``, ``--trace-config``..."""
+    return callable(getattr(kind, "parse", None)) and callable(getattr(kind, "items", None))
+
+
 def _config_args(name: str, config: Any) -> list[str]:
     """A repeatable ``KEY=VALUE`` flag written back from its config's ``items()``."""
     return _each(name, config.items())
@@ -369,6 +376,8 @@ class Flag:
             typed = {"type": kind}
         elif isinstance(kind, type) and issubclass(kind, StrEnum):
             typed = {"choices": tuple(kind), "read": kind}
+        elif self.action == "append" and isinstance(kind, type) and _is_config(kind):
+            typed = {"read": kind.parse, "as_args": _config_args}
         filled = {k: v for k, v in typed.items() if getattr(self, k) is None}
         return replace(self, field=name, help=self._help(default), **filled)
 
@@ -517,8 +526,6 @@ class Settings:
             "backend, or for one); other settings are logged and ignored; repeatable",
             metavar="[BACKEND,]SETTING=VALUE",
             action="append",
-            read=BackendConfig.parse,
-            as_args=_config_args,
         ),
         factory=BackendConfig,
     )
@@ -625,8 +632,6 @@ class Settings:
             "repeatable; give it to workers too (they send the queue and batch spans)",
             metavar="KEY=VALUE",
             action="append",
-            read=TraceConfig.parse,
-            as_args=_config_args,
         ),
         factory=TraceConfig,
     )
@@ -640,8 +645,6 @@ class Settings:
             "give it to workers too (they keep the samples summaries are computed from)",
             metavar="KEY=VALUE",
             action="append",
-            read=MetricsConfig.parse,
-            as_args=_config_args,
         ),
         factory=MetricsConfig,
     )
