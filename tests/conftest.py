@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +16,7 @@ import boto3
 import pytest
 import redis
 
+from conch.devtools.processes import wait_until
 from conch.devtools.redis_server import free_port, start_private
 
 TESTS = Path(__file__).parent
@@ -133,17 +133,20 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def answers() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
+                return True
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"moto server did not start: {log_file.read_text()}"
-                    ) from None
-                time.sleep(0.05)
+                return False
+
+        def watch() -> None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto server did not start: {log_file.read_text()}")
+
+        if not wait_until(answers, 30, watch=watch, every=0.05):
+            raise RuntimeError(f"moto server did not start: {log_file.read_text()}")
         yield url
     finally:
         proc.terminate()

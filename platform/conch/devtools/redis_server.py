@@ -14,11 +14,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+
+from conch.devtools.processes import wait_until
 
 
 class RedisNotFound(RuntimeError):
@@ -121,17 +122,16 @@ def start_private(port: int | None = None, *, unix_socket: bool = False) -> Priv
 
 def wait_answering(proc: subprocess.Popen, url: str, log: Path, timeout: float = 15) -> None:
     """Wait until the redis-server ``proc`` answers at ``url`` (its dataset loaded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def watch() -> None:
         if proc.poll() is not None:
             raise RuntimeError(
                 f"redis-server exited with {proc.returncode}: {log.read_text() if log.exists() else ''}"
             )
-        if answers(url, 0.2):
-            return
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"redis-server did not answer within {timeout:.0f} s")
+
+    if not wait_until(lambda: answers(url, 0.2), timeout, watch=watch, every=0.05):
+        proc.kill()
+        raise RuntimeError(f"redis-server did not answer within {timeout:.0f} s")
 
 
 def resolve(

@@ -12,6 +12,7 @@ import redis
 
 from conch.core.errors import Internal, Unavailable
 from conch.core.model_config import parse_config
+from conch.devtools.processes import wait_until
 from conch.wire import broker, keys
 from conch.wire.messages import InferMessage, Reply
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight
@@ -141,9 +142,7 @@ def message(rows: int, **fields: Any) -> InferMessage:
 
 def run_until(batcher: Batcher, done: Any) -> None:
     batcher.start()
-    deadline = time.monotonic() + 10
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until(done, 10, every=0.005)
     batcher.stop()
     batcher.join(timeout=5)
     assert done()
