@@ -12,8 +12,8 @@ drifted apart (the "latest version" rule was written out five ways). The rules, 
 - **Lane.** Where the message waits in its model's queue (``Lane``): an online call that
   someone waits on takes the step the target's queue policy gives it (``admission``),
   unless the work it is made for sits below online work (an async job's or a batch
-  job's BLS calls stay there); async jobs and batch lines have fixed steps below every
-  online request.
+  job's BLS calls stay there); async jobs and offline work (a batch job's messages) have
+  fixed steps below every online request.
 - **Deadline.** An online call inherits the deadline of the work it is made for (a BLS
   call's batch, an ensemble's outer request); the request's own ``timeout`` only
   shortens it. With nothing to inherit, the timeout replaces the default. A call whose
@@ -46,7 +46,7 @@ class Lane(enum.Enum):
 
     ONLINE = "online"  # someone waits: the queue policy, a deadline always
     ASYNC = "async"  # an async job: below online work, a deadline only from its timeout
-    BULK = "bulk"  # a batch job's line: below async jobs, no deadline
+    OFFLINE = "offline"  # a batch job's message: below async jobs, no deadline
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def build(
         deadline = now + timeout_us / 1e6 if timeout_us else 0.0
         step = broker.PRIORITY_ASYNC
     else:  # offline work waits as long as online traffic keeps the model busy
-        deadline, timeout_us, step = 0.0, 0, broker.PRIORITY_BULK
+        deadline, timeout_us, step = 0.0, 0, broker.PRIORITY_OFFLINE
     msg = InferMessage(
         id=broker.new_id(),
         model=entry.name,

@@ -44,13 +44,14 @@ from conch.wire.redis_link import RedisLink
 
 TASK_NAME = "conch.infer"
 # One sub-list per step, 0 the highest (kombu's order on Redis). Online requests take
-# steps 0-7 by their Triton priority level; async jobs and offline chunks sit below.
+# steps 0-7 by their Triton priority level; async jobs, then offline work (batch jobs'
+# messages), sit below.
 PRIORITY_STEPS = tuple(range(10))
 WAKE_CAP = 8
 
 ONLINE_STEPS = 8
 PRIORITY_ASYNC = 8
-PRIORITY_BULK = 9
+PRIORITY_OFFLINE = 9
 
 _ORIGIN = f"conch-gateway@{socket.gethostname()}:{os.getpid()}"
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -99,7 +100,8 @@ def in_flight_class_key(queue: str) -> str:
     return queue + IN_FLIGHT_CLASS_SUFFIX
 
 
-# The kinds of work the steps hold: online requests, async jobs, batch-job lines.
+# The kinds of work the steps hold: online requests, async jobs, offline work (batch jobs'
+# messages).
 PRIORITY_CLASSES = ("online", "async", "offline")
 
 

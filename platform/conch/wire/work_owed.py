@@ -1,7 +1,7 @@
 """The work a model's workers owe: the one signal workers are scaled on.
 
 A model's workers owe every message waiting in any priority sub-list of its queue
-(online levels, async jobs, offline lines) plus every message a worker has popped and
+(online levels, async jobs, offline work) plus every message a worker has popped and
 not yet acked, whether it is running or only prefetched. A list length alone is wrong
 twice: kombu keeps each priority step in its own key, and popped work leaves the list,
 so busy workers would look idle and be scaled down mid-batch.
@@ -47,8 +47,8 @@ from conch.core.repository_keys import is_model_name
 from conch.wire.broker import (
     ONLINE_STEPS,
     PRIORITY_ASYNC,
-    PRIORITY_BULK,
     PRIORITY_CLASSES,
+    PRIORITY_OFFLINE,
     PRIORITY_STEPS,
     in_flight_class_key,
     in_flight_key,
@@ -139,12 +139,13 @@ class ModelWork(_Owed):
     held: tuple[int, int, int] = (0, 0, 0)  # in flight: online, async, offline
 
     def by_class(self) -> dict[str, int]:
-        """Waiting work as online requests, async jobs and offline (batch job) lines."""
+        """Waiting work as online requests, async jobs and offline work (batch jobs'
+        messages)."""
         steps = self.steps or (0,) * len(PRIORITY_STEPS)
         return {
             ONLINE: sum(steps[:ONLINE_STEPS]),
             ASYNC: steps[PRIORITY_ASYNC],
-            OFFLINE: steps[PRIORITY_BULK],
+            OFFLINE: steps[PRIORITY_OFFLINE],
         }
 
     def to_json(self) -> dict[str, Any]:

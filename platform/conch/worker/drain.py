@@ -1,5 +1,5 @@
-"""The worker's half of the model queues: block, pop a batch atomically, ack, requeue,
-dead-letter.
+"""The worker's half of the model queues: block, pop a batch atomically (each message a
+``Popped``), ack, requeue, dead-letter.
 
 The key layout, the envelope and the wake tokens are the contract in
 ``conch.wire.broker``, shared with the producer; what is here only the consumer runs.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import redis
 
@@ -40,14 +41,14 @@ POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 
 # KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set and its class
-# hash, then the priority sub-lists in order (the last: batch-job lines).
+# hash, then the priority sub-lists in order (the last: offline work, batch jobs' messages).
 # ARGV: max count, now, routing key, wake cap, max count from the last sub-list (-1: any),
-# whether the lines left there are held back (1: not counted as waiting, nor given wake
-# tokens; 0: merely not taken by this pop), then each sub-list's class
+# whether the offline messages left there are held back (1: not counted as waiting, nor
+# given wake tokens; 0: merely not taken by this pop), then each sub-list's class
 # (broker.step_class), in order: ARGV[i] is KEYS[i]'s.
 _POP_LUA = """
 local n = tonumber(ARGV[1])
-local bulk = tonumber(ARGV[5])
+local offline = tonumber(ARGV[5])
 local held = ARGV[6] == '1'
 local out = {}
 local waiting = 0
@@ -55,7 +56,7 @@ local rk = cjson.encode(ARGV[3])
 for i = 7, #KEYS do
   local key = KEYS[i]
   local take = n
-  if i == #KEYS and bulk >= 0 then take = math.min(n, bulk) end
+  if i == #KEYS and offline >= 0 then take = math.min(n, offline) end
   if take > 0 then
     local items = redis.call('RPOP', key, take)
     if items then
@@ -79,8 +80,8 @@ for i = 7, #KEYS do
       n = n - #items
     end
   end
-  if i < #KEYS or bulk < 0 or not held then
-    -- lines held back (bulk >= 0, held) are waiting for no pop: no wake tokens for them
+  if i < #KEYS or offline < 0 or not held then
+    -- offline messages held back (offline >= 0, held) wait for no pop: no wake tokens
     waiting = waiting + redis.call('LLEN', key)
   end
 end
@@ -93,6 +94,15 @@ end
 table.insert(out, 1, waiting)
 return out
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Popped:
+    """A message a pop took: registered in flight under its tag, not yet decoded."""
+
+    tag: str  # its delivery tag: the key of its in-flight records, and of its ack
+    raw: bytes  # the envelope as it was queued (dead-lettered as is when it is bad)
+    attempts: int  # its deliveries, this one included: more than one came back
 
 
 class Drain:
@@ -127,18 +137,17 @@ class Drain:
         elif timeout > 0:
             time.sleep(min(timeout, POLL_S))
 
-    def pop(
-        self, count: int, bulk: int | None = None, held: bool = True
-    ) -> list[tuple[str, bytes, int]]:
-        """Up to ``count`` raw messages as (tag, raw, attempts), registered in flight, at
-        most ``bulk`` of them batch-job messages (None: as many as come); ``held``: the
-        lines left are held back (BulkShare), not waiting, rather than only not taken now.
+    def pop(self, count: int, offline: int | None = None, held: bool = True) -> list[Popped]:
+        """Up to ``count`` messages, registered in flight, at most ``offline`` of them
+        offline (batch jobs' messages; None: as many as come). ``held``: the offline
+        messages left are held back (``OfflineShare``), not waiting, rather than only not
+        taken now.
 
         ``self.waiting`` is then the number of messages still queued behind them.
         """
         if count <= 0:
             return []
-        args = self._args(count, bulk, held)
+        args = self._args(count, offline, held)
         got = self._link.call("EVALSHA", self._pop.sha, len(self.keys), *self.keys, *args)
         if isinstance(got, redis.exceptions.NoScriptError):  # Redis restarted or flushed
             return self._unpack(self._pop(keys=self.keys, args=args))
@@ -147,7 +156,7 @@ class Drain:
         return self._unpack(got)
 
     def queue_pop(
-        self, pipe: CommandQueue, count: int, bulk: int | None = None, held: bool = True
+        self, pipe: CommandQueue, count: int, offline: int | None = None, held: bool = True
     ) -> None:
         """Queue a pop on ``pipe``, to share the round trip of the replies before it.
 
@@ -155,26 +164,26 @@ class Drain:
         pipelined scripts ask ``SCRIPT EXISTS`` first, a round trip of its own.
         """
         pipe.execute_command(
-            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count, bulk, held)
+            "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count, offline, held)
         )
 
     def popped(
-        self, result: object, count: int, bulk: int | None = None, held: bool = True
-    ) -> list[tuple[str, bytes, int]]:
+        self, result: object, count: int, offline: int | None = None, held: bool = True
+    ) -> list[Popped]:
         """The messages a ``queue_pop`` took, given its slot of the pipeline's results."""
         if isinstance(result, redis.exceptions.NoScriptError):  # Redis restarted or flushed
-            return self.pop(count, bulk, held)
+            return self.pop(count, offline, held)
         if isinstance(result, BaseException):
             raise result
         return self._unpack(result)
 
-    def _args(self, count: int, bulk: int | None = None, held: bool = True) -> list:
-        bulk_arg = -1 if bulk is None else max(0, bulk)
-        return [count, time.time(), self.queue, WAKE_CAP, bulk_arg, int(held), *_CLASSES]
+    def _args(self, count: int, offline: int | None = None, held: bool = True) -> list:
+        offline_arg = -1 if offline is None else max(0, offline)
+        return [count, time.time(), self.queue, WAKE_CAP, offline_arg, int(held), *_CLASSES]
 
-    def _unpack(self, flat: list) -> list[tuple[str, bytes, int]]:
+    def _unpack(self, flat: list) -> list[Popped]:
         self.waiting = int(flat[0])
-        return [(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(1, len(flat), 3)]
+        return [Popped(_s(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(1, len(flat), 3)]
 
 
 def requeue(

@@ -192,7 +192,7 @@ def by_class(steps: dict[int, int]) -> dict[str, int]:
     return {
         "online": sum(n for step, n in steps.items() if step < broker.ONLINE_STEPS),
         "async": steps.get(broker.PRIORITY_ASYNC, 0),
-        "offline": steps.get(broker.PRIORITY_BULK, 0),
+        "offline": steps.get(broker.PRIORITY_OFFLINE, 0),
     }
 
 
@@ -269,7 +269,7 @@ def test_cli_endpoint_and_metrics_agree_with_a_hand_count_under_load(stack: Stac
         assert r.status_code == 202, r.text
         batch = r.json()["id"]
         assert_agree(
-            s, {1: 1, 2: 2, broker.PRIORITY_ASYNC: 2, broker.PRIORITY_BULK: 1}, {0: 2, 1: 2}
+            s, {1: 1, 2: 2, broker.PRIORITY_ASYNC: 2, broker.PRIORITY_OFFLINE: 1}, {0: 2, 1: 2}
         )
         # Its driver runs (its lines wait above); a second batch job waits for a worker
         # (its worker runs one job driver: --job-concurrency 1).

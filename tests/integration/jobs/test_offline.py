@@ -233,17 +233,17 @@ def test_online_outranks_async_which_outranks_offline(stack: str, db: str, s3, b
         {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0.05]}]}
     )
     put_jsonl(s3, bucket, "probe.jsonl", [probe_line] * 6)
-    bulk = broker.priority_key(broker.queue_name("batch_probe"), broker.PRIORITY_BULK)
+    offline = broker.priority_key(broker.queue_name("batch_probe"), broker.PRIORITY_OFFLINE)
     with ThreadPoolExecutor(4) as pool:
         blocker = pool.submit(
             lambda: httpclient.InferenceServerClient(stack).infer("batch_probe", _probe(2.0))
         )
         wait_until(lambda: client.zcard(keys.UNACKED_INDEX) > 0, 10, "the blocker to start")
-        # Queued in the worst order: offline chunks first, then async jobs, then online.
+        # Queued in the worst order: offline work first, then async jobs, then online.
         spec = {"input": f"s3://{bucket}/probe.jsonl", "output": f"s3://{bucket}/probe-out.jsonl"}
         batch_job = submit_batch(stack, "batch_probe", spec).json()["id"]
         # The six lines go as one message of six rows (line_packing).
-        wait_until(lambda: client.llen(bulk) == 1, 10, "the offline lines to be queued")
+        wait_until(lambda: client.llen(offline) == 1, 10, "the offline message to be queued")
         jobs = [submit(stack, "batch_probe", _probe(0.05)) for _ in range(6)]
         online = [
             pool.submit(
@@ -257,8 +257,8 @@ def test_online_outranks_async_which_outranks_offline(stack: str, db: str, s3, b
     assert wait_done(stack, batch_job, timeout=60)["status"] == "SUCCESS"
     offline_y = [tuple(o["outputs"][0]["data"]) for o in read_jsonl(s3, bucket, "probe-out.jsonl")]
     # Next execution: the 3 online requests, and 5 async jobs in the free slots; then
-    # the last job. The offline chunks wait while online or async work runs (this
-    # model's rows cost seconds, so a tenth of its time buys none of them: BulkShare),
+    # the last job. The offline message waits while online or async work runs (this
+    # model's rows cost seconds, so a tenth of its time buys none of it: OfflineShare),
     # and run together once it is quiet, as the one request of six rows they were packed in.
     assert online_y == [(after, 8)] * 3, online_y
     assert job_y == [(after, 8)] * 5 + [(after + 1, 1)], job_y
@@ -342,8 +342,8 @@ def test_a_cancelled_batch_job_stops_and_writes_nothing(
         "the driver to count its end",
     )
     client = redis.Redis.from_url(db)
-    bulk = broker.priority_key(broker.queue_name("batch_probe"), broker.PRIORITY_BULK)
-    wait_until(lambda: client.llen(bulk) == 0, 30, "the lines already queued to drain")
+    offline = broker.priority_key(broker.queue_name("batch_probe"), broker.PRIORITY_OFFLINE)
+    wait_until(lambda: client.llen(offline) == 0, 30, "the offline work already queued to drain")
     time.sleep(1)
     assert requests.get(f"http://{stack}/v2/jobs/{job}").json()["status"] == "REVOKED"
     with pytest.raises(s3.exceptions.NoSuchKey):

@@ -44,7 +44,7 @@ def play_worker(client: redis.Redis, replies: int) -> threading.Thread:
             if popped:
                 break
             time.sleep(0.01)
-        tag, raw, _ = popped[0]
+        tag, raw = popped[0].tag, popped[0].raw
         _, payload, _ = broker.decode(raw)
         msg = InferMessage.from_dict(payload)
         for i in range(replies):

@@ -36,7 +36,7 @@ def clean(db: str) -> redis.Redis:
 def test_waiting_counts_every_priority_step_and_in_flight_what_was_popped(
     clean: redis.Redis,
 ) -> None:
-    for step, n in ((0, 3), (4, 2), (broker.PRIORITY_ASYNC, 5), (broker.PRIORITY_BULK, 7)):
+    for step, n in ((0, 3), (4, 2), (broker.PRIORITY_ASYNC, 5), (broker.PRIORITY_OFFLINE, 7)):
         publish(clean, "m", step, n)
     publish(clean, "other", 0, 1)
     assert work_owed(clean, ["m"])["m"] == ModelWork("m", 17, 0, (3, 0, 0, 0, 2, 0, 0, 0, 5, 7))
@@ -50,7 +50,7 @@ def test_waiting_counts_every_priority_step_and_in_flight_what_was_popped(
     assert w["none"].owed == 0
 
     pipe = clean.pipeline()
-    ack(pipe, drain.queue, [tag for tag, _, _ in held[:3]])
+    ack(pipe, drain.queue, [p.tag for p in held[:3]])
     pipe.execute()
     assert (work_owed(clean, ["m"])["m"].in_flight, work_owed(clean, ["m"])["m"].owed) == (1, 14)
     # Another model's messages in flight are not this model's.
@@ -96,7 +96,7 @@ def test_kombu_restoring_expired_messages_moves_them_from_in_flight_to_waiting(
     assert clean.hlen(broker.in_flight_class_key(drain.queue)) == 0
 
     again = drain.pop(10)
-    assert [int(a) for _, _, a in again] == [2] * 10  # the same messages, a second time
+    assert [p.attempts for p in again] == [2] * 10  # the same messages, a second time
     w = work_owed(clean, ["m"])["m"]
     assert (w.waiting, w.in_flight) == (n - 10, 10)
 
@@ -107,7 +107,8 @@ def test_a_tag_acked_by_a_process_that_does_not_know_the_set_is_forgotten(
     """kombu's own ack (HDEL and ZREM) leaves the tag in the set: it is not counted."""
     publish(clean, "m", 0, 2)
     drain = Drain(clean, "m")
-    (tag, _, _), _ = drain.pop(2)
+    first, _ = drain.pop(2)
+    tag = first.tag
     clean.hdel(keys.UNACKED, tag)
     clean.zrem(keys.UNACKED_INDEX, tag)
     assert work_owed(clean, ["m"])["m"].in_flight == 1
@@ -128,7 +129,7 @@ def test_a_count_is_one_round_trip_per_64_models_and_holds_for_many(clean: redis
 
 def test_queued_models_are_found_by_any_key_of_their_queue(clean: redis.Redis) -> None:
     publish(clean, "a.b", 0, 1)  # the plain list (and its wake list)
-    publish(clean, "c d", broker.PRIORITY_BULK, 1)  # only a priority sub-list
+    publish(clean, "c d", broker.PRIORITY_OFFLINE, 1)  # only a priority sub-list
     publish(clean, "held", 3, 1)
     Drain(clean, "held").pop(1)  # only its in-flight set (and the emptied wake list)
     clean.set("conch.modelish", 1)
@@ -198,14 +199,15 @@ def test_the_jobs_queue_owes_what_waits_and_what_a_driver_runs_and_leaks_no_cras
         assert jobs_owed(clean) == JobsWork(1, 0)
 
 
-def test_lines_a_pop_leaves_are_held_back_or_only_not_taken(clean: redis.Redis) -> None:
-    """A pop's ``bulk`` cap: lines held back (BulkShare) are not waiting for anyone and
-    wake no worker; lines a batch merely had no room for are waiting, and wake one."""
-    publish(clean, "m", broker.PRIORITY_BULK, 5)
+def test_offline_work_a_pop_leaves_is_held_back_or_only_not_taken(clean: redis.Redis) -> None:
+    """A pop's ``offline`` cap: offline messages held back (OfflineShare) are not waiting
+    for anyone and wake no worker; those a batch merely had no room for are waiting, and
+    wake one."""
+    publish(clean, "m", broker.PRIORITY_OFFLINE, 5)
     drain = Drain(clean, "m")
     wake = broker.wake_key(drain.queue)
-    assert len(drain.pop(8, bulk=1, held=True)) == 1
+    assert len(drain.pop(8, offline=1, held=True)) == 1
     assert drain.waiting == 0 and clean.llen(wake) == 0
-    assert len(drain.pop(8, bulk=2, held=False)) == 2
+    assert len(drain.pop(8, offline=2, held=False)) == 2
     assert drain.waiting == 2 and clean.llen(wake) == 2
     assert len(drain.pop(8)) == 2 and drain.waiting == 0

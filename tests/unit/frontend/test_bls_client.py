@@ -278,11 +278,11 @@ def test_a_passed_deadline_answers_at_once(client: bls.BlsClient) -> None:
 def test_queue_policy_and_priority_of_the_target(client: bls.BlsClient) -> None:
     msg, bound = client.prepare(pb.bls_request(request("bounded")), False, ctx("c", ()))
     assert bound == 7 and msg.priority == broker.online_step(2)
-    # A bulk job's calls stay at its priority.
+    # A batch job's calls (offline work) stay at its priority.
     msg, _ = client.prepare(
-        pb.bls_request(request("bounded")), False, ctx("c", (), priority=broker.PRIORITY_BULK)
+        pb.bls_request(request("bounded")), False, ctx("c", (), priority=broker.PRIORITY_OFFLINE)
     )
-    assert msg.priority == broker.PRIORITY_BULK
+    assert msg.priority == broker.PRIORITY_OFFLINE
 
 
 @pytest.mark.parametrize(

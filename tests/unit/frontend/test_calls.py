@@ -87,17 +87,19 @@ def test_the_deadline_rule(entry) -> None:
 
 def test_work_below_online_keeps_its_step(entry) -> None:
     to = calls.target(entry, "1")
-    caller = calls.Caller(deadline=time.time() + 5, priority=broker.PRIORITY_BULK)
-    assert calls.build(to, req(), caller=caller).msg.priority == broker.PRIORITY_BULK
+    caller = calls.Caller(deadline=time.time() + 5, priority=broker.PRIORITY_OFFLINE)
+    assert calls.build(to, req(), caller=caller).msg.priority == broker.PRIORITY_OFFLINE
 
 
-def test_async_and_bulk_lanes(entry) -> None:
+def test_async_and_offline_lanes(entry) -> None:
     to, now = calls.target(entry, ""), time.time()
     job = calls.build(to, req(), lane=calls.Lane.ASYNC, default_timeout_s=30)
     assert job.msg.priority == broker.PRIORITY_ASYNC and job.max_queue_size == 0
     assert job.msg.deadline == 0.0 and job.msg.queue_deadline == 0.0
     timed = calls.build(to, req(timeout=2_000_000), lane=calls.Lane.ASYNC).msg
     assert timed.deadline == pytest.approx(now + 2, abs=0.1)
-    line = calls.build(to, req(timeout=2_000_000), lane=calls.Lane.BULK, reply_to="conch.reply.x")
-    assert line.msg.priority == broker.PRIORITY_BULK and line.msg.reply_to == "conch.reply.x"
-    assert line.msg.deadline == 0.0 and line.msg.timeout_us == 0 and line.msg.queue_deadline == 0.0
+    offline = calls.build(
+        to, req(timeout=2_000_000), lane=calls.Lane.OFFLINE, reply_to="conch.reply.x"
+    ).msg
+    assert offline.priority == broker.PRIORITY_OFFLINE and offline.reply_to == "conch.reply.x"
+    assert offline.deadline == 0.0 and offline.timeout_us == 0 and offline.queue_deadline == 0.0

@@ -6,7 +6,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from conch.wire.broker import PRIORITY_ASYNC, PRIORITY_BULK, PRIORITY_STEPS
+from conch.wire.broker import PRIORITY_ASYNC, PRIORITY_OFFLINE, PRIORITY_STEPS
 from conch.wire.work_owed import (
     JOBS_PARAM,
     QUEUE_DEPTH_PATH,
@@ -82,7 +82,7 @@ def test_summary_with_the_jobs_queue_adds_its_entry_and_counts_it_in_the_totals(
 
 def test_model_work_owes_waiting_plus_in_flight_and_splits_the_waiting_by_class() -> None:
     steps = [0] * len(PRIORITY_STEPS)
-    steps[0], steps[3], steps[PRIORITY_ASYNC], steps[PRIORITY_BULK] = 2, 1, 4, 8
+    steps[0], steps[3], steps[PRIORITY_ASYNC], steps[PRIORITY_OFFLINE] = 2, 1, 4, 8
     w = ModelWork("m", sum(steps), 3, tuple(steps), held=(2, 1, 0))
     assert w.owed == 18
     assert w.by_class() == {"online": 3, "async": 4, "offline": 8}

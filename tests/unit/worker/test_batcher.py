@@ -16,6 +16,7 @@ from conch.devtools.processes import wait_until
 from conch.wire import broker, keys
 from conch.wire.messages import InferMessage, Reply
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight
+from conch.worker.drain import Popped
 
 CONFIG = parse_config(
     "max_batch_size: 8 dynamic_batching { }\n"
@@ -30,7 +31,7 @@ class FakeDrain:
     queue = broker.queue_name("m")
 
     def __init__(self) -> None:
-        self.queued: list[tuple[str, bytes, int]] = []
+        self.queued: list[Popped] = []
         self.waiting = 0
         self.taken: list[tuple[str, int]] = []  # (how, count) of every pop that took some
 
@@ -38,12 +39,12 @@ class FakeDrain:
         raw = broker.envelope(
             msg.to_dict(), task_id=msg.id, queue=self.queue, priority=0, reply_to=msg.reply_to
         )
-        self.queued.append((msg.id, raw, attempts))
+        self.queued.append(Popped(msg.id, raw, attempts))
 
     def pop(
-        self, count: int, bulk: int | None = None, held: bool = True, how: str = "pop"
-    ) -> list[tuple[str, bytes, int]]:
-        # The fake's messages are all online (priority 0): ``bulk`` limits none of them.
+        self, count: int, offline: int | None = None, held: bool = True, how: str = "pop"
+    ) -> list[Popped]:
+        # The fake's messages are all online (priority 0): ``offline`` limits none of them.
         taken, self.queued = self.queued[:count], self.queued[count:]
         self.waiting = len(self.queued)
         if taken:
@@ -53,13 +54,15 @@ class FakeDrain:
     def wait(self, timeout: float) -> None:
         time.sleep(min(timeout, 0.01))
 
-    def queue_pop(self, pipe: Any, count: int, bulk: int | None = None, held: bool = True) -> None:
+    def queue_pop(
+        self, pipe: Any, count: int, offline: int | None = None, held: bool = True
+    ) -> None:
         pipe.execute_command("POP", count)
 
     def popped(
-        self, result: Any, count: int, bulk: int | None = None, held: bool = True
-    ) -> list[tuple[str, bytes, int]]:
-        return self.pop(count, bulk, held, how="with the replies")
+        self, result: Any, count: int, offline: int | None = None, held: bool = True
+    ) -> list[Popped]:
+        return self.pop(count, offline, held, how="with the replies")
 
 
 class FakeSink:
@@ -322,89 +325,39 @@ def test_a_batcher_that_loses_redis_while_admitting_lets_go_of_what_it_popped() 
     assert inflight.snapshot() == [] and backend.batches == []
 
 
-def test_bulk_share_lets_batch_job_lines_take_a_share_of_the_time_while_online_work_runs() -> None:
-    import math
+def test_offline_messages_a_batch_has_no_room_for_go_back_and_their_share_is_refunded() -> None:
+    from conch.worker.offline_share import OfflineShare
 
-    from conch.worker.batcher import BulkShare
+    class Spy(OfflineShare):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, tuple]] = []
 
-    now = [100.0]
-    share = BulkShare(clock=lambda: now[0])
-    assert share.allowance() is None  # nothing online about: lines take every slot
-    earned = 0.04 * BulkShare.SHARE / (1 - BulkShare.SHARE)  # per 40 ms online batch
-    runs = 0
-    while share.allowance() in (None, 0):  # online batches of 8 rows, 5 ms a row
-        share.ran(0.04, protected_rows=8, bulk_rows=0)
-        runs += 1
-    assert runs == math.ceil(0.005 / earned)  # lines get SHARE of the time, no more
-    assert share.allowance() == 1
-    share.took(1, 1)  # a pop took the line: its time is spent
-    share.ran(0.045, protected_rows=8, bulk_rows=1)
-    assert share.allowance() == int((runs * earned + earned * 45 / 40 - 0.005) / 0.005)
-    for _ in range(1000):  # however long online work runs, unused credit stays bounded
-        share.ran(0.04, protected_rows=8, bulk_rows=0)
-    assert share.allowance() == int(BulkShare.MAX_CREDIT_S / 0.005)
-    now[0] += BulkShare.QUIET_S + 0.01
-    assert share.allowance() is None  # online went quiet: every slot again
-    assert share.held_for() is None
+        def took(self, rows: int, messages: int) -> None:
+            self.calls.append(("took", (rows, messages)))
+            super().took(rows, messages)
 
+        def refund(self, rows: int) -> None:
+            self.calls.append(("refund", (rows,)))
+            super().refund(rows)
 
-def test_bulk_share_counts_the_rows_a_batch_job_message_carries() -> None:
-    """A batch job's message carries many lines (line_packing): the credit buys messages at
-    their rows' cost, and one message is affordable even when it costs more than the cap."""
-    import math
-
-    from conch.worker.batcher import BulkShare
-
-    now = [100.0]
-    share = BulkShare(clock=lambda: now[0])
-    for _ in range(1000):  # online batches of 8 rows, 10 ms a row
-        share.ran(0.08, protected_rows=8, bulk_rows=0)
-    assert share.allowance() == 1  # before any message ran: one, whatever it holds
-    share.took(16, 1)  # a message of 16 rows, 160 ms: spent when taken, before it runs
-    assert share.allowance() == 0  # so the pop before it runs takes no other
-    share.ran(0.24, protected_rows=8, bulk_rows=16)
-    assert share.allowance() == 0  # its cost is owed
-    runs = 0
-    while not share.allowance():
-        share.ran(0.08, protected_rows=8, bulk_rows=0)
-        runs += 1
-    # Paid back at SHARE of the time: from MAX_CREDIT_S less the message's 160 ms (plus the
-    # share its own execution earned) up to one message's cost, the cap now, above MAX_CREDIT_S.
-    k = BulkShare.SHARE / (1 - BulkShare.SHARE)
-    assert runs == math.ceil((0.16 - (BulkShare.MAX_CREDIT_S - 0.16 + 0.24 * k)) / (0.08 * k))
-    for _ in range(1000):
-        share.ran(0.08, protected_rows=8, bulk_rows=0)
-    assert share.allowance() == 1
-
-
-def test_bulk_share_does_not_take_time_spent_on_lines_for_quiet() -> None:
-    """Online requests that come while lines run wait unseen in the queue: a long run of
-    lines right after online work must not make the model look quiet (every slot to lines)."""
-    from conch.worker.batcher import BulkShare
-
-    now = [100.0]
-    share = BulkShare(clock=lambda: now[0])
-    share.ran(0.04, protected_rows=8, bulk_rows=0)
-    for _ in range(3):  # lines alone, 0.4 s each: 1.2 s since online rows last ran
-        now[0] += 0.4
-        share.ran(0.4, protected_rows=0, bulk_rows=32)
-    assert share.allowance() is not None and share.held_for() is not None
-    now[0] += BulkShare.QUIET_S + 0.01  # then nothing at all for QUIET_S: quiet
-    assert share.allowance() is None
-
-
-def test_bulk_share_fills_a_pop_with_the_messages_that_run_briefly() -> None:
-    """With every slot theirs, lines come a few rows' worth at a time (LINES_RUN_S), so an
-    online request that comes next waits for little; at least one message, whatever it holds."""
-    from conch.worker.batcher import BulkShare
-
-    share = BulkShare()
-    assert share.fill(64) == 64  # nothing known of the messages yet: the pop's count
-    share.took(64, 2)  # two messages of 32 rows
-    share.ran(0.32, protected_rows=0, bulk_rows=64)  # 5 ms a row
-    assert BulkShare.LINES_RUN_S / 0.005 < 32  # less than one message's rows run in it...
-    assert share.fill(64) == 1  # ...so one message a pop, not the two that fill 64 rows
-    cheap = BulkShare()
-    cheap.took(16, 4)  # messages of 4 rows, 0.1 ms a row: the pop's rows decide
-    cheap.ran(0.0016, protected_rows=0, bulk_rows=16)
-    assert cheap.fill(64) == 16
+    drain, sink, client, backend = FakeDrain(), FakeSink(), FakeClient(), Doubler()
+    online = message(3)
+    offline = message(2, priority=broker.PRIORITY_OFFLINE, deadline=0.0)
+    drain.put(online)
+    drain.put(offline)
+    inflight = InFlight()
+    batcher = make(
+        drain, sink, client, backends={1: backend}, policy=BatchPolicy(4, 0.0), inflight=inflight
+    )
+    batcher.offline_share = spy = Spy()
+    run_until(batcher, lambda: online.id in sink.replies)
+    assert backend.batches == [1] and offline.id not in sink.replies  # 3 + 2 rows > 4
+    assert spy.calls == [("took", (2, 1)), ("refund", (2,))]
+    # Back at the head of its sub-list (not carried to lead the next batch), and acked.
+    requeued = [args for name, args in client.calls if name == "rpush"]
+    assert [key for key, _ in requeued] == [
+        broker.priority_key(drain.queue, broker.PRIORITY_OFFLINE)
+    ]
+    assert ("hdel", (keys.UNACKED, offline.id)) in client.calls
+    assert inflight.snapshot() == []

@@ -462,7 +462,8 @@ class _Lines:
 
 
 class _ModelQueue(_Lines):
-    """A model's lines: messages at the bulk step of its queue, replies on the job's list."""
+    """A model's lines: offline messages on its queue (the lowest step), replies on the
+    job's list."""
 
     def __init__(self, client: redis.Redis, model: str, reply_key: str, job_id: str) -> None:
         self.client, self.model, self.reply_key, self.job_id = client, model, reply_key, job_id
@@ -490,8 +491,8 @@ class _ModelQueue(_Lines):
 
 class _Graphs(_Lines):
     """An ensemble's lines: each line's graph runs in a thread of its own (at most WINDOW
-    at once, as many as the window holds), its steps on their models' queues at the bulk
-    step, as the gateway runs an ensemble for a client."""
+    at once, as many as the window holds), its steps sent as offline work to their models'
+    queues, as the gateway runs an ensemble for a client."""
 
     def __init__(self, graph: GraphRunner, entry: ModelEntry, version: int) -> None:
         self.graph, self.entry, self.version = graph, entry, version
@@ -504,7 +505,7 @@ class _Graphs(_Lines):
 
     def _run(self, msg: InferMessage) -> None:
         try:
-            reply = self.graph.reply(self.entry, msg, self.version, calls.Lane.BULK)
+            reply = self.graph.reply(self.entry, msg, self.version, calls.Lane.OFFLINE)
         except Exception as exc:  # a broker error: this line fails, the job goes on
             reply = Reply(msg.id, error=Internal(f"the line's graph failed: {exc}"))
         self.done.put(reply)
@@ -540,8 +541,8 @@ def _wait(
 
 
 def _message(to: calls.Target, req: inference.InferRequest, reply_key: str | None) -> InferMessage:
-    """A line's message: the bulk lane, below online requests and async jobs."""
-    return calls.build(to, req, lane=calls.Lane.BULK, reply_to=reply_key).msg
+    """A line's message: offline work, below online requests and async jobs."""
+    return calls.build(to, req, lane=calls.Lane.OFFLINE, reply_to=reply_key).msg
 
 
 def _check_writable(s3: Any, target: ObjectRef) -> None:

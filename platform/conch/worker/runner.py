@@ -1,0 +1,329 @@
+"""A formed batch run on its backend, and its replies sent.
+
+``Runner.run`` executes a batch (one execution per version its requests name, or one per
+request for a model without dynamic batching) and gives each request its reply and each
+execution its statistics. ``Runner.reply`` sends them in one round trip: the statistics,
+the replies, the acks and, when the drain loop asks, the pop of its next batch. With
+``preserve_ordering`` each reply waits for its turn (``Sequencer``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from conch.backends import Backend, BackendRequest
+from conch.core import tensors, tracing
+from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound
+from conch.core.model_config import output_types
+from conch.wire import outage, statistics
+from conch.wire.messages import Reply
+from conch.wire.redis_link import CommandQueue, Commands, RedisLink
+from conch.worker.admission import Item
+from conch.worker.drain import Drain, Popped, ack
+from conch.worker.in_flight import InFlight
+from conch.worker.replies import ReplySink
+from conch.worker.reply_order import Sequencer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What running a batch gave: each request's reply (by delivery tag), and the
+    statistics of each execution that ran."""
+
+    replies: dict[str, Reply]
+    runs: list[statistics.Execution]
+
+
+@dataclass(eq=False, kw_only=True)
+class Runner:
+    """Runs one drain loop's batches on ``backends`` (each loaded version's instance in
+    its slot) and sends their replies to ``sink`` through ``link``.
+
+    Each execution's Triton statistics go to Redis (``conch.wire.statistics``) with its
+    replies; ``on_send(commands)``, if given, may add commands to that round trip (the
+    worker's custom metrics, ``metrics_publisher``). ``prefetched(popped)`` gets what a
+    pop that rode with the replies took. ``stopping``: the drain loop's, which ends the
+    wait for a Redis that went away.
+    """
+
+    model: str
+    backends: dict[int, Backend]
+    drain: Drain
+    sink: ReplySink
+    link: RedisLink
+    inflight: InFlight
+    sequencer: Sequencer | None
+    on_send: Callable[[CommandQueue], None] | None
+    prefetched: Callable[[list[Popped]], None]
+    stopping: threading.Event
+    samples: bool  # keep each request's latencies for the summaries
+    name: str  # the drain loop's, for its log lines
+    # Outputs go out as the config declares them, whatever width the backend used.
+    output_types: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        first = next(iter(self.backends.values()), None)
+        self.output_types = output_types(first.spec.config) if first is not None else {}
+
+    # -- running a batch --------------------------------------------------------------
+    def run(self, batch: list[Item], *, alone: bool = False, cut: str = "") -> BatchResult:
+        """Run ``batch`` as one execution, or with ``alone`` each request as one of its
+        own (as Triton's default scheduler does). ``cut``: why the dynamic batcher cut it
+        (counted once, with its first execution)."""
+        started = time.time()
+        result = BatchResult({}, [])
+        backends = self.backends  # one consistent view, should a reload swap it
+        for group in ([item] for item in batch) if alone else (batch,):
+            self._execute_one(group, backends, result, started)
+        if cut and result.runs:
+            result.runs[0].cut = cut
+        return result
+
+    def _execute_one(
+        self, batch: list[Item], backends: dict[int, Backend], result: BatchResult, started: float
+    ) -> None:
+        """One execution of ``batch`` (one per version it names): replies and statistics."""
+        replies = result.replies
+        latest = max(backends) if backends else -1
+        by_version: dict[int, list[Item]] = {}
+        for item in batch:
+            # -1: the client named no version; the latest this worker serves answers, so
+            # a version switch never sends a request to a version that is not loaded yet.
+            version = latest if item.msg.version == -1 else item.msg.version
+            by_version.setdefault(version, []).append(item)
+        for used, items in by_version.items():
+            backend = backends.get(used)
+            if backend is None:
+                err = NotFound(
+                    f"Request for unknown model version: '{self.model}' version {used} is not loaded here"
+                )
+                for item in items:
+                    replies[item.tag] = Reply(item.msg.id, error=err)
+                continue
+            refused: set[str] = set()
+            traced = [(i.msg.traceparent, i.msg.enqueued) for i in items]
+            with tracing.batch_span(self.model, traced):
+                phases = self._run(backend, items, replies, started, refused)
+            for item in items:
+                replies[item.tag].version = used
+            if phases is not None:
+                result.runs.append(self._execution(used, items, replies, phases, refused))
+
+    def _execution(
+        self,
+        version: int,
+        items: list[Item],
+        replies: dict[str, Reply],
+        phases: tuple[int, int, int],
+        refused: set[str],
+    ) -> statistics.Execution:
+        """The statistics of one execution: its phases, and how its requests ended (a
+        request ``refused`` before the model ran fails as OTHER, the others as BACKEND)."""
+        now = time.time()
+        run = statistics.Execution(version, batch_size=sum(i.rows for i in items))
+        run.input_ns, run.infer_ns, run.output_ns = phases
+        for item in items:
+            reply = replies[item.tag]
+            took = max(0, int((now - item.msg.enqueued) * 1e9))
+            if reply.error is None:
+                run.success += 1
+                run.rows += item.rows
+                run.success_ns += took
+                run.queue_ns += reply.timing.get("queue", 0)
+                run.responses_ns.append(took)
+                run.queues_ns.append(reply.timing.get("queue", 0))
+            else:
+                reason = statistics.OTHER if item.tag in refused else statistics.BACKEND
+                run.failed(reason, took)
+        return run
+
+    def _run(
+        self,
+        backend: Backend,
+        items: list[Item],
+        replies: dict[str, Reply],
+        started: float,
+        refused: set[str],
+    ) -> tuple[int, int, int] | None:
+        """Run ``items`` on ``backend``; the ns spent reading inputs, computing and
+        writing outputs, or None when nothing ran. Requests whose inputs cannot be read
+        are answered at once and added to ``refused``."""
+        t_in = time.perf_counter_ns()
+        requests: list[BackendRequest] = []
+        runnable: list[Item] = []
+        for item in items:
+            try:
+                inputs = {
+                    name: tensors.to_numpy(dt, shape, raw)
+                    for name, dt, shape, raw in item.msg.inputs
+                }
+            except ConchError as exc:
+                replies[item.tag] = Reply(item.msg.id, error=exc)
+                refused.add(item.tag)
+                continue
+            except Exception as exc:
+                replies[item.tag] = Reply(
+                    item.msg.id, error=InvalidArgument(f"bad input tensor: {exc}")
+                )
+                refused.add(item.tag)
+                continue
+            requests.append(
+                BackendRequest(
+                    inputs,
+                    item.msg.outputs,
+                    item.msg.client_id,
+                    item.msg.params,
+                    item.msg.timeout_us,
+                    item.msg.deadline,
+                    tuple(item.msg.chain),
+                    item.msg.priority,
+                )
+            )
+            runnable.append(item)
+        if not runnable:
+            return None
+        t0 = time.perf_counter_ns()
+        try:
+            results = backend.execute(requests)
+        except ConchError as exc:
+            results = [exc] * len(requests)
+        except Exception as exc:
+            log.exception("%s: backend failed", self.name)
+            results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
+        t_out = time.perf_counter_ns()
+        compute_ns = t_out - t0
+        rows = sum(i.rows for i in runnable)
+        for item, result in zip(runnable, results, strict=True):
+            timing = {"queue": int((started - item.msg.enqueued) * 1e9), "compute": compute_ns}
+            if isinstance(result, ConchError):
+                replies[item.tag] = Reply(item.msg.id, error=result, timing=timing)
+                continue
+            try:
+                outputs = []
+                for name in item.msg.outputs:
+                    datatype, raw = tensors.from_numpy(result[name], self.output_types.get(name))
+                    outputs.append((name, datatype, tuple(result[name].shape), raw))
+            except Exception as exc:
+                replies[item.tag] = Reply(
+                    item.msg.id,
+                    error=Internal(f"model '{self.model}' returned a bad output: {exc}"),
+                )
+                continue
+            replies[item.tag] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
+        return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
+
+    # -- replying ---------------------------------------------------------------------
+    def reply(
+        self,
+        batch: list[Item],
+        result: BatchResult,
+        *,
+        prefetch: int = 0,
+        offline: int | None = None,
+        held: bool = True,
+    ) -> None:
+        """Send ``batch``'s replies, with the statistics of its executions.
+
+        With ``prefetch`` (never with a ``sequencer``: its pops take tickets), up to that
+        many messages are popped in the same round trip, at most ``offline`` of them
+        offline (``held``: as ``Drain.pop``), and handed to ``prefetched``. With a
+        ``sequencer``, each reply goes once every request popped before it has its own.
+        """
+        if self.sequencer is None:
+            self._send(batch, result.replies, result.runs, prefetch, offline, held)
+            return
+        ordered = sorted(batch, key=lambda i: i.ticket)
+        for k, item in enumerate(ordered):
+            self.sequencer.wait_turn(item.ticket)
+            self._send([item], result.replies, result.runs if k == len(ordered) - 1 else [])
+            self.sequencer.finish(item.ticket)
+
+    def _send(
+        self,
+        items: list[Item],
+        replies: dict[str, Reply],
+        runs: list[statistics.Execution],
+        prefetch: int = 0,
+        offline: int | None = None,
+        held: bool = True,
+    ) -> None:
+        """Reply, then ack: a crash in between re-runs the request, never loses it."""
+        pipe = Commands()
+        now_ms = int(time.time() * 1000)
+        for run in runs:
+            statistics.record(pipe, self.model, run, now_ms, samples=self.samples)
+        if self.on_send is not None:
+            self.on_send(pipe)
+        self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])
+        tags = [i.tag for i in items]
+        ack(pipe, self.drain.queue, tags)
+        if prefetch:
+            self.drain.queue_pop(pipe, prefetch, offline, held)
+        try:
+            results = self._deliver(pipe)
+        finally:  # sent, or given up (left for the visibility timeout to bring back)
+            self.inflight.discard(tags)
+        errors = [r for r in results[: -1 if prefetch else None] if isinstance(r, Exception)]
+        if prefetch:
+            popped = self.drain.popped(results[-1], prefetch, offline, held)
+            self.inflight.add([p.tag for p in popped])
+            self.prefetched(popped)
+        if errors:
+            raise errors[0]
+
+    def _deliver(self, pipe: Commands) -> list[Any]:
+        """Send ``pipe`` (replies, acks), through a Redis outage if need be.
+
+        What ran is answered once Redis is back, and not run again: replies given up
+        would leave their messages in flight in Redis, to come back and run a second
+        time after the visibility timeout. So this retries until Redis answers, or the
+        worker stops. Sending twice is harmless: a caller takes the first reply for a
+        request, a job's result is written whole, and acks are deletes.
+        """
+        away_since = 0.0
+        while True:
+            try:
+                results = self.link.run(pipe)
+            except redis.RedisError as exc:
+                if not outage.is_outage(exc) or self.stopping.is_set():
+                    raise
+                if not away_since:
+                    away_since = time.monotonic()
+                    log.warning(
+                        "%s: Redis is away (%s); holding the replies of a batch until it is back",
+                        self.name,
+                        exc,
+                    )
+                time.sleep(outage.RECONNECT_S)
+                continue
+            if away_since:
+                log.info(
+                    "%s: replies sent %.1f s late, once Redis was back",
+                    self.name,
+                    time.monotonic() - away_since,
+                )
+            return results
+
+
+def telemetry(batch: list[Item], replies: dict[str, Reply], executions: int) -> dict[str, int]:
+    """One batch's counts for this worker's telemetry (``telemetry.WorkerTelemetry``)."""
+    failed = sum(1 for i in batch if replies[i.tag].error is not None)
+    return {
+        "executions": executions,
+        "requests": len(batch),
+        "rows": sum(i.rows for i in batch),
+        "success": len(batch) - failed,
+        "failure": failed,
+        "queue_us": sum(replies[i.tag].timing.get("queue", 0) for i in batch) // 1000,
+        # As Triton counts it: each request is charged its batch's compute time.
+        "compute_us": sum(replies[i.tag].timing.get("compute", 0) for i in batch) // 1000,
+    }
