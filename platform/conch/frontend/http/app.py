@@ -5,7 +5,8 @@ Nothing here handles a request. The pieces, each in its own module:
 - ``DataPlane`` (``conch.frontend.dataplane``): every v2 operation on neutral types,
   over the model view, the dispatcher and the job store, built as every frontend builds
   it (``conch.frontend.composition``);
-- ``fast_path``: infer calls, ahead of Flask (and without WSGI under the gevent worker);
+- ``fast_path``: the one infer entry, ahead of Flask (and without WSGI under the gevent
+  worker);
 - ``routes`` and ``job_routes``: the other routes, HTTP → DataPlane → HTTP, and the one
   mapping of errors to Triton's body and status;
 - ``api_groups``: ``--http-restricted-api``, each route's group and the header check;

@@ -1,13 +1,26 @@
-"""The HTTP adapter of infer calls: one for every server that carries them.
+"""The gateway's one infer entry: ``serve_infer`` answers every HTTP infer call.
 
-``serve_infer`` answers one call as (status, headers, body) and never raises; it is
-the only code that turns an HTTP infer request into data-plane calls. Two servers use
-it: the gevent worker calls it straight from gunicorn's parser with no WSGI at all
-(``gevent_worker``), and any other worker class reaches it through the WSGI middleware
-``InferFastPath``, ahead of Flask. Flask's per-request machinery (contexts, routing,
-wrappers) costs the gateway more CPU than the rest of an infer call; the other routes
-keep it. The body's bytes are handed to the codec and the response's bytes to the
-server as they are: no copy or re-encoding on the way.
+``infer_call`` says whether a request (its method and path) is an infer call, and
+``serve_infer`` answers one as (status, headers, body), never raising. It is the only
+code that turns an HTTP infer request into data-plane calls: the restricted ``inference``
+group, the body's size limit, decoding (binary tensors, compression), the call, encoding
+and Triton's error bodies all happen here, whatever server carries the call. The
+servers reach it in three ways, and each only reads the request in its own form and
+writes the answer:
+
+- the gevent worker's own keep-alive loop (``gevent_worker``), for an infer call in its
+  plain form (``infer_head``): no gunicorn parser and no WSGI, because their
+  per-request work cost the gateway more CPU than the rest of an infer call;
+- the same worker's gunicorn parser, for the rest (TLS, chunked or expected bodies,
+  percent-encoded paths), still without WSGI;
+- ``InferFastPath``, WSGI middleware ahead of Flask, for the other worker classes
+  (gthread, sync), which only speak WSGI.
+
+Flask keeps a route for the infer path (``routes.infer``) that never answers a call:
+it is there for what Flask does with a path it knows (a 405 with ``Allow`` for other
+methods, OPTIONS, and the restricted-API check ahead of both). The body's bytes are
+handed to the codec and the response's bytes to the server as they are: no copy or
+re-encoding on the way.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from conch.frontend.http.api_groups import refuse
 
 # Triton's infer route: a model name without "/", an optional numeric version.
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer/?")
+InferCall = re.Match[str]  # an INFER_PATH match: the model and version a call is for
 
 Header = Callable[[str], str | None]  # a request header by name, None when absent
 
@@ -42,11 +56,18 @@ _REASONS = {
 }
 
 
-def path_model(match: re.Match[str]) -> str:
+def infer_call(method: str, path: str) -> InferCall | None:
+    """The infer call a request is, None for any other request. ``path`` is in WSGI's
+    form (percent-decoded, the URL's bytes as latin-1 text)."""
+    return INFER_PATH.fullmatch(path) if method == "POST" else None
+
+
+def path_model(match: InferCall) -> str:
     """The model an ``INFER_PATH`` match on a WSGI path names. WSGI's PATH_INFO holds the
     URL's bytes as latin-1 text; a model name is UTF-8 (a client percent-encodes
     ``modèle`` or ``a,b``), so the bytes are read again as what they are."""
-    return match.group(1).encode("latin-1").decode("utf-8", "replace")
+    name = match.group(1)
+    return name if name.isascii() else name.encode("latin-1").decode("utf-8", "replace")
 
 
 def too_large(length: int, limit: int) -> InvalidArgument:
@@ -87,8 +108,7 @@ def decode_call(
 
 def serve_infer(
     plane: DataPlane,
-    model: str,
-    version: str,
+    call: InferCall,
     *,
     length: int,
     read: Callable[[int], bytes],
@@ -96,10 +116,10 @@ def serve_infer(
 ) -> Answer:
     """One infer call, whatever server carries it: (status, headers, body), never raises.
 
-    ``version`` is the URL's version segment ("" for none), ``length`` the
-    Content-Length (0 when absent), ``read`` reads the body and ``header`` looks a
-    request header up by name. A restricted ``inference`` group is checked first,
-    before the body is read (Triton's order).
+    ``call`` is what ``infer_call`` found, ``length`` the Content-Length (0 when
+    absent), ``read`` reads the body and ``header`` looks a request header up by name.
+    A restricted ``inference`` group is checked first, before the body is read
+    (Triton's order).
     """
     try:
         if plane.settings.http_restricted_api.rules:
@@ -108,7 +128,7 @@ def serve_infer(
         if length > limit:
             raise too_large(length, limit)
         body = read(length) if length else read(limit + 1)
-        to, request = decode_call(plane, model, version, body, header)
+        to, request = decode_call(plane, path_model(call), call.group(2) or "", body, header)
         payload, headers = http_codec.encode_outcome(
             plane.infer(to, request, traceparent=header("traceparent") or ""),
             header("Accept-Encoding"),
@@ -125,15 +145,17 @@ def status_line(status: int) -> str:
 
 
 class InferFastPath:
-    """WSGI middleware: infer calls go straight to ``serve_infer``, the rest to Flask."""
+    """WSGI middleware: infer calls go straight to ``serve_infer``, the rest to Flask.
+    It reads the call from WSGI's environ and writes the answer through
+    ``start_response``; nothing else."""
 
     def __init__(self, app: Callable, plane: DataPlane) -> None:
         self.app = app
         self.plane = plane
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
-        match = INFER_PATH.fullmatch(environ.get("PATH_INFO", ""))
-        if match is None or environ.get("REQUEST_METHOD") != "POST":
+        call = infer_call(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""))
+        if call is None:
             return self.app(environ, start_response)
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -141,8 +163,7 @@ class InferFastPath:
             length = 0
         status, headers, payload = serve_infer(
             self.plane,
-            path_model(match),
-            match.group(2) or "",
+            call,
             length=length,
             read=environ["wsgi.input"].read,
             header=lambda name: environ.get("HTTP_" + name.upper().replace("-", "_")),

@@ -7,14 +7,15 @@
 - A response goes out in one write: status line and headers with the body, instead of
   a separate send for the headers (that send alone was a large share of the gateway's
   CPU per infer call: bench/README.md, "Measurements the code cites").
-- Infer calls skip WSGI altogether: the data plane answers them and the worker writes
-  the bytes, with no environ, response object or middleware between (the rest of the
-  API, and the metrics port, go through the WSGI app).
+- Infer calls skip WSGI altogether: ``fast_path.serve_infer`` answers them and
+  ``_infer`` writes the bytes, with no environ, response object or middleware between
+  (the rest of the API, and the metrics port, go through the WSGI app).
 - An infer call in its plain form (``infer_head``) skips gunicorn's parser too: the
   connection loop here reads it, and hands every other request on the connection,
-  bytes and all, to gunicorn's parser and WSGI, then takes the connection back. A head
-  longer than gunicorn's shortest line limit goes to gunicorn too, so its limits hold
-  for every request; what it refuses is answered in Triton's JSON (``parse_errors``).
+  bytes and all, to gunicorn's parser, then takes the connection back. An infer call
+  gunicorn parsed goes to the same ``_infer``; the rest to WSGI. A head longer than
+  gunicorn's shortest line limit goes to gunicorn too, so its limits hold for every
+  request; what it refuses is answered in Triton's JSON (``parse_errors``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import errno
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -35,7 +37,7 @@ from gunicorn.workers.ggevent import GeventWorker
 
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http import infer_head, routes
-from conch.frontend.http.fast_path import INFER_PATH, path_model, serve_infer, status_line
+from conch.frontend.http.fast_path import Header, InferCall, infer_call, serve_infer, status_line
 from conch.frontend.http.parse_errors import TritonParseErrors
 
 _READ = 64 * 1024
@@ -174,7 +176,7 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
                     buf = rest
                     continue
                 self._idle[client] = False
-                buf = self._plain_infer(head, client, buf, end + 4)
+                buf = self._plain_call(head, client, buf, end + 4)
                 self._idle[client] = True
                 if buf is None:
                     return
@@ -188,10 +190,11 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         finally:
             util.close(client)
 
-    def _plain_infer(
+    def _plain_call(
         self, head: infer_head.InferHead, client: socket.socket, buf: bytes, start: int
     ) -> bytes | None:
-        """Answer one plain infer call; the bytes after it, or None to close."""
+        """Read one plain infer call's body and answer it; the bytes after it, or None
+        to close."""
         assert self._plane is not None
         length, limit = head.length, self._plane.settings.max_input_bytes
         close = head.close
@@ -211,15 +214,9 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
                     have += len(data)
                 tail = b"".join(parts)
                 body, rest = tail[:length], tail[length:]
-        status, out, payload = serve_infer(
-            self._plane,
-            head.model,
-            head.version,
-            length=length,
-            read=lambda _n: body,
-            header=head.header,
-        )
-        return None if self._respond(client, head.http, close, status, out, payload) else rest
+        if self._infer(client, head.call, head.http, close, length, lambda _n: body, head.header):
+            return None
+        return rest
 
     def _through_gunicorn(
         self, name: Any, client: socket.socket, addr: Any, buf: bytes
@@ -246,18 +243,19 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
     def handle_request(self, listener_name: Any, req: Any, sock: socket.socket, addr: Any) -> Any:
         self._idle[sock] = False
         try:
-            if self._plane is not None and req.method == "POST":
+            if self._plane is not None:
                 path = req.path
                 if "%" in path:  # as WSGI's PATH_INFO: percent-decoded, latin-1
                     path = unquote_to_bytes(path).decode("latin-1")
-                match = INFER_PATH.fullmatch(path)
-                if match is not None and _port(listener_name) != self._metrics_port:
-                    return self._infer(self._plane, match, req, sock)
+                call = infer_call(req.method, path)
+                if call is not None and _port(listener_name) != self._metrics_port:
+                    return self._parsed_call(call, req, sock)
             return super().handle_request(listener_name, req, sock, addr)
         finally:
             self._idle[sock] = True
 
-    def _infer(self, plane: DataPlane, match: Any, req: Any, sock: socket.socket) -> bool:
+    def _parsed_call(self, call: InferCall, req: Any, sock: socket.socket) -> bool:
+        """Answer one infer call gunicorn's parser read (``req``); StopIteration to close."""
         headers: dict[str, str] = {}
         for name, value in req.headers:  # gunicorn upper-cases the names
             headers.setdefault(name, value)
@@ -266,41 +264,47 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
             expect = headers.get("EXPECT", "").lower() == "100-continue"
         if expect:
             sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        length = headers.get("CONTENT-LENGTH")
-        status, out, payload = serve_infer(
-            plane,
-            path_model(match),
-            match.group(2) or "",
-            length=int(length) if length and length.isdigit() else 0,
-            read=req.body.read,
-            header=lambda name: headers.get(name.upper()),
-        )
-        if self._respond(sock, req.version, req.should_close(), status, out, payload):
+        text = headers.get("CONTENT-LENGTH")
+        length = int(text) if text and text.isdigit() else 0
+        if self._infer(
+            sock,
+            call,
+            req.version,
+            req.should_close(),
+            length,
+            req.body.read,
+            lambda name: headers.get(name.upper()),
+        ):
             raise StopIteration()
         return True
 
-    def _respond(
+    def _infer(
         self,
         sock: socket.socket,
+        call: InferCall,
         version: tuple[int, int],
         close: bool,
-        status: int,
-        out: list[tuple[str, str]],
-        payload: bytes,
+        length: int,
+        read: Callable[[int], bytes],
+        header: Header,
     ) -> bool:
-        """Write one infer response in one send; True when the connection then closes."""
+        """Answer one infer call, however it was read, and write the response in one
+        send; True when the connection then closes."""
+        assert self._plane is not None
+        status, out, payload = serve_infer(
+            self._plane, call, length=length, read=read, header=header
+        )
         self.nr += 1
         if self.nr >= self.max_requests:
             self.alive = False
         close = close or not self.alive or not self.cfg.keepalive
-        head = [
-            f"HTTP/{version[0]}.{version[1]} {status_line(status)}\r\n",
-            f"Date: {self._date()}\r\n",
-            f"Connection: {'close' if close else 'keep-alive'}\r\n",
-        ]
-        head.extend(f"{k}: {v}\r\n" for k, v in out)
-        head.append("\r\n")
-        sock.sendall("".join(head).encode("latin-1") + payload)
+        fields = "".join([f"{k}: {v}\r\n" for k, v in out])
+        head = (
+            f"HTTP/{version[0]}.{version[1]} {status_line(status)}\r\n"
+            f"Date: {self._date()}\r\nConnection: {'close' if close else 'keep-alive'}\r\n"
+            f"{fields}\r\n"
+        )
+        sock.sendall(head.encode("latin-1") + payload)
         return close
 
     def handle_exit(self, sig: int, frame: Any) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from conch.frontend.http.fast_path import INFER_PATH
+from conch.frontend.http.fast_path import INFER_PATH, InferCall, path_model
 
 MAX_HEAD_BYTES = 16 * 1024  # longer heads go to gunicorn, whose own limits then apply
 MAX_HEADERS = 64
@@ -24,13 +24,12 @@ MAX_HEADERS = 64
 # visible characters, spaces and tabs (no other control character), each line ending CRLF.
 _HEADER_BLOCK = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 # Headers whose presence means a body or connection handling the simple path lacks.
-_DEFER = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"http2-settings", b"te"))
+_DEFER = frozenset(("transfer-encoding", "expect", "upgrade", "http2-settings", "te"))
 
 
 @dataclass(frozen=True, slots=True)
 class InferHead:
-    model: str
-    version: str  # the URL's version segment, "" for none
+    call: InferCall  # the path's model and version, for ``fast_path.serve_infer``
     http: tuple[int, int]
     headers: dict[str, str]  # lower-case names
     length: int
@@ -38,6 +37,15 @@ class InferHead:
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
+
+    @property
+    def model(self) -> str:
+        return path_model(self.call)
+
+    @property
+    def version(self) -> str:
+        """The URL's version segment, "" for none."""
+        return self.call.group(2) or ""
 
 
 def parse(buf: bytes, end: int, max_head: int = MAX_HEAD_BYTES) -> InferHead | None:
@@ -67,24 +75,30 @@ def parse(buf: bytes, end: int, max_head: int = MAX_HEAD_BYTES) -> InferHead | N
     block = buf[line_end + 2 : end + 2]  # every header line with its CRLF
     if _HEADER_BLOCK.fullmatch(block) is None:
         return None  # also a folded continuation line: it starts with a space
-    lines = block.split(b"\r\n")
+    # Decoded once: the names are ASCII tokens (checked above), the values latin-1.
+    lines = block.decode("latin-1").split("\r\n")
     if len(lines) - 1 > MAX_HEADERS:
         return None
     headers: dict[str, str] = {}
     length: str | None = None
     for line in lines[:-1]:
-        name, _, value = line.partition(b":")
+        name, _, value = line.partition(":")
         key = name.lower()
         if key in _DEFER:
             return None
-        text = value.strip(b" \t").decode("latin-1")
-        if key == b"content-length":
-            if length is not None or not text.isdigit() or len(text) > 18:
+        text = value.strip(" \t")
+        if key == "content-length":
+            # ASCII digits only: str.isdigit also takes "²", which int() refuses.
+            if length is not None or not (text.isascii() and text.isdigit()) or len(text) > 18:
                 return None
             length = text
-        headers.setdefault(key.decode("ascii"), text)
+        headers.setdefault(key, text)
     if length is None:
         return None
-    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    close = "close" in tokens if http == (1, 1) else "keep-alive" not in tokens
-    return InferHead(match.group(1), match.group(2) or "", http, headers, int(length), close)
+    connection = headers.get("connection")
+    if connection is None:
+        close = http == (1, 0)
+    else:
+        tokens = {t.strip().lower() for t in connection.split(",")}
+        close = "close" in tokens if http == (1, 1) else "keep-alive" not in tokens
+    return InferHead(match, http, headers, int(length), close)

@@ -3,7 +3,8 @@
 Health, server and model metadata, model config and readiness, statistics, the
 repository API (index, load, unload) and the logging extension. A route parses its URL, query and body, calls
 the data plane, and encodes the answer; it never reaches Redis or the model view
-itself. Infer calls are answered by ``fast_path.serve_infer`` before Flask sees them.
+itself. Infer calls are answered by ``fast_path.serve_infer`` before Flask sees them;
+the infer route here only makes their path known to Flask.
 
 Every failure becomes Triton's ``{"error": "..."}`` body with Triton's status code,
 mapped once here for the whole app (``ConchError`` carries the status).
@@ -20,12 +21,12 @@ from typing import Any
 from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
-from conch.core.errors import ConchError, InvalidArgument
+from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.restricted_apis import ApiGroup
 from conch.frontend import v2_json
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http.api_groups import api_group
-from conch.frontend.http.fast_path import error_answer, serve_infer, too_large
+from conch.frontend.http.fast_path import error_answer, too_large
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +109,12 @@ def model_config(model: str, version: int | None = None) -> Response:
 @v2.post("/v2/models/<model>/versions/<int:version>/infer")
 @api_group(ApiGroup.INFERENCE)
 def infer(model: str, version: int | None = None) -> Response:
-    """``InferFastPath`` answers every POST here before Flask routes it; the route makes
-    the path known to Flask (other methods get a 405) and, were the middleware left
-    out, answers through the same adapter."""
-    status, headers, payload = serve_infer(
-        plane(),
-        model,
-        _version(version),
-        length=request.content_length or 0,
-        read=request.stream.read,
-        header=request.headers.get,
-    )
-    return Response(payload, status=status, headers=headers)
+    """Never answers a call: every server hands a POST here to ``fast_path.serve_infer``
+    before Flask routes it (``InferFastPath`` ahead of the WSGI app, the gevent worker
+    without WSGI). The route makes the path known to Flask: other methods get a 405
+    with ``Allow``, OPTIONS its answer, and the restricted ``inference`` group is
+    checked ahead of both (``api_groups``)."""
+    raise Internal(f"infer call to '{model}' reached Flask, past fast_path.InferFastPath")
 
 
 # -- the model repository --------------------------------------------------------------

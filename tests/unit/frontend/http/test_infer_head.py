@@ -60,6 +60,7 @@ def test_connection_semantics_follow_the_http_version(
         b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x",  # no length
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2",
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: -2",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: \xb2",  # "²": a digit to str
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked",
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue",
         b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\nUpgrade: h2c",
