@@ -96,15 +96,18 @@ triton: $(TRITON_STAMP)
 unless_both_skip = $(if $(and $(findstring $(1),$(BENCH_ARGS)),$(findstring $(1),$(TE_BENCH_ARGS))),,$(2))
 
 # conch vs in-process onnxruntime vs MLServer vs Triton, driven by perf_analyzer (bench/README.md);
+# then conch's own cost per request, one process at a time, beside Redis alone (bench/drain.py);
 # then text_embedding (issue 16): online against the same three and in process, and an offline
 # batch job over a corpus in an S3 server; then a sequence model (issue 17) against conch and in
 # process. BENCH_ARGS passes flags to bench/run.py, TE_BENCH_ARGS to bench/text_embedding.py,
 # SEQ_BENCH_ARGS to bench/sequences.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton"
 # TE_BENCH_ARGS="--quick --skip-mlserver --skip-triton --skip-batch" SEQ_BENCH_ARGS="--quick".
+# DRAIN_BENCH_ARGS passes flags to bench/drain.py, e.g. DRAIN_BENCH_ARGS="--quick".
 bench: $(STAMP) functions redis-server perf-analyzer \
   $(call unless_both_skip,--skip-mlserver,$(MLSERVER_STAMP)) \
   $(call unless_both_skip,--skip-triton,$(TRITON_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+	$(BIN)/python bench/drain.py $(DRAIN_BENCH_ARGS)
 	$(BIN)/python bench/text_embedding.py $(TE_BENCH_ARGS)
 	$(BIN)/python bench/sequences.py $(SEQ_BENCH_ARGS)
 
