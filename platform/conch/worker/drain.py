@@ -61,7 +61,11 @@ for i = 7, #KEYS do
     local items = redis.call('RPOP', key, take)
     if items then
       for _, raw in ipairs(items) do
-        local tag = string.match(raw, '"delivery_tag":%s*"([^"]+)"')
+        -- A plain find, then a match anchored where it ends: a pattern search alone
+        -- tries its %s* at every byte of the base64 body before the tag.
+        local tag = nil
+        local _, at = string.find(raw, '"delivery_tag":', 1, true)
+        if at then tag = string.match(raw, '^%s*"([^"]+)"', at + 1) end
         if not tag then
           local ok, m = pcall(cjson.decode, raw)
           if ok and type(m) == 'table' and type(m['properties']) == 'table' then
