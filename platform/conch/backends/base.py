@@ -100,7 +100,9 @@ class TensorBackend(Backend):
     """A backend that runs one stacked tensor per input.
 
     Requests whose non-batch dimensions agree are concatenated along the batch
-    dimension, run once and split back; others run in their own group. Tensors whose
+    dimension, run once and split back; others run in their own group. The worker's
+    runner stacks and splits a batch itself where it can (``execute_stacked``); warmup,
+    and batches that cannot be stacked that way, come through ``execute``. Tensors whose
     config has a ``reshape`` reach ``run`` in the model's shape and leave it in the
     config's, so a backend never sees the difference.
     """
@@ -121,9 +123,27 @@ class TensorBackend(Backend):
             for name, arr in tensors.items()
         }
 
+    @property
+    def batches(self) -> bool:
+        """Whether the model takes a batch dimension, so requests may be stacked."""
+        return self.spec.config.max_batch_size > 0
+
+    def execute_stacked(
+        self, inputs: dict[str, np.ndarray], outputs: list[str]
+    ) -> dict[str, np.ndarray]:
+        """Run one batch whose requests the caller stacked already: each input holds the
+        rows of every request, one after another, and so does each output returned.
+
+        The worker's runner stacks a batch straight from the requests' raw bytes (one
+        array per input, not one per request) and splits the outputs' bytes once, which
+        ``execute`` cannot do from per-request arrays. Raises what ``run`` raises.
+        """
+        out = self.run(self._reshape(inputs, inputs=True), outputs)
+        return self._reshape(out, inputs=False)
+
     def execute(self, requests: list[BackendRequest]) -> list[BackendResult]:
         results: list[BackendResult | None] = [None] * len(requests)
-        if self.spec.config.max_batch_size <= 0:
+        if not self.batches:
             groups = [[i] for i in range(len(requests))]
         else:
             keyed: dict[tuple, list[int]] = {}
@@ -143,8 +163,7 @@ class TensorBackend(Backend):
                     stacked = {
                         n: np.concatenate([requests[i].inputs[n] for i in group]) for n in names
                     }
-                out = self.run(self._reshape(stacked, inputs=True), wanted)
-                out = self._reshape(out, inputs=False)
+                out = self.execute_stacked(stacked, wanted)
             except ConchError as exc:
                 for i in group:
                     results[i] = exc

@@ -10,7 +10,7 @@ length followed by the element's bytes.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import accumulate, chain
 from typing import Any
 
@@ -211,6 +211,18 @@ def encode_bytes_elements(items: Sequence[Any]) -> bytes:
     return out.tobytes()
 
 
+def named_outputs(
+    result: Mapping[str, np.ndarray], names: Sequence[str], declared: Mapping[str, str]
+) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+    """The outputs ``names`` of a model's ``result``, each as (name, datatype, shape, raw):
+    what a reply carries, in the datatypes the config declares (``declared``)."""
+    out = []
+    for name in names:
+        datatype, raw = from_numpy(result[name], declared.get(name))
+        out.append((name, datatype, tuple(result[name].shape), raw))
+    return out
+
+
 def from_numpy(arr: np.ndarray, datatype: str | None = None) -> tuple[str, bytes]:
     """An array as ``(datatype, raw)``.
 
@@ -252,6 +264,21 @@ def from_numpy(arr: np.ndarray, datatype: str | None = None) -> tuple[str, bytes
         arr = arr.astype(target)
     # tobytes() always writes C order, so a transposed or sliced view needs no extra copy.
     return datatype, arr.tobytes()
+
+
+def wire_view(arr: np.ndarray, datatype: str | None = None) -> tuple[str, bytes | memoryview]:
+    """``from_numpy``, but an array that already is its wire form (C order, little-endian,
+    of ``datatype``'s own dtype) is viewed, not copied.
+
+    For a whole batch's output, whose bytes each reply then views in part: the copy a
+    reply needs is made once, when it is packed. The view holds ``arr``'s memory, so
+    ``arr`` must not change until then.
+    """
+    arr = np.asarray(arr)
+    wire_form = datatype in ITEMSIZE and datatype != "BF16" and arr.flags.c_contiguous
+    if wire_form and arr.dtype == WIRE_TO_NUMPY[datatype]:
+        return datatype, memoryview(arr).cast("B")
+    return from_numpy(arr, datatype)
 
 
 def _flatten(data: list[Any]) -> list[Any]:

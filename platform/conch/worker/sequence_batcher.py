@@ -517,10 +517,7 @@ class SequenceBatcher(threading.Thread):
                 run.failed(statistics.BACKEND, took)
                 continue
             try:
-                outputs = []
-                for name in r.msg.outputs:
-                    datatype, raw = tensors.from_numpy(result[name], self.output_types.get(name))
-                    outputs.append((name, datatype, tuple(result[name].shape), raw))
+                outputs = tensors.named_outputs(result, r.msg.outputs, self.output_types)
                 r.state = {self.state_outputs[o]: np.asarray(result[o]) for o in self.state_outputs}
             except Exception as exc:
                 r.reply = Reply(
