@@ -105,6 +105,8 @@ class Point:
     # conch and Triton: the model's own compute per request over the run (statistics
     # extension: compute_infer ns / count), for the overhead table.
     compute_ms: float | None = None
+    # conch with --instance-form process: each instance's pid, host and GPU bytes.
+    instances: list[dict[str, Any]] | None = None
     wall_s: float | None = None
     error: str | None = None
 
@@ -287,6 +289,16 @@ def _fresh_counts(
         time.sleep(0.1)
 
 
+def _instance_memory(client: Any, model: str) -> list[dict[str, Any]] | None:
+    """``model``'s process instances and their memory, as the worker reports them (None
+    when its instances are threads)."""
+    from conch.wire import worker_reports
+
+    reports = worker_reports.snapshot(client)
+    found = [i for i in worker_reports.process_instances(reports) if i.get("model") == model]
+    return found or None
+
+
 def _cpu_snapshot(pids: dict[str, int], sessions: dict[str, int]) -> dict[str, float]:
     """CPU seconds so far by name: ``pids`` by process, ``sessions`` by session (a
     gateway's session holds its gunicorn workers too), perf_analyzer's once reaped."""
@@ -323,7 +335,8 @@ def bench_conch(
             port = redis_server.free_port()
             # --gpu: the chosen models' own (an ensemble's steps), not the whole repository.
             served = ["--models", ",".join(gpu_models.serves(args.models))] if args.gpu else []
-            worker = group.start("conch-worker", conch("worker", *common, *served))
+            form = ["--instance-form", args.instance_form] if args.instance_form else []
+            worker = group.start("conch-worker", conch("worker", *common, *served, *form))
             gw_args = [
                 "--http-address",
                 "127.0.0.1",
@@ -389,10 +402,19 @@ def bench_conch(
                         after = _fresh_counts(r, counted, time.time())
                         point.compute_ms = _compute_ms(compute0, _compute_infer(url, model))
                         _count_point(point, before, after, cpu0, cpu1)
+                        point.instances = _instance_memory(r, model)
                         results.points.append(point)
                         _report_point(point)
             for client in clients:
                 client.close()
+            gateway.stop()
+            worker.stop()
+            if 1 in args.concurrency:  # the floor of the hops, beside the overhead table
+                import drain
+
+                hops = drain.measure_hops(group, private.url, 1000)
+                results.settings["hop_floor_p50_ms"] = hops.p50_s * 1000
+                say(f"the hops' floor: p50 {hops.p50_s * 1000:.2f} ms")
     finally:
         private.stop()
 
@@ -1081,6 +1103,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-mlserver", action="store_true", help="do not run MLServer")
     p.add_argument("--skip-triton", action="store_true", help="do not run NVIDIA Triton")
     p.add_argument(
+        "--instance-form",
+        choices=("thread", "process"),
+        help="conch's --instance-form: each model instance a thread of the worker, or a "
+        "process of its own (default: the worker's default)",
+    )
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=None,
+        help="every model's instance_group count, for conch and Triton alike (default: "
+        "the models' configs)",
+    )
+    p.add_argument(
         "--redis-tcp",
         dest="redis_unix_socket",
         action="store_false",
@@ -1258,6 +1293,10 @@ def main(argv: list[str] | None = None) -> int:
                     say(f"{name}: not run, no TensorRT: {no_trt}")
         else:
             repo = models.build_repository()
+        if args.instances:
+            repo = with_instances(repo, run_dir / "models", args.instances)
+            results.settings["instances"] = args.instances
+        results.settings["instance_form"] = args.instance_form
         pa = PaOptions(
             perf_analyzer.binary(), args.window_ms, args.stability_percentage, args.max_trials
         )
@@ -1334,6 +1373,43 @@ def main(argv: list[str] | None = None) -> int:
     return _footer(run_dir, started, 1 if failed and args.strict else 0)
 
 
+def format_instance_table(results: Results) -> str:
+    """Per model, each process instance's resident host memory and GPU memory (MiB), as
+    the worker reported them after the model's last point; empty for thread instances."""
+    last: dict[str, list[dict[str, Any]]] = {}
+    for p in results.points:
+        if p.server == "conch" and p.instances:
+            last[p.model] = p.instances
+    if not last:
+        return ""
+    rows = ["| model | instance | pid | host MiB | GPU MiB |", "|---|---|---|---|---|"]
+    for model, instances in last.items():
+        for i in sorted(instances, key=lambda i: i.get("instance", "")):
+            gpu = i.get("gpu_bytes")
+            rows.append(
+                f"| {model} | {i.get('instance')} | {i.get('pid')} | "
+                f"{i.get('host_bytes', 0) / 2**20:,.0f} | "
+                f"{'-' if gpu is None else f'{gpu / 2**20:,.0f}'} |"
+            )
+    return "\n".join(rows)
+
+
+def with_instances(repo: Path, dest: Path, count: int) -> Path:
+    """A copy of ``repo`` whose models' instance groups each have ``count`` instances (a
+    model without a group, an ensemble say, keeps what it has)."""
+    import re
+    import shutil
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(repo, dest, symlinks=True)
+    for config in dest.glob("*/config.pbtxt"):
+        text = config.read_text()
+        if "instance_group" in text:
+            config.write_text(re.sub(r"\bcount:\s*\d+", f"count: {count}", text))
+    return dest
+
+
 def print_cpu_and_overhead(results: Results, args: argparse.Namespace, repo: Path) -> None:
     print(
         "\nCPU ms per request by process over each perf_analyzer run (python_stubs: Triton's "
@@ -1341,12 +1417,24 @@ def print_cpu_and_overhead(results: Results, args: argparse.Namespace, repo: Pat
         f"{os.cpu_count()}):\n"
     )
     print(format_cpu_table(results, args))
+    instances = format_instance_table(results)
+    if instances:
+        print("\nconch's process instances (--instance-form process): memory each holds\n")
+        print(instances)
     if 1 in args.concurrency:
         print(
             "\nOwn overhead at concurrency 1: p50 - the model's compute (compute_infer per "
             "request, same run) - its max_queue_delay:\n"
         )
         print(format_overhead_table(results, args, repo))
+        hops = results.settings.get("hop_floor_p50_ms")
+        if hops is not None:
+            print(
+                f"\nThe floor of conch's hops at concurrency 1 (bench/drain.py's hops: a "
+                f"client, a gateway process, Redis, a worker process, Redis, and back, with "
+                f"no conch code), same run: p50 {hops:.2f} ms. Triton's request crosses one "
+                "process."
+            )
 
 
 def print_notes(results: Results) -> None:

@@ -78,6 +78,20 @@ class LogFormat(StrEnum):
     JSON = "json"  # conch's: one JSON object a line, for log shippers (Loki, Elasticsearch)
 
 
+class InstanceForm(StrEnum):
+    """``--instance-form``: how a worker runs each instance of a model's ``instance_group``.
+
+    thread: a drain loop on a thread of the worker process, every instance sharing its
+    interpreter (and its GIL); process: a child process per instance, each with its own
+    copy of the model, its own interpreter and its own drain loop on the model's queue,
+    as Triton's Python backend runs a stub process per instance. A model's config may
+    choose for itself (``parameters { key: "instance_form" }``).
+    """
+
+    THREAD = "thread"
+    PROCESS = "process"
+
+
 class CompressionLevel(StrEnum):
     """Triton's ``--grpc-infer-response-compression-level``: how infer responses are
     compressed on the wire (``frontend.grpc.transport`` picks the algorithm)."""
@@ -910,6 +924,17 @@ class Settings:
             check=at_least(1),
         ),
     )
+    instance_form: InstanceForm = setting(
+        InstanceForm.THREAD,
+        Flag(
+            "--instance-form",
+            WORKER_ROLES,
+            "how each model instance runs: thread (a drain loop in the worker process) or "
+            "process (a child process per instance, with its own interpreter); a model's "
+            "config parameter instance_form wins (default {default}). conch's own",
+        ),
+        env="CONCH_INSTANCE_FORM",
+    )
     # None: every model.
     models: list[str] | None = setting(
         None,
@@ -1095,7 +1120,7 @@ def _env_parser(name: str, kind: Any, parse: Callable[[str], Any] | None) -> Cal
     plain = _plain(kind)
     if plain is bool:
         return _bool
-    if plain in (str, int, float):
+    if plain in (str, int, float) or (isinstance(plain, type) and issubclass(plain, StrEnum)):
         return plain
     raise TypeError(f"Settings.{name}: give setting() a parse for its environment variable")
 

@@ -74,6 +74,11 @@ class RestrictedApis:
     def __bool__(self) -> bool:
         return bool(self.rules)
 
+    def __reduce__(self) -> tuple[type, tuple[Mapping[ApiGroup, Restriction]]]:
+        """Pickled as a plain dict (a read-only view cannot be): ``Settings`` travel
+        whole to a worker's process instances."""
+        return _restricted_apis, (dict(self.rules),)
+
     def get(self, group: ApiGroup) -> Restriction | None:
         return self.rules.get(group)
 
@@ -153,3 +158,8 @@ def group_names() -> str:
 
 
 __all__ = ["ApiGroup", "RestrictedApis", "Restriction", "group_names"]
+
+
+def _restricted_apis(rules: dict[ApiGroup, Restriction]) -> RestrictedApis:
+    """``RestrictedApis.__reduce__``'s rebuild: the rules behind a read-only view again."""
+    return RestrictedApis(MappingProxyType(rules))

@@ -257,7 +257,13 @@ class DataPlane:
     def custom_metrics(self) -> list[dict[str, Any]]:
         """The metric families models defined (``pb_utils.MetricFamily``), each metric
         summed over the live workers that have it (``conch.core.custom_metrics.merge``)."""
-        return custom_metrics.merge(model_metrics.read(self._client))
+        sources = worker_reports.metrics_sources(worker_reports.snapshot(self._client))
+        return custom_metrics.merge(model_metrics.read(self._client, sources))
+
+    def process_instances(self) -> list[dict[str, Any]]:
+        """The live workers' process instances and their memory
+        (``worker_reports.process_instances``)."""
+        return worker_reports.process_instances(worker_reports.snapshot(self._client))
 
     # -- logging -----------------------------------------------------------------------
 

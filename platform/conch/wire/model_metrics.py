@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from conch.wire.keys import CUSTOM_METRICS_PREFIX, WORKERS
+from conch.wire.keys import CUSTOM_METRICS_PREFIX
 from conch.wire.redis_link import CommandQueue
 
 
@@ -33,9 +33,9 @@ def withdraw(client: redis.Redis, worker_id: str) -> None:
     client.delete(key(worker_id))
 
 
-def read(client: redis.Redis) -> list[list[dict[str, Any]]]:
-    """The snapshots of the workers registered as live (``conch.wire.worker_reports``)."""
-    ids = sorted(v.decode() if isinstance(v, bytes) else v for v in client.smembers(WORKERS))
+def read(client: redis.Redis, ids: list[str]) -> list[list[dict[str, Any]]]:
+    """The snapshots of ``ids``: the live workers and their process instances
+    (``conch.wire.worker_reports.metrics_sources``)."""
     if not ids:
         return []
     return [json.loads(v) for v in client.mget([key(i) for i in ids]) if v is not None]

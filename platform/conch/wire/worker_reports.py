@@ -15,6 +15,11 @@ import redis
 
 from conch.wire.keys import WORKER_PREFIX, WORKERS
 
+# How often a worker (and each of its process instances) refreshes what it keeps alive in
+# Redis: its report, its custom metrics, the tags it holds. What it writes lives four beats.
+HEARTBEAT_S = 1.5
+REPORT_TTL_S = HEARTBEAT_S * 4
+
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
 LOADING = "LOADING"
@@ -27,17 +32,21 @@ def publish(
     *,
     stats: dict[str, dict[str, int]] | None = None,
     host: dict[str, Any] | None = None,
+    instances: list[dict[str, Any]] | None = None,
     ttl_s: float,
 ) -> None:
     """``models``: name -> {"versions": {"1": "READY"}, "reason": str | None};
     ``stats``: name -> counts of executions, requests and rows this worker ran;
-    ``host``: its host's CPU and GPU use (``conch.worker.host_metrics``)."""
+    ``host``: its host's CPU and GPU use (``conch.worker.host_metrics``);
+    ``instances``: its process instances (``--instance-form process``), each
+    {"model", "instance", "pid", "host_bytes", "gpu_bytes", "metrics_id"}."""
     report = {
         "id": worker_id,
         "at": time.time(),
         "models": models,
         "stats": stats or {},
         "host": host or {},
+        "instances": instances or [],
     }
     pipe = client.pipeline(transaction=False)
     pipe.set(WORKER_PREFIX + worker_id, json.dumps(report), px=int(ttl_s * 1000))
@@ -98,3 +107,21 @@ def hosts(
         for gpu in host.get("gpus", ()):
             gpus[gpu["uuid"]] = {**gpu, "host": name}
     return cpus, gpus
+
+
+def process_instances(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The live workers' process instances, each with its worker's id (``worker``)."""
+    return [
+        {**inst, "worker": report.get("id", "")}
+        for report in reports
+        for inst in report.get("instances") or ()
+        if isinstance(inst, dict)
+    ]
+
+
+def metrics_sources(reports: list[dict[str, Any]]) -> list[str]:
+    """Whose custom metrics count (``conch.wire.model_metrics``): each live worker's, and
+    each of its process instances' (a child's models have a registry of their own)."""
+    ids = [report.get("id", "") for report in reports]
+    ids += [inst.get("metrics_id", "") for inst in process_instances(reports)]
+    return [i for i in ids if isinstance(i, str) and i]

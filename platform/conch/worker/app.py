@@ -20,12 +20,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import uuid
+from multiprocessing.connection import Connection
 from typing import Any
 
 from celery import Celery, signals
 
+from conch import server_log
 from conch.backends.completion import complete
 from conch.core import tracing
 from conch.frontend import bls
@@ -34,8 +37,9 @@ from conch.settings import Settings
 from conch.wire import broker, control_bus
 from conch.wire.redis_client import open_client
 from conch.wire.redis_url import celery_url
-from conch.worker import steps
+from conch.worker import process_instance, steps
 from conch.worker.host import ModelHost
+from conch.worker.process_instance import InstancePlan
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +110,20 @@ def _make_host(settings: Settings, name: str) -> ModelHost:
         client=client,
         repository=repository,
         bls=port,
+        instance_main=run_instance,
     )
+
+
+def run_instance(plan: InstancePlan, conn: Connection) -> None:
+    """A process instance's child (``--instance-form process``): what ``_make_host`` builds
+    for the worker, built again in the child, which has no worker around it."""
+    settings = plan.settings
+    server_log.configure(settings)
+    tracing.start(settings.trace_config, "conch-worker")
+    client = open_client(settings.redis_url)
+    repository = control_bus.open_repository(settings, client, complete=complete)
+    port = bls.BlsClient(settings, repository, client=client)
+    sys.exit(process_instance.serve(plan, conn, client=client, bls=port))
 
 
 def _register_jobs(app: Celery, settings: Settings) -> None:

@@ -12,7 +12,6 @@ start it, keep its report alive, and tell it what the control bus asks for.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -21,26 +20,32 @@ from typing import Any
 
 import redis
 
-from conch.backends import Backend, backend_class
+from conch.backends import Backend
 from conch.backends.base import BlsPort, InstanceSpec
 from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
 from conch.core.repository import ModelEntry, ModelRepository
-from conch.core.sequence import SequenceSpec, state_in_redis
-from conch.settings import Settings
+from conch.settings import InstanceForm, Settings
 from conch.wire import control_bus, model_metrics, statistics, worker_reports
-from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
+from conch.worker import instance
+from conch.worker.batcher import InFlight, Sequencer
 from conch.worker.host_metrics import HostMetrics
+from conch.worker.instance_supervisor import KILL_AFTER_S, InstanceMain, InstanceProcess
 from conch.worker.metrics_publisher import MetricsPublisher
-from conch.worker.sequence_batcher import SequenceBatcher
-from conch.worker.warmup import run_warmup
+from conch.worker.process_instance import InstancePlan
+from conch.worker.telemetry import WorkerTelemetry
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 1.5  # how often a worker refreshes its report; the report lives four beats
+HEARTBEAT_S = worker_reports.HEARTBEAT_S  # the steps' beat, and the tests'
 
 
 UNLOADED = "unloaded"  # the reason a withdrawn model reports
+# A model config's parameter that chooses its instances' form (``InstanceForm``).
+INSTANCE_FORM_PARAMETER = "instance_form"
+
+# What serves one instance slot: its drain loop on a thread here, or a child process.
+Instance = instance.DrainLoop | InstanceProcess
 
 
 @dataclass
@@ -50,34 +55,8 @@ class LoadedModel:
     reason: str | None = None
     loading: bool = False
     planned: list[int] = field(default_factory=list)  # versions being loaded
-    batchers: list[Batcher | SequenceBatcher] = field(default_factory=list)
+    batchers: list[Instance] = field(default_factory=list)  # each instance's drain loop
     load_id: str = ""  # the load command this state answers (explicit mode)
-
-
-class WorkerTelemetry:
-    """Running totals of the batches this worker ran, per model: executions, requests,
-    rows, success, failure, queue_us and compute_us.
-
-    Telemetry of one worker, for the integration tests and ``bench/run.py`` (mean batch
-    size is rows / executions; which worker ran how much). It travels only in this
-    worker's report (``worker_reports``, under ``stats``). It is not what ``/metrics`` or
-    the statistics extension serve: those read ``conch.wire.statistics``, which every
-    batcher records in Redis per execution, summed over all workers as it is written.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._totals: dict[str, dict[str, int]] = {}
-
-    def add(self, model: str, counts: dict[str, int]) -> None:
-        with self._lock:
-            totals = self._totals.setdefault(model, {})
-            for key, value in counts.items():
-                totals[key] = totals.get(key, 0) + value
-
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        with self._lock:
-            return {model: dict(totals) for model, totals in self._totals.items()}
 
 
 class ModelHost:
@@ -97,16 +76,22 @@ class ModelHost:
         client: redis.Redis,
         repository: ModelRepository,
         bls: BlsPort | None = None,
+        instance_main: InstanceMain | None = None,
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id
         self.client = client
         self.repository = repository
         self.bls = bls
+        # The entry of a process instance's child (the composition root's), None where
+        # instances can only be threads.
+        self.instance_main = instance_main
         self.inflight = InFlight()
         self.models: dict[str, LoadedModel] = {}
         self.telemetry = WorkerTelemetry()
-        self.metrics = MetricsPublisher(worker_id, ttl_s=HEARTBEAT_S * 4)  # models' custom ones
+        self.metrics = MetricsPublisher(
+            worker_id, ttl_s=worker_reports.REPORT_TTL_S
+        )  # models' custom ones
         self.host_metrics = HostMetrics(
             cpu=settings.allow_cpu_metrics,
             gpu=settings.allow_gpu_metrics,
@@ -220,7 +205,7 @@ class ModelHost:
                 "model '%s' versions %s ready with %d instance(s)",
                 name,
                 sorted(versions),
-                len(next(iter(versions.values()), [])),
+                len(batchers),
             )
 
     def _count_load(self, name: str, took_s: float) -> None:
@@ -255,84 +240,87 @@ class ModelHost:
             b.stop()
         for b in old.batchers:
             b.join(timeout=60)
-        for backend in (b for instances in old.versions.values() for b in instances):
-            try:
-                backend.unload()
-            except Exception:
-                log.exception("model '%s': unload failed", old.name)
+        instance.unload(old.name, (b for backends in old.versions.values() for b in backends))
 
-    def _load(
-        self, entry: ModelEntry
-    ) -> tuple[dict[int, list[Backend]], list[Batcher | SequenceBatcher]]:
-        cls = backend_class(entry.backend)
+    def _load(self, entry: ModelEntry) -> tuple[dict[int, list[Backend]], list[Instance]]:
+        """Every instance of ``entry`` loaded and warmed up, with its drain loop (not
+        started): threads here, or children of this worker (``--instance-form``)."""
         specs = entry.instances()
-        versions: dict[int, list[Backend]] = {}
+        if self._form(entry) is InstanceForm.PROCESS:
+            return {v: [] for v in entry.versions}, self._launch(entry, specs)
+        slots: list[dict[int, Backend]] = []
         try:
-            for version in entry.versions:
-                versions[version] = instances = []
-                model_spec = dataclasses.replace(entry.spec(version), bls=self.bls)
-                for spec in specs:
-                    backend = cls(model_spec, spec)
-                    backend.load()
-                    instances.append(backend)
-                    run_warmup(backend, backend.spec)  # before the model is reported ready
+            for spec in specs:
+                slots.append(instance.load_backends(entry, spec, self.bls))
         except Exception:
-            for b in (b for instances in versions.values() for b in instances):
-                try:
-                    b.unload()
-                except Exception:
-                    log.exception("model '%s': unload after a failed load failed", entry.name)
+            for loaded in slots:
+                instance.unload(entry.name, loaded.values())
             raise
-        seq = SequenceSpec.from_config(entry.config)
-        if seq is not None:
-            return versions, self._sequence_batchers(entry, seq, versions, specs)
-        policy = BatchPolicy.from_config(entry.config)
-        cfg = entry.config
-        ordered = cfg.HasField("dynamic_batching") and cfg.dynamic_batching.preserve_ordering
-        sequencer = Sequencer() if ordered else None
-        batchers = [
-            Batcher(
+        versions = {v: [slot[v] for slot in slots] for v in entry.versions}
+        sequencer = Sequencer() if instance.ordered(entry) else None
+        loops: list[Instance] = [
+            instance.drain_loop(
+                entry,
+                slot,
+                spec,
                 client=self.client,
-                model=entry.name,
-                backends={v: inst[k] for v, inst in versions.items()},
-                policy=policy,
+                settings=self.settings,
+                worker_id=self.worker_id,
                 inflight=self.inflight,
-                max_attempts=self.settings.max_attempts,
-                name=f"batcher-{spec.name}",
                 on_batch=self.telemetry.add,
                 on_send=self.metrics.queue,
                 sequencer=sequencer,
-                samples=self.settings.metrics_config.summary_latencies,
             )
-            for k, spec in enumerate(specs)
+            for slot, spec in zip(slots, specs, strict=True)
         ]
-        return versions, batchers
+        return versions, loops
 
-    def _sequence_batchers(
-        self,
-        entry: ModelEntry,
-        seq: SequenceSpec,
-        versions: dict[int, list[Backend]],
-        specs: list[InstanceSpec],
-    ) -> list[SequenceBatcher]:
-        """A sequence model's instances: each a slot of sequences (``sequence_batcher``)."""
-        initial = seq.initial_state(entry.path)
-        return [
-            SequenceBatcher(
-                client=self.client,
-                model=entry.name,
-                backends={v: inst[k] for v, inst in versions.items()},
-                spec=seq,
-                max_batch_size=entry.config.max_batch_size,
-                worker_id=self.worker_id,
-                slot=spec.name,
-                initial_state=initial,
-                state_moves=state_in_redis(entry.config),
-                on_batch=self.telemetry.add,
-                name=f"sequences-{spec.name}",
+    def _form(self, entry: ModelEntry) -> InstanceForm:
+        """How ``entry``'s instances run: its config's ``instance_form`` parameter, else
+        ``--instance-form``; threads for a model that preserves ordering (its replies are
+        ordered across its instances in one process) or where no child can be spawned."""
+        param = entry.config.parameters.get(INSTANCE_FORM_PARAMETER)
+        text = param.string_value.strip().lower() if param is not None else ""
+        try:
+            form = InstanceForm(text) if text else self.settings.instance_form
+        except ValueError:
+            raise ModelLoadError(
+                f"model '{entry.name}': parameter {INSTANCE_FORM_PARAMETER} must be one of "
+                f"{', '.join(f.value for f in InstanceForm)}, not '{text}'"
+            ) from None
+        if form is InstanceForm.PROCESS and instance.ordered(entry):
+            log.info(
+                "model '%s' preserves ordering: its instances run as threads of one worker",
+                entry.name,
             )
-            for k, spec in enumerate(specs)
+            return InstanceForm.THREAD
+        if form is InstanceForm.PROCESS and self.instance_main is None:
+            return InstanceForm.THREAD
+        return form
+
+    def _launch(self, entry: ModelEntry, specs: list[InstanceSpec]) -> list[Instance]:
+        """One child per instance, all loading at once; a load error stops them all."""
+        assert self.instance_main is not None
+        children = [
+            InstanceProcess(
+                InstancePlan.of(self.settings, self.worker_id, entry, spec),
+                self.instance_main,
+                on_batch=self.telemetry.add,
+            )
+            for spec in specs
         ]
+        try:
+            for child in children:
+                child.launch()
+            for child in children:
+                child.wait_loaded()
+        except BaseException:
+            for child in children:
+                child.stop()
+            for child in children:
+                child.join(timeout=KILL_AFTER_S)
+            raise
+        return list(children)
 
     def _states(self) -> dict[str, dict[str, Any]]:
         out = {}
@@ -350,11 +338,36 @@ class ModelHost:
             }
         return out
 
+    def _process_instances(self) -> list[dict[str, Any]]:
+        """The process instances serving now, with their memory, for the report."""
+        children = [
+            b
+            for m in list(self.models.values())
+            for b in m.batchers
+            if isinstance(b, InstanceProcess)
+        ]
+        if not children:
+            return []
+        gpu = self.host_metrics.gpu_memory() if self.host_metrics.gpu is not None else None
+        out = []
+        for child in children:
+            memory = child.memory(gpu)
+            if memory is not None:
+                out.append(
+                    {
+                        **memory.to_dict(),
+                        "metrics_id": child.plan.metrics_id,
+                        "restarts": child.restarts,
+                    }
+                )
+        return out
+
     def report(self) -> None:
         """Publish this worker's model states for the gateways, with its telemetry and its
         host's CPU and GPU use, and refresh its models' custom metrics."""
         stats = self.telemetry.snapshot()
         host = self.host_metrics.sample()
+        instances = self._process_instances()
         with self._report_lock:
             if self._reporting:
                 worker_reports.publish(
@@ -363,7 +376,8 @@ class ModelHost:
                     self._states(),
                     stats=stats,
                     host=host,
-                    ttl_s=HEARTBEAT_S * 4,
+                    instances=instances,
+                    ttl_s=worker_reports.REPORT_TTL_S,
                 )
                 pipe = self.client.pipeline(transaction=False)
                 self.metrics.queue(pipe, refresh=True)

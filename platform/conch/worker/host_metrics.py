@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -94,6 +95,27 @@ class GpuSampler:
             out.append(gpu)
         return out
 
+    def process_memory(self) -> dict[int, int]:
+        """GPU memory each process uses, by pid, summed over this host's GPUs (NVML's
+        compute processes; a board that keeps the number to itself gives none)."""
+        nv = self.nvml
+        used: dict[int, int] = {}
+        for handle in self.handles:
+            with contextlib.suppress(nv.NVMLError):
+                for proc in nv.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if isinstance(proc.usedGpuMemory, int):
+                        used[proc.pid] = used.get(proc.pid, 0) + proc.usedGpuMemory
+        return used
+
+
+def resident_bytes(pid: int, proc: Path = PROC) -> int | None:
+    """Process ``pid``'s resident memory (``statm``), or None once it is gone."""
+    try:
+        pages = int((proc / str(pid) / "statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
 
 def gpu_sampler() -> GpuSampler | None:
     """NVML's view of this host's GPUs; None where NVML or a GPU cannot be had."""
@@ -128,6 +150,16 @@ class HostMetrics:
             if time.monotonic() - self._at >= self.interval_s:
                 self._last, self._at = self._read(), time.monotonic()
             return self._last
+
+    def gpu_memory(self) -> dict[int, int]:
+        """GPU memory by pid (empty where GPU metrics are off or unreadable)."""
+        if self.gpu is None:
+            return {}
+        try:
+            return self.gpu.process_memory()
+        except Exception as exc:
+            log.warning("GPU memory of processes not read: %s", exc)
+            return {}
 
     def _read(self) -> dict[str, Any]:
         out: dict[str, Any] = {"host": self.host}

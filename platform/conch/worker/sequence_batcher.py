@@ -302,6 +302,24 @@ class SequenceBatcher(threading.Thread):
             )
         )
 
+    def release_own(self) -> None:
+        """Offer back the sequences this slot's name still holds from an earlier life: a
+        process instance that died and was started again under the same name. Its
+        worker lives on, so no sweep would ever see them as a dead worker's."""
+        live = self.client.zrange(sequences.live_key(self.model), 0, SWEEP_BATCH - 1)
+        toks = [_s(t) for t in live]
+        pipe = self.client.pipeline(transaction=False)
+        for tok in toks:
+            pipe.hget(sequences.record_key(self.model, tok), "owner")
+        for tok, owner in zip(toks, pipe.execute() if toks else [], strict=True):
+            if owner is not None and _s(owner) == self.me and self._offer_back(tok, self.me):
+                log.warning(
+                    "model '%s': sequence %r was held by %s before it restarted; offered again",
+                    self.model,
+                    sequences.seq_id_of(tok),
+                    self.name,
+                )
+
     def sweep(self) -> None:
         """Offer back the sequences held by workers whose heartbeat expired."""
         live = self.client.zrange(sequences.live_key(self.model), 0, SWEEP_BATCH - 1)

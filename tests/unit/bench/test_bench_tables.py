@@ -82,3 +82,42 @@ def test_cpu_table_has_a_row_per_protocol(run) -> None:
     rows = run.format_cpu_table(results, args).splitlines()[2:]
     assert [r.split(" | ")[2] for r in rows] == ["conch HTTP", "conch gRPC"]
     assert rows[1].endswith("| - | 0.60 | - | - | - | - | - | 0.60 | 0.30 |")
+
+
+def test_instances_are_set_in_a_copy_and_their_memory_tabled(run, tmp_path: Path) -> None:
+    """``--instances N``: every instance group's count, in a copy (an ensemble, with no
+    group, keeps none); the process instances' memory, from each model's last point."""
+    (tmp_path / "repo").mkdir()
+    repo = _repo(
+        tmp_path / "repo",
+        (
+            ("two", BATCHED + "instance_group [ { kind: KIND_CPU count: 2 } ]\n"),
+            ("ens", 'platform: "ensemble"\n'),
+        ),
+    )
+    copy = run.with_instances(repo, tmp_path / "copy", 3)
+    assert "count: 3" in (copy / "two" / "config.pbtxt").read_text()
+    assert "count: 2" in (repo / "two" / "config.pbtxt").read_text()
+    assert "instance_group" not in (copy / "ens" / "config.pbtxt").read_text()
+    results = run.Results()
+    mib = 2**20
+    results.points += [
+        run.Point(
+            "conch", "two", 16, instances=[{"instance": "two_0", "pid": 1, "host_bytes": mib}]
+        ),
+        run.Point(
+            "conch",
+            "two",
+            64,
+            instances=[
+                {"instance": "two_1", "pid": 9, "host_bytes": 96 * mib, "gpu_bytes": 512 * mib},
+                {"instance": "two_0", "pid": 8, "host_bytes": 95 * mib, "gpu_bytes": None},
+            ],
+        ),
+        run.Point("conch", "ens", 64),  # thread instances: no row
+    ]
+    assert run.format_instance_table(results).splitlines()[2:] == [
+        "| two | two_0 | 8 | 95 | - |",
+        "| two | two_1 | 9 | 96 | 512 |",
+    ]
+    assert run.format_instance_table(run.Results()) == ""

@@ -253,6 +253,7 @@ def test_render_writes_custom_families_after_tritons() -> None:
         settings=Settings(),
         metrics=list,
         hosts=lambda: ({}, {}),
+        process_instances=list,
         jobs_depth=lambda: JobsWork(waiting=0, in_flight=0),
         custom_metrics=lambda: cm.merge([reg.snapshot()]),
     )

@@ -251,6 +251,7 @@ def render(plane: DataPlane) -> bytes:
         [({}, jobs.in_flight)],
     )
     lines += _host_families(*plane.hosts())
+    lines += _instance_memory(plane.process_instances())
     builtin = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
     for custom in plane.custom_metrics():
         if custom["name"] not in builtin:  # a model cannot replace one of Triton's
@@ -344,6 +345,29 @@ def _host_families(cpus: dict[str, dict[str, Any]], gpus: dict[str, dict[str, An
             out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
         out.append(f"{name}{{{_labels(labels)}}} {custom_metrics.format_value(value)}")
     return out
+
+
+INSTANCE_MEMORY = "conch_instance_memory_bytes"
+
+
+def _instance_memory(instances: list[dict[str, Any]]) -> list[str]:
+    """Each process instance's resident memory (``memory="host"``) and, where GPU
+    metrics are on, the GPU memory it holds (``memory="gpu"``)."""
+    out: list[str] = []
+    for inst in instances:
+        labels = {k: str(inst.get(k, "")) for k in ("model", "instance", "worker")}
+        for memory, key in (("host", "host_bytes"), ("gpu", "gpu_bytes")):
+            value = inst.get(key)
+            if isinstance(value, int):
+                out.append(f"{INSTANCE_MEMORY}{{{_labels({**labels, 'memory': memory})}}} {value}")
+    if not out:
+        return []
+    return [
+        f"# HELP {INSTANCE_MEMORY} Memory a model instance running as a process of its own "
+        "holds: resident host memory, and GPU memory",
+        f"# TYPE {INSTANCE_MEMORY} gauge",
+        *out,
+    ]
 
 
 # conch_batch_size's buckets (rows); sizes are counted exactly, so any bucket is exact.

@@ -1,0 +1,108 @@
+"""One model instance: its backends, loaded and warmed up, and the loop that drains into them.
+
+An instance slot of ``instance_group`` holds one backend per loaded version, and one drain
+loop on the model's queue (a ``Batcher``, or a ``SequenceBatcher`` for a sequence model)
+that splits each batch by the versions its requests ask for. Both forms of an instance
+build it here: the thread form in the worker process (``conch.worker.host``), the process
+form in a child of its own (``conch.worker.process_instance``), so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+
+import redis
+
+from conch.backends import Backend, backend_class
+from conch.backends.base import BlsPort, InstanceSpec
+from conch.core.repository import ModelEntry
+from conch.core.sequence import SequenceSpec, state_in_redis
+from conch.settings import Settings
+from conch.wire.redis_link import CommandQueue
+from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
+from conch.worker.sequence_batcher import SequenceBatcher
+from conch.worker.warmup import run_warmup
+
+log = logging.getLogger(__name__)
+
+DrainLoop = Batcher | SequenceBatcher
+
+
+def load_backends(entry: ModelEntry, spec: InstanceSpec, bls: BlsPort | None) -> dict[int, Backend]:
+    """Every version's backend for the instance ``spec``, loaded and warmed up (before
+    the model is reported ready); what was loaded is unloaded again if one fails."""
+    cls = backend_class(entry.backend)
+    loaded: dict[int, Backend] = {}
+    try:
+        for version in entry.versions:
+            backend = cls(dataclasses.replace(entry.spec(version), bls=bls), spec)
+            backend.load()
+            loaded[version] = backend
+            run_warmup(backend, backend.spec)
+    except Exception:
+        unload(entry.name, loaded.values())
+        raise
+    return loaded
+
+
+def unload(model: str, backends: Iterable[Backend]) -> None:
+    """Unload ``backends``; a failure is logged, and the others are unloaded all the same."""
+    for backend in backends:
+        try:
+            backend.unload()
+        except Exception:
+            log.exception("model '%s': unload failed", model)
+
+
+def ordered(entry: ModelEntry) -> bool:
+    """Whether the model asks for ``preserve_ordering``: its replies leave in the order its
+    requests were popped, which a ``Sequencer`` shared by its drain loops keeps, so they
+    must share one process."""
+    cfg = entry.config
+    return cfg.HasField("dynamic_batching") and cfg.dynamic_batching.preserve_ordering
+
+
+def drain_loop(
+    entry: ModelEntry,
+    backends: dict[int, Backend],
+    spec: InstanceSpec,
+    *,
+    client: redis.Redis,
+    settings: Settings,
+    worker_id: str,
+    inflight: InFlight,
+    on_batch: Callable[[str, dict[str, int]], None] | None = None,
+    on_send: Callable[[CommandQueue], None] | None = None,
+    sequencer: Sequencer | None = None,
+) -> DrainLoop:
+    """The loop that drains ``entry``'s queue into one instance's ``backends`` (not started)."""
+    seq = SequenceSpec.from_config(entry.config)
+    if seq is not None:
+        return SequenceBatcher(
+            client=client,
+            model=entry.name,
+            backends=backends,
+            spec=seq,
+            max_batch_size=entry.config.max_batch_size,
+            worker_id=worker_id,
+            slot=spec.name,
+            initial_state=seq.initial_state(entry.path),
+            state_moves=state_in_redis(entry.config),
+            on_batch=on_batch,
+            name=f"sequences-{spec.name}",
+        )
+    return Batcher(
+        client=client,
+        model=entry.name,
+        backends=backends,
+        policy=BatchPolicy.from_config(entry.config),
+        inflight=inflight,
+        max_attempts=settings.max_attempts,
+        name=f"batcher-{spec.name}",
+        on_batch=on_batch,
+        on_send=on_send,
+        sequencer=sequencer,
+        samples=settings.metrics_config.summary_latencies,
+    )
