@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format bench bench-gpu install functions redis-server perf-analyzer mlserver triton wheelhouse clean
+.PHONY: serve test lint format bench bench-gpu install functions redis-server perf-analyzer mlserver triton triton-gpu wheelhouse clean
 
 install: $(STAMP)
 
@@ -92,6 +92,21 @@ $(TRITON_STAMP): | $(STAMP)
 
 triton: $(TRITON_STAMP)
 
+# make bench-gpu's Triton: the same wheel with onnxruntime-gpu (the version bench/gpu_carry_ort.sh
+# carries; PyPI's onnxruntime-gpu lags onnxruntime) and its small dependencies, in its own venv
+# (bench/triton_venv.sh: no pip of its own, the system's packages visible behind its own).
+TRITON_GPU_VENV := .cache/bench/triton-gpu-venv
+TRITON_GPU_ORT ?= 1.31.1
+TRITON_GPU_STAMP := $(TRITON_GPU_VENV)/.installed-nvidia-pytriton-0.7.0-onnxruntime-gpu-$(TRITON_GPU_ORT)
+
+$(TRITON_GPU_STAMP):
+	@echo "installing Triton (nvidia-pytriton 0.7.0, onnxruntime-gpu) into $(TRITON_GPU_VENV)" >&2
+	PYTHON=$(PYTHON) bench/triton_venv.sh $(TRITON_GPU_VENV) nvidia-pytriton==0.7.0 numpy==1.26.4 \
+	  onnxruntime-gpu==$(TRITON_GPU_ORT) flatbuffers packaging "protobuf>=4.25.8"
+	@touch $@
+
+triton-gpu: $(TRITON_GPU_STAMP)
+
 # $(2), unless both benchmark scripts are told $(1) (a peer neither of them runs).
 unless_both_skip = $(if $(and $(findstring $(1),$(BENCH_ARGS)),$(findstring $(1),$(TE_BENCH_ARGS))),,$(2))
 
@@ -135,12 +150,14 @@ wheelhouse: $(STAMP)
 
 # The GPU benchmark (bench/README.md, "make bench-gpu"): mlp_large and text_embedding served
 # as KIND_GPU on onnxruntime's CUDA provider, its TensorRT provider where that runs, and as
-# TorchScript, against the same files in process on the GPU. Exits 2 before installing
+# TorchScript, against NVIDIA Triton serving mlp_large on the same GPU (make triton-gpu; not
+# with --skip-triton) and the same files in process on the GPU. Exits 2 before installing
 # anything where no CUDA GPU is visible. BENCH_GPU_ARGS passes flags to bench/run.py --gpu,
 # e.g. BENCH_GPU_ARGS="--models text_embedding,text_embedding_ts --concurrency 16".
 bench-gpu: $(STAMP)
 	@$(BIN)/python bench/run.py --gpu --gpu-check $(BENCH_GPU_ARGS)
-	@$(MAKE) --no-print-directory functions redis-server perf-analyzer
+	@$(MAKE) --no-print-directory functions redis-server perf-analyzer \
+	  $(if $(findstring --skip-triton,$(BENCH_GPU_ARGS)),,triton-gpu)
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python bench/run.py --gpu $(BENCH_GPU_ARGS)
 

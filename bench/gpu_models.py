@@ -18,6 +18,10 @@ a machine without one); tokenizer and pooling stay on the CPU, as in the shipped
 The TensorRT models warm up (``model_warmup``) at the smallest and the largest shape they
 will see, so onnxruntime builds its engine for that whole range before the model is ready
 instead of again whenever a request's shape falls outside the range seen so far.
+
+NVIDIA Triton runs beside conch on the same GPU (:func:`build_triton_repository`): the MLPs as
+Python-backend models running onnxruntime's CUDA provider on the same ``.onnx`` files, with
+conch's batching.
 """
 
 from __future__ import annotations
@@ -317,6 +321,59 @@ def _add_text(out: Path, kind: str) -> None:
         cfg = _ensemble(ensemble, name, ENCODER + suffix, ts=suffix == TS_SUFFIX)
         (out / name / "1").mkdir(parents=True)
         write_config(out / name, cfg, f"{TEXT_NAME} with its encoder step on {ENCODER + suffix}")
+
+
+# --------------------------------------------------------------------------- Triton
+
+
+# The workloads NVIDIA Triton serves beside conch in make bench-gpu. Its wheel (nvidia-pytriton)
+# has no ONNX, TensorRT or PyTorch backend, so each is a Python-backend model of the same name
+# running onnxruntime on the same .onnx file (bench/models.py's PY_MODEL): the MLPs. The _trt
+# and _ts variants are compared with their workload's Triton model; text_embedding with none.
+TRITON_FAMILIES = (models.SMALL_NAME, models.LARGE_NAME)
+
+
+def triton_model(name: str) -> str | None:
+    """The model Triton serves for variant ``name`` (its workload's), or None."""
+    family = BY_NAME[name].family
+    return family if family in TRITON_FAMILIES else None
+
+
+def triton_served(names: list[str]) -> list[str]:
+    """What Triton serves for the variants ``names`` (each once, in order)."""
+    return list(dict.fromkeys(t for t in map(triton_model, names) if t))
+
+
+def triton_out(conch_repo: Path) -> Path:
+    """Where :func:`build_triton_repository` writes Triton's repository for ``conch_repo``."""
+    return conch_repo.with_name(conch_repo.name + "-triton")
+
+
+def build_triton_repository(conch_repo: Path, names: list[str], *, kind: str = "KIND_GPU") -> Path:
+    """Triton's repository for the models ``names`` (of :data:`TRITON_FAMILIES`), written anew
+    beside ``conch_repo`` (:func:`triton_out`); returns it.
+
+    Each is conch's config of that model with ``backend: "python"`` and one ``kind`` instance
+    (on GPU 0 when KIND_GPU): the same tensors, ``max_batch_size`` and dynamic batching. Its
+    ``model.py`` is bench/models.py's PY_MODEL (onnxruntime with conch's session options, on
+    the CUDA provider for a KIND_GPU instance), beside a hard link of conch's ``model.onnx``."""
+    out = triton_out(Path(conch_repo))
+    if out.exists():
+        shutil.rmtree(out)
+    for name in names:
+        cfg = _copy(read_config(conch_repo / name), name)
+        cfg.platform, cfg.backend, cfg.default_model_filename = "", "python", ""
+        _instances(cfg, kind)
+        (out / name / "1").mkdir(parents=True)
+        models.link_or_copy(conch_repo / name / "1" / "model.onnx", out / name / "1" / "model.onnx")
+        (out / name / "1" / "model.py").write_text(models.PY_MODEL)
+        write_config(
+            out / name,
+            cfg,
+            f"{name} for Triton: a Python model running onnxruntime on conch's .onnx, one {kind} "
+            "instance",
+        )
+    return out
 
 
 def build_repository(out: Path = GPU_OUT, *, kind: str = "KIND_GPU", force: bool = False) -> Path:

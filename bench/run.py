@@ -36,6 +36,11 @@ table, then the floors of issue 3 point 8 with PASS or FAIL. Progress goes to st
 ``.cache/bench/runs/<time>/``. Every process it starts is stopped when it ends, also on
 error, Ctrl-C or SIGTERM.
 
+``--gpu`` (make bench-gpu) serves bench/gpu_models.py's KIND_GPU variants with conch, then
+Triton serving the MLPs on the same GPU as Python models on onnxruntime's CUDA provider
+(``bench_triton_gpu``; its cells say why where it cannot run), then the same files in process
+on the GPU; ``--rehearse`` does all of it on the CPU.
+
 Exit status: 0 when the table was printed (1 with ``--strict`` if a floor failed), 2 when
 the benchmark could not run.
 """
@@ -75,6 +80,9 @@ CACHE = ROOT / ".cache" / "bench"
 MLSERVER_VENV = CACHE / "mlserver-venv"
 MLSERVER_BIN = MLSERVER_VENV / "bin" / "mlserver"
 TRITON_VENV = CACHE / "triton-venv"
+# make bench-gpu's Triton: the same wheel with onnxruntime-gpu (make triton-gpu,
+# bench/triton_venv.sh); --rehearse uses TRITON_VENV's CPU onnxruntime.
+TRITON_GPU_VENV = CACHE / "triton-gpu-venv"
 
 ALL_MODELS = models.ALL_MODELS
 ALL_CONCURRENCY = (1, 16, 64)
@@ -122,6 +130,8 @@ class Results:
     # sentence-transformers'; model -> why it was not run (no TensorRT)
     agreement: dict[str, float] = field(default_factory=dict)
     not_run: dict[str, str] = field(default_factory=dict)
+    # --gpu: server ("triton") -> why it did not run, or stopped
+    servers_not_run: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
     def get(self, server: str, model: str, concurrency: int) -> Point | None:
@@ -554,6 +564,14 @@ def bench_mlserver(
 # --------------------------------------------------------------------------- Triton
 
 
+def triton_twin(model: str, args: argparse.Namespace) -> str | None:
+    """The model Triton serves in place of ``model``: with --gpu its workload's Python model
+    (None where Triton serves none), else its Python twin or itself."""
+    if getattr(args, "gpu", False):
+        return gpu_models.triton_model(model)
+    return models.TRITON_TWIN.get(model, model)
+
+
 def triton_models(chosen: list[str]) -> list[str]:
     """What Triton serves for the chosen models: each ONNX model's Python twin, in order."""
     out: list[str] = []
@@ -564,19 +582,40 @@ def triton_models(chosen: list[str]) -> list[str]:
     return out
 
 
-def triton_layout() -> dict[str, str]:
-    """The venv's site-packages and the LIBDIR (libpython) of the interpreter it was made from."""
-    py = TRITON_VENV / "bin" / "python"
+# What triton_layout asks the Triton venv's python: its site-packages, the LIBDIR (libpython)
+# of the interpreter it was made from, the lib folders of the NVIDIA CUDA packages it sees
+# (pip's nvidia-* wheels, e.g. beside a GPU image's torch), and its onnxruntime's providers.
+_LAYOUT_PROBE = """
+import glob, json, os, sys, sysconfig
+out = {"purelib": sysconfig.get_paths()["purelib"], "libdir": sysconfig.get_config_var("LIBDIR")}
+out["cuda_libs"] = sorted({d for p in sys.path for d in glob.glob(os.path.join(p, "nvidia", "*", "lib"))})
+try:
+    import onnxruntime
+    out["onnxruntime"] = onnxruntime.__version__
+    out["providers"] = onnxruntime.get_available_providers()
+except Exception as exc:
+    out["onnxruntime"] = f"not importable ({exc})"
+    out["providers"] = []
+print(json.dumps(out))
+"""
+
+
+def triton_layout(venv: Path = TRITON_VENV) -> dict[str, Any]:
+    """The Triton venv as _LAYOUT_PROBE reports it (outside PYTHONPATH, as the server runs)."""
+    py = venv / "bin" / "python"
     if not py.exists():
-        raise RuntimeError(
-            f"Triton is not installed in {TRITON_VENV}: run `make triton` (`make bench` does), "
-            "or pass --skip-triton"
-        )
-    code = (
-        "import json, sysconfig; print(json.dumps({'purelib': sysconfig.get_paths()['purelib'],"
-        " 'libdir': sysconfig.get_config_var('LIBDIR')}))"
+        hint = {
+            TRITON_VENV: "`make triton` (`make bench` does)",
+            TRITON_GPU_VENV: "`make triton-gpu` (`make bench-gpu` does)",
+        }.get(venv, "bench/triton_venv.sh")
+        raise RuntimeError(f"Triton is not installed in {venv}: run {hint}, or pass --skip-triton")
+    out = subprocess.run(
+        [str(py), "-c", _LAYOUT_PROBE],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ""},
     )
-    out = subprocess.run([str(py), "-c", code], check=True, stdout=subprocess.PIPE, text=True)
     return json.loads(out.stdout)
 
 
@@ -638,14 +677,40 @@ def _triton_cpu(server_pid: int) -> dict[str, float]:
     }
 
 
+def triton_providers(log: Path) -> dict[str, str]:
+    """model -> "<provider> (<details>)" from the lines bench/models.py's PY_MODEL prints."""
+    out: dict[str, str] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if models.PROVIDER_MARK in line:
+            model, _, said = line.split(models.PROVIDER_MARK, 1)[1].strip().partition(": ")
+            out[model] = said
+    return out
+
+
 def bench_triton(
-    args: argparse.Namespace, repo: Path, pa: PaOptions, run_dir: Path, results: Results
+    args: argparse.Namespace,
+    repo: Path,
+    pa: PaOptions,
+    run_dir: Path,
+    results: Results,
+    *,
+    served: list[str] | None = None,
+    venv: Path = TRITON_VENV,
+    provider: str | None = None,
 ) -> None:
+    """Triton from ``venv`` serving ``served`` (default: what it serves for ``args.models``)
+    from ``repo``, each at ``args.concurrency``. ``provider``: the onnxruntime provider every
+    served model must run on (its PY_MODEL line in the server's log says), else it raises."""
     from conch.devtools.redis_server import free_port
 
-    layout = triton_layout()
+    layout = triton_layout(venv)
+    if provider and provider not in layout["providers"]:
+        raise RuntimeError(
+            f"onnxruntime {layout['onnxruntime']} in {venv} has no {provider} "
+            f"(it has {', '.join(layout['providers']) or 'none'})"
+        )
     tdir = Path(layout["purelib"]) / "pytriton" / "tritonserver"
-    served = triton_models(args.models)
+    served = served or triton_models(args.models)
     for m in served:
         if m not in pa.input_files:
             pa.input_files[m] = write_input_data(repo, m, run_dir / f"input-{m}.json")
@@ -679,18 +744,22 @@ def bench_triton(
     for m in served:
         cmd += ["--load-model", m]
     env = {
-        # The Python backend stub embeds libpython of the venv's base interpreter.
+        # The Python backend stub embeds libpython of the venv's base interpreter; onnxruntime's
+        # CUDA provider wants the CUDA libraries (pip's nvidia-* lib folders, when there are).
         "LD_LIBRARY_PATH": os.pathsep.join(
             p
             for p in (
                 layout["libdir"],
                 str(Path(layout["purelib"]) / "nvidia_pytriton.libs"),
+                *layout["cuda_libs"],
                 os.environ.get("LD_LIBRARY_PATH", ""),
             )
             if p
         ),
-        # ... and finds numpy and onnxruntime through the venv's python on PATH.
-        "PATH": f"{TRITON_VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        # ... and finds numpy and onnxruntime through the venv's python on PATH, not through
+        # a PYTHONPATH meant for conch (its packages, numpy 2 among them, would come first).
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": "",
     }
     with procs.Group(run_dir / "logs") as group:
         server = group.start("tritonserver", cmd, env=env)
@@ -701,6 +770,16 @@ def bench_triton(
             group,
             "tritonserver readiness",
         )
+        said = triton_providers(server.log_path)
+        results.settings.setdefault("triton_providers", {}).update(said)
+        for model, how in said.items():
+            say(f"triton: {model} runs on {how}")
+        for model in served if provider else ():
+            if not said.get(model, "").startswith(provider):
+                raise RuntimeError(
+                    f"Triton's {model} runs on {said.get(model) or 'an unknown provider'}, "
+                    f"not {provider} (see {server.log_path})"
+                )
         for model in served:
             for c in args.concurrency:
                 group.check_alive()
@@ -719,6 +798,42 @@ def bench_triton(
                 _count_point(point, before, after, cpu0, cpu1)
                 results.points.append(point)
                 _report_point(point)
+
+
+def bench_triton_gpu(
+    args: argparse.Namespace, repo: Path, pa: PaOptions, run_dir: Path, results: Results
+) -> None:
+    """--gpu: Triton beside conch, after it, on the same device: the MLP workloads among the
+    chosen variants as Python models running onnxruntime on conch's .onnx files
+    (gpu_models.build_triton_repository), KIND_GPU on the CUDA provider (--rehearse: KIND_CPU
+    on the CPU, from make triton's venv). Where Triton cannot run, or stops,
+    ``results.servers_not_run["triton"]`` says why and the run goes on."""
+    served = gpu_models.triton_served(args.models)
+    if args.skip_triton or not served:
+        return
+    venv = args.triton_venv or (TRITON_VENV if args.rehearse else TRITON_GPU_VENV)
+    kind, provider = (
+        ("KIND_CPU", "CPUExecutionProvider")
+        if args.rehearse
+        else ("KIND_GPU", "CUDAExecutionProvider")
+    )
+    try:
+        trepo = gpu_models.build_triton_repository(repo, served, kind=kind)
+        say(f"triton: {', '.join(served)} from {trepo} ({kind}), venv {venv}")
+        bench_triton(
+            args, trepo, pa, run_dir, results, served=served, venv=Path(venv), provider=provider
+        )
+    except Exception as exc:
+        results.servers_not_run["triton"] = _why(exc)
+        say(f"triton: not run further: {exc}")
+
+
+def _why(exc: Exception) -> str:
+    """One line for a table: the last ``error:`` line of ``exc``'s message (a server's log
+    tail), else its first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith("error")]
+    return (errors or lines or [type(exc).__name__])[-1 if errors else 0]
 
 
 # --------------------------------------------------------------------------- in process
@@ -920,21 +1035,41 @@ def format_mlserver_table(results: Results, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def _triton_gpu_cells(results: Results, args: argparse.Namespace, model: str, conch: Point) -> str:
+    """--gpu: the Triton infer/s, p50 and conch HTTP ÷ Triton cells of a variant's row: its
+    workload's Triton model at the same concurrency, or why there is none."""
+    tmodel = gpu_models.triton_model(model)
+    if tmodel is None:
+        return "not served by Triton | - | -"
+    if getattr(args, "skip_triton", False):
+        return "skipped | - | -"
+    t = results.get("triton", tmodel, conch.concurrency)
+    if t is None or t.infer_per_s is None:
+        why = results.servers_not_run.get("triton")
+        text = f"not run: {why}" if why else (t.error if t and t.error else "n/a")
+        return f"{text.replace('|', '/')} | - | -"
+    label = f"{t.infer_per_s:,.0f}" + (f" ({tmodel})" if tmodel != model else "")
+    ratio = conch.infer_per_s / t.infer_per_s if conch.infer_per_s else None
+    return f"{label} | {_f(t.p50_ms, '.2f')} | {_ratio(ratio)}"
+
+
 def format_gpu_table(results: Results, args: argparse.Namespace) -> str:
-    """--gpu: each variant served by conch (HTTP, then gRPC) against its own files in process
-    on the same device, at batch 1 and at the batch conch formed (an ensemble's encoder
-    step's), and text_embedding against sentence-transformers' encode at that batch."""
+    """--gpu: each variant served by conch (HTTP, then gRPC) against Triton serving its
+    workload (HTTP, same concurrency), against its own files in process on the same device,
+    at batch 1 and at the batch conch formed (an ensemble's encoder step's), and
+    text_embedding against sentence-transformers' encode at that batch."""
     head = (
         "| model | runtime | conc | HTTP infer/s | p50 ms | p99 ms | mean batch "
-        "| gRPC infer/s | gRPC ÷ HTTP | in process @ 1 | in process @ batch formed "
+        "| gRPC infer/s | gRPC ÷ HTTP | Triton infer/s | Triton p50 ms | HTTP ÷ Triton "
+        "| in process @ 1 | in process @ batch formed "
         "| HTTP ÷ in process | sentence-transformers @ batch | HTTP ÷ sentence-transformers |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 17]
     for model in results.settings.get("models", args.models):
         variant = gpu_models.BY_NAME[model]
         why = results.not_run.get(model)
         if why:
-            lines.append(f"| {model} | {variant.runtime} | - | {why} |" + " - |" * 10)
+            lines.append(f"| {model} | {variant.runtime} | - | {why} |" + " - |" * 13)
             continue
         table = results.inprocess.get(model, {})
         reference = results.reference.get(variant.family, {})
@@ -950,6 +1085,7 @@ def format_gpu_table(results: Results, args: argparse.Namespace) -> str:
                 f"| {model} | {variant.runtime} | {c} | {_f(p.infer_per_s, ',.0f')} "
                 f"| {_f(p.p50_ms, '.2f')} | {_f(p.p99_ms, '.2f')} | {_f(p.mean_batch, '.1f')} "
                 f"| {_f(g.infer_per_s if g else None, ',.0f')} | {_ratio(ratio_g)} "
+                f"| {_triton_gpu_cells(results, args, model, p)} "
                 f"| {_f(table.get(1), ',.0f')} | {f'{inproc:,.0f} @ {b}' if inproc else 'n/a'} "
                 f"| {_ratio(p.infer_per_s / inproc if p.infer_per_s and inproc else None)} "
                 f"| {f'{ref:,.0f} @ {b}' if ref else '-'} "
@@ -961,6 +1097,17 @@ def format_gpu_table(results: Results, args: argparse.Namespace) -> str:
             "text_embedding in process, lowest cosine against sentence-transformers: "
             + ", ".join(f"{m} {v:.6f}" for m, v in results.agreement.items())
         )
+    said = results.settings.get("triton_providers") or {}
+    if said:
+        lines.append("")
+        lines.append(
+            "Triton 2.51 (nvidia-pytriton 0.7.0), Python models running onnxruntime on conch's "
+            ".onnx files: " + "; ".join(f"{m} on {how}" for m, how in said.items())
+        )
+    why = results.servers_not_run.get("triton")
+    if why:
+        lines.append("")
+        lines.append(f"Triton did not run (or stopped): {why}")
     return "\n".join(lines)
 
 
@@ -978,7 +1125,7 @@ def format_cpu_table(results: Results, args: argparse.Namespace) -> str:
             for server, served in (
                 ("conch", model),
                 ("conch-grpc", model),
-                ("triton", models.TRITON_TWIN.get(model, model)),
+                ("triton", triton_twin(model, args)),
             ):
                 p = results.get(server, served, c) if served else None
                 if p is None or not p.cpu_ms_per_request:
@@ -1026,8 +1173,8 @@ def format_overhead_table(results: Results, args: argparse.Namespace, repo: Path
     for model in args.models:
         delay = _queue_delay_ms(repo, model)
         c_p50, c_comp, c_over, value = overhead(results.get("conch", model, 1), delay)
-        twin = models.TRITON_TWIN.get(model, model)
-        t_p50, t_comp, t_over, _ = overhead(results.get("triton", twin, 1), delay)
+        twin = triton_twin(model, args)
+        t_p50, t_comp, t_over, _ = overhead(results.get("triton", twin, 1) if twin else None, delay)
         if twin != model and (t_p50, t_comp) != ("-", "-"):
             t_over += f" ({twin})"
         verdict = "-" if value is None else ("PASS" if value <= OVERHEAD_GOAL_MS else "FAIL")
@@ -1161,9 +1308,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="make bench-gpu: bench/gpu_models.py's KIND_GPU models (mlp_large and "
         "text_embedding on onnxruntime's CUDA provider, its TensorRT provider where that runs, "
-        "and TorchScript) against the same files in process on the GPU; MLServer and Triton "
-        f"are skipped; models from {', '.join(gpu_models.BY_NAME)} (default: all but mlp). "
-        "Exits 2 without a CUDA GPU",
+        "and TorchScript) against the same files in process on the GPU, and against Triton "
+        "serving the MLPs as Python models on onnxruntime's CUDA provider (--skip-triton: not); "
+        f"MLServer is skipped; models from {', '.join(gpu_models.BY_NAME)} (default: all but "
+        "mlp). Exits 2 without a CUDA GPU",
     )
     p.add_argument(
         "--gpu-check",
@@ -1177,12 +1325,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --gpu: the same models and steps with KIND_CPU instances and in process on "
         "the CPU, to check the benchmark itself on a machine without a GPU (numbers mean nothing)",
     )
+    p.add_argument(
+        "--triton-venv",
+        type=Path,
+        default=None,
+        help="with --gpu: the venv Triton runs from (default: .cache/bench/triton-gpu-venv, "
+        "make triton-gpu or bench/triton_venv.sh; with --rehearse .cache/bench/triton-venv)",
+    )
     args = p.parse_args(argv)
     if (args.gpu_check or args.rehearse) and not args.gpu:
         p.error("--gpu-check and --rehearse go with --gpu")
     known = gpu_models.BY_NAME if args.gpu else ALL_MODELS
     if args.gpu:
-        args.skip_mlserver = args.skip_triton = True
+        args.skip_mlserver = True
         if args.models == ",".join(ALL_MODELS):
             args.models = ",".join(gpu_models.DEFAULT_MODELS)
     args.models = [m for m in args.models.split(",") if m]
@@ -1306,7 +1461,9 @@ def main(argv: list[str] | None = None) -> int:
         bench_conch(args, repo, pa, run_dir, results)
         if not args.skip_mlserver:
             bench_mlserver(args, repo, pa, run_dir, results)
-        if not args.skip_triton:
+        if args.gpu:
+            bench_triton_gpu(args, repo, pa, run_dir, results)
+        elif not args.skip_triton:
             bench_triton(args, repo, pa, run_dir, results)
         if args.gpu:
             bench_inprocess_gpu(args, repo, results)
@@ -1460,6 +1617,7 @@ def _as_json(results: Results) -> dict[str, Any]:
         "reference": {m: {str(b): v for b, v in t.items()} for m, t in results.reference.items()},
         "agreement": results.agreement,
         "not_run": results.not_run,
+        "servers_not_run": results.servers_not_run,
     }
 
 

@@ -120,9 +120,120 @@ def test_the_gpu_table_gives_ratios_and_says_why_a_row_did_not_run(run) -> None:
         "-",
         "no TensorRT: libnvinfer.so.10 missing",
     ]
+    assert len(trt) == len(lines[0].strip("|").split("|"))
     row = [c.strip() for c in lines[3].strip("|").split("|")]
     assert row[0:3] == ["text_embedding", "onnxruntime CUDA", "16"]
-    assert row[7:] == ["400", "0.50", "500", "4,000 @ 8", "0.20", "1,600 @ 8", "0.50"]
+    assert row[7:9] == ["400", "0.50"]
+    assert row[9:12] == ["not served by Triton", "-", "-"]
+    assert row[12:] == ["500", "4,000 @ 8", "0.20", "1,600 @ 8", "0.50"]
+
+
+def test_the_gpu_table_compares_each_mlp_variant_with_tritons_mlp_large(run) -> None:
+    """conch HTTP ÷ Triton at the same concurrency, the _ts variant against its workload's
+    Triton model; where Triton stopped, the rows it did not reach say why."""
+    results = run.Results(settings={"models": ["mlp_large", "mlp_large_ts"]})
+    results.points += [
+        run.Point("conch", "mlp_large", 16, infer_per_s=3000, p50_ms=5, mean_batch=8),
+        run.Point("conch", "mlp_large_ts", 16, infer_per_s=1500, p50_ms=9, mean_batch=8),
+        run.Point("conch", "mlp_large", 64, infer_per_s=3600, p50_ms=17, mean_batch=30),
+        run.Point("triton", "mlp_large", 16, infer_per_s=4000, p50_ms=3.5),
+    ]
+    results.servers_not_run["triton"] = "tritonserver exited with status 1"
+    results.settings["triton_providers"] = {
+        "mlp_large": "CUDAExecutionProvider (onnxruntime 1.31.1; a KIND_GPU instance on GPU 0)"
+    }
+    args = argparse.Namespace(models=["mlp_large", "mlp_large_ts"], concurrency=[16, 64])
+    text = run.format_gpu_table(results, args)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()[2:6]]
+    assert [r[9:12] for r in rows] == [
+        ["4,000", "3.50", "0.75"],
+        ["not run: tritonserver exited with status 1", "-", "-"],
+        ["4,000 (mlp_large)", "3.50", "0.38"],
+        ["not run: tritonserver exited with status 1", "-", "-"],
+    ]
+    assert "mlp_large on CUDAExecutionProvider (onnxruntime 1.31.1" in text
+    args.skip_triton = True
+    lines = run.format_gpu_table(results, args).splitlines()[2:6]
+    assert [line.split("|")[10].strip() for line in lines] == ["skipped"] * 4
+
+
+def test_tritons_repository_is_conchs_config_as_a_python_model(run, gpu_models, repo) -> None:
+    """make bench-gpu's Triton serves the MLP workloads as Python models on conch's .onnx, with
+    conch's batching and one instance of the kind asked for; conch's loader reads them."""
+    chosen = ["mlp_large_trt", "text_embedding", "mlp_large", "mlp_large_ts"]
+    assert gpu_models.triton_served(chosen) == ["mlp_large"]
+    assert gpu_models.triton_model("text_embedding_ts") is None
+    names = gpu_models.triton_served(["mlp", *chosen])
+    trepo = gpu_models.build_triton_repository(repo, names)
+    assert trepo == gpu_models.triton_out(repo) and trepo.parent == repo.parent
+    assert sorted(p.name for p in trepo.iterdir()) == ["mlp", "mlp_large"]
+    entries = ModelRepository(trepo, complete=complete, gpu_count=1).scan()
+    for name in names:
+        ours, theirs = gpu_models.read_config(repo / name), gpu_models.read_config(trepo / name)
+        assert (theirs.backend, theirs.platform) == ("python", "")
+        assert theirs.max_batch_size == ours.max_batch_size > 0
+        assert theirs.dynamic_batching == ours.dynamic_batching
+        assert theirs.dynamic_batching.max_queue_delay_microseconds > 0
+        assert (list(theirs.input), list(theirs.output)) == (list(ours.input), list(ours.output))
+        kind_gpu = type(theirs.instance_group[0]).Kind.Value("KIND_GPU")
+        assert [(g.kind, g.count, list(g.gpus)) for g in theirs.instance_group] == [
+            (kind_gpu, 1, [0])
+        ]
+        folder = trepo / name / "1"
+        assert (folder / "model.py").read_text() == run.models.PY_MODEL
+        assert (folder / "model.onnx").samefile(repo / name / "1" / "model.onnx") or (
+            (folder / "model.onnx").read_bytes() == (repo / name / "1" / "model.onnx").read_bytes()
+        )
+        assert entries[name].error is None, entries[name].error
+    rehearsal = gpu_models.build_triton_repository(repo, ["mlp"], kind="KIND_CPU")
+    assert sorted(p.name for p in rehearsal.iterdir()) == ["mlp"]  # written anew
+    cfg = gpu_models.read_config(rehearsal / "mlp")
+    assert [(g.kind, list(g.gpus)) for g in cfg.instance_group] == [
+        (type(cfg.instance_group[0]).Kind.Value("KIND_CPU"), [])
+    ]
+
+
+def test_tritons_model_says_which_provider_it_got_and_the_run_reads_it(
+    run, gpu_models, repo, tmp_path, capsys
+) -> None:
+    """PY_MODEL through conch's Python backend: a KIND_GPU instance with an onnxruntime that has
+    no CUDA provider falls back to the CPU and says why, a KIND_CPU one runs on the CPU; the
+    lines it prints are what bench_triton reads from the server's log."""
+    import onnxruntime as ort
+
+    from conch.backends import BackendRequest, InstanceSpec, backend_class
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    trepo = gpu_models.build_triton_repository(repo, ["mlp"])
+    entry = ModelRepository(trepo, complete=complete, gpu_count=1).scan()["mlp"]
+    x = np.random.default_rng(5).standard_normal((3, 64), dtype=np.float32)
+    outputs = []
+    for kind in ("GPU", "CPU"):
+        backend = backend_class(entry.backend)(entry.spec(1), InstanceSpec("mlp_0", kind, 0))
+        backend.load()
+        try:
+            [result] = backend.execute([BackendRequest({"INPUT0": x}, ["OUTPUT0"])])
+            assert isinstance(result, dict), result
+            outputs.append(result["OUTPUT0"])
+        finally:
+            backend.unload()
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-6)
+    assert outputs[0].shape == (3, 16)
+    printed = capsys.readouterr().out
+    log = tmp_path / "tritonserver.log"
+    log.write_text("I1128 model loading\n" + printed)
+    mark = run.models.PROVIDER_MARK
+    assert [line.split(": ", 1)[1] for line in printed.splitlines() if mark in line] == [
+        "CPUExecutionProvider (onnxruntime "
+        f"{ort.__version__}; a KIND_GPU instance, but this onnxruntime has no "
+        "CUDAExecutionProvider)",
+        f"CPUExecutionProvider (onnxruntime {ort.__version__}; a KIND_CPU instance)",
+    ]
+    # The last line of a model wins: its instance that loaded last.
+    assert run.triton_providers(log) == {
+        "mlp": f"CPUExecutionProvider (onnxruntime {ort.__version__}; a KIND_CPU instance)"
+    }
 
 
 def test_without_a_gpu_it_says_so_and_exits_2(run, capsys) -> None:
@@ -135,3 +246,34 @@ def test_without_a_gpu_it_says_so_and_exits_2(run, capsys) -> None:
         "make bench-gpu needs a CUDA GPU; see bench/README.md GPU section"
         in capsys.readouterr().err
     )
+
+
+def test_where_triton_cannot_start_the_run_goes_on_and_says_why(run, repo, tmp_path) -> None:
+    args = run.parse_args(["--gpu", "--models", "mlp_large,text_embedding"])
+    args.triton_venv = tmp_path / "no-venv"
+    results = run.Results()
+    pa = run.PaOptions("perf_analyzer", 1000, 100, 3)
+    run.bench_triton_gpu(args, repo, pa, tmp_path, results)  # does not raise
+    assert results.servers_not_run == {
+        "triton": f"Triton is not installed in {tmp_path / 'no-venv'}: run bench/triton_venv.sh, "
+        "or pass --skip-triton"
+    }
+    assert not results.points
+    # Nothing for Triton to serve (text_embedding), or --skip-triton: not even tried.
+    for argv in (["--models", "text_embedding"], ["--models", "mlp_large", "--skip-triton"]):
+        args = run.parse_args(["--gpu", *argv])
+        args.triton_venv = tmp_path / "no-venv"
+        results = run.Results()
+        run.bench_triton_gpu(args, repo, pa, tmp_path, results)
+        assert results.servers_not_run == {}
+
+
+def test_a_servers_error_line_is_what_its_row_says(run) -> None:
+    exc = RuntimeError(
+        "tritonserver exited with status 1; last lines of x.log:\n"
+        "I1128 server.cc:345] stopping\n"
+        "error: creating server: Invalid argument - gpu id 0\n"
+    )
+    assert run._why(exc) == "error: creating server: Invalid argument - gpu id 0"
+    assert run._why(RuntimeError("no venv\nmore")) == "no venv"
+    assert run._why(RuntimeError()) == "RuntimeError"
