@@ -34,7 +34,7 @@ from conch.core import tracing
 from conch.frontend import bls
 from conch.frontend.jobs import tasks as job_tasks
 from conch.settings import Settings
-from conch.wire import broker, control_bus
+from conch.wire import broker, control_bus, log_control, trace_control
 from conch.wire.redis_client import open_client
 from conch.wire.redis_url import celery_url
 from conch.worker import process_instance, steps
@@ -121,6 +121,10 @@ def run_instance(plan: InstancePlan, conn: Connection) -> None:
     server_log.configure(settings)
     tracing.start(settings.trace_config, "conch-worker")
     client = open_client(settings.redis_url)
+    # The logging and trace APIs' changes reach the child as they reach its worker
+    # (steps.SettingsFollower), stored ones first.
+    log_control.follow(client, server_log.apply)
+    trace_control.TRACING.follow(client, tracing.apply)
     repository = control_bus.open_repository(settings, client, complete=complete)
     port = bls.BlsClient(settings, repository, client=client)
     sys.exit(process_instance.serve(plan, conn, client=client, bls=port))

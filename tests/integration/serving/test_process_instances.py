@@ -188,6 +188,27 @@ def test_each_instance_runs_in_a_process_of_its_own(stack, db: str) -> None:
         ), text
 
 
+def test_the_logging_api_reaches_the_children(stack, db: str) -> None:
+    """POST v2/logging turns verbose lines on in the worker's children too: a child's
+    drain loop then logs each batch it runs, with the child's pid."""
+    url, _, worker = stack
+    pids = set(children(db, "pid").values())
+    verbose = requests.post(f"http://{url}/v2/logging", json={"log_verbose_level": 1}, timeout=10)
+    assert verbose.status_code == 200, verbose.text
+    try:
+
+        def a_child_says_so() -> bool:
+            pid_of(url)
+            return any(
+                "executing 1 request" in line and any(f" {p} " in line for p in pids)
+                for line in worker.log().splitlines()
+            )
+
+        wait_until(a_child_says_so, 30, "a child's verbose line", worker)
+    finally:
+        requests.post(f"http://{url}/v2/logging", json={"log_verbose_level": 0}, timeout=10)
+
+
 def test_a_killed_instance_loses_nothing_and_comes_back(stack, db: str) -> None:
     """SIGKILL a child mid-batch: its requests are redelivered and answered, and the worker
     starts the instance again, which then serves."""
