@@ -1,26 +1,35 @@
 #!/usr/bin/env python3
 """What a gRPC transport costs by itself, and what conch's gRPC path would cost on another.
 
-    .venv/bin/python bench/grpc_floor.py [--concurrency 16] [--window-ms 2000] [--rounds 2]
-    PYTHONPATH=platform .venv/bin/python bench/grpc_floor.py --dataplane
+    .venv/bin/python bench/grpc_floor.py [--concurrency 1,16,64] [--window-ms 2000] [--rounds 2]
+    PYTHONPATH=platform .venv/bin/python bench/grpc_floor.py --dataplane [--concurrency 1,16,64]
 
 Floors (the default): perf_analyzer -i grpc against servers that answer every call at
-once, with a canned output of the benchmark's ``mlp`` shape (and the metadata and config
-perf_analyzer asks for first), no Redis, worker or data plane behind them, so their CPU
-per call is what any frontend built on the transport pays before doing any work:
+once, with the same canned output of the benchmark's ``mlp`` shape (and the metadata and
+config perf_analyzer asks for first), no Redis, worker or data plane behind them, so their
+CPU per call is what any frontend built on the transport pays before doing any work:
 
 - ``grpcio``: grpcio's synchronous server and its thread pool, what ``conch grpc`` runs;
 - ``grpcio-aio``: grpcio's asyncio server;
-- ``h2-gevent``: HTTP/2 framed by hand on a gevent socket, as the HTTP gateway's
-  keep-alive loop reads HTTP/1.1: a greenlet per call, one writer per connection
-  (HPACK decoding by the ``hpack`` package, response header blocks written once). It is
-  a measuring device, not a server: no flow control past the connection window, no
-  TLS, no errors, no streams, one header frame per request.
+- ``h2``: the ``h2`` library's HTTP/2 state machine (``H2Connection``, server side) on a
+  gevent socket, as the HTTP gateway runs: a greenlet per connection reads and feeds it, a
+  greenlet per call answers, one writer per connection sends what h2 has ready. h2 does
+  the framing, HPACK, SETTINGS, PING, GOAWAY and flow control (received DATA is
+  acknowledged; a sender waits while the peer's window is shut); the gRPC layer above it
+  (length-prefixed messages, ``grpc-status`` and ``grpc-message`` trailers) is a few
+  lines here. Unary calls only: no streams, deadlines, compression or TLS;
+- ``grpclib``: ``grpclib.server.Server`` (asyncio on h2), its handlers registered as
+  ``grpclib.const.Handler`` entries, messages passed as bytes as grpcio's are here.
 
 ``--dataplane``: the whole path, over one private Redis and one worker: conch's HTTP
-gateway, ``conch grpc`` (grpcio), and ``h2-gevent`` answering through conch's own
-``InferenceService`` and data plane (what ``conch grpc`` runs, on the other transport),
-with CPU ms per request of the frontend, worker, redis and perf_analyzer.
+gateway, ``conch grpc`` (grpcio), and the ``h2`` and ``grpclib`` transports answering
+through conch's own ``InferenceService`` and data plane (what ``conch grpc`` runs, on the
+other transport: on gevent for h2; in a pool of 64 threads beside grpclib's loop, since
+the service blocks on Redis), with infer/s, p50 and CPU ms per request of the frontend,
+worker, redis and perf_analyzer.
+
+Measured: bench/README.md, "Issue 14: gRPC" (grpcio against HTTP/2 framed by hand) and
+"Issue 28: which HTTP/2 library" (h2 against grpclib).
 
 Rounds take turns through the servers, so that a busy host weighs on all of them alike.
 """
@@ -39,7 +48,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SERVERS = ("grpcio", "grpcio-aio", "h2-gevent")
+SERVERS = ("grpcio", "grpcio-aio", "h2", "grpclib")
+# --dataplane's frontends: name -> conch's command, or the ``serve`` variant of this script.
+DATAPLANE = {
+    "conch HTTP (gevent)": "gateway",
+    "conch gRPC (grpcio)": "grpc",
+    "gRPC on h2 (gevent)": "h2-dataplane",
+    "gRPC on grpclib (asyncio)": "grpclib-dataplane",
+}
 SERVICE = "/inference.GRPCInferenceService/"
 
 
@@ -64,6 +80,7 @@ def _answers() -> dict[str, Callable[[bytes], bytes]]:
         config={"name": "mlp", "max_batch_size": 64}
     ).SerializeToString()
     server = pb.ServerMetadataResponse(name="floor", version="0").SerializeToString()
+    live = pb.ServerLiveResponse(live=True).SerializeToString()
 
     def infer(body: bytes) -> bytes:
         request = pb.ModelInferRequest.FromString(body)
@@ -78,6 +95,7 @@ def _answers() -> dict[str, Callable[[bytes], bytes]]:
         "ModelMetadata": lambda _: metadata,
         "ModelConfig": lambda _: config,
         "ServerMetadata": lambda _: server,
+        "ServerLive": lambda _: live,
     }
 
 
@@ -98,7 +116,7 @@ def _grpcio_handlers(asynchronous: bool) -> object:
     def handler(answer: Callable[[bytes], bytes]) -> object:
         def call(body: bytes, _context: object) -> bytes:
             global ANSWERED
-            ANSWERED += 1
+            ANSWERED += answer is infer
             return answer(body)
 
         async def acall(body: bytes, _context: object) -> bytes:
@@ -106,7 +124,9 @@ def _grpcio_handlers(asynchronous: bool) -> object:
 
         return grpc.unary_unary_rpc_method_handler(acall if asynchronous else call)
 
-    handlers = {name: handler(answer) for name, answer in _answers().items()}
+    answers = _answers()
+    infer = answers["ModelInfer"]
+    handlers = {name: handler(answer) for name, answer in answers.items()}
     return grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers)
 
 
@@ -137,115 +157,140 @@ def serve_grpcio_aio(port: int) -> None:
     asyncio.run(main())
 
 
-# HTTP/2 (RFC 9113) frame types and flags the floor server reads or writes.
-DATA, HEADERS, SETTINGS, PING, WINDOW_UPDATE = 0x0, 0x1, 0x4, 0x6, 0x8
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+def _grpc_message(payload: bytes) -> bytes:
+    """One gRPC length-prefixed message: uncompressed flag, big-endian length, payload."""
+    return b"\x00" + struct.pack(">I", len(payload)) + payload
 
 
-def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags, stream) + payload
+def _grpc_unary(body: bytes) -> bytes:
+    """A unary call's one request message from the DATA it sent; ValueError when that is
+    not exactly one uncompressed message."""
+    if len(body) < 5 or body[0] != 0 or len(body) != 5 + int.from_bytes(body[1:5], "big"):
+        raise ValueError("not one uncompressed gRPC message")
+    return body[5:]
 
 
-def _literal(name: bytes, value: bytes) -> bytes:
-    """An HPACK literal header field without indexing, new name (no Huffman)."""
-    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+def _grpc_trailers(code: int, message: str = "") -> list[tuple[bytes, bytes]]:
+    """The trailers that end a gRPC call: ``grpc-status``, and ``grpc-message``
+    percent-encoded (gRPC's spec) when there is one."""
+    from urllib.parse import quote
+
+    trailers = [(b"grpc-status", str(code).encode())]
+    if message:
+        trailers.append((b"grpc-message", quote(message, safe=" ").encode()))
+    return trailers
 
 
-def serve_h2_gevent(port: int, answers: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
-    """HTTP/2 by hand: a greenlet reads a connection's frames and starts a greenlet per
-    call; answers are sent by one writer per connection, as many as are ready per send."""
+def serve_h2(port: int, answers: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
+    """gRPC on the ``h2`` library's server-side state machine, on a gevent socket: a
+    greenlet per connection reads and feeds ``H2Connection``, a greenlet per call answers,
+    and one writer per connection sends whatever h2 has ready. Flow control as h2 asks:
+    received DATA acknowledged, and a sender waits while the peer's window is shut."""
     from gevent import monkey
 
     monkey.patch_all()
     import gevent
-    import hpack
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.exceptions
     from gevent.event import Event
     from gevent.server import StreamServer
 
     answers = answers or _answers()
-    head = b"\x88" + _literal(b"content-type", b"application/grpc")  # 0x88: :status 200
-    trailers = _literal(b"grpc-status", b"0")
+    # The peer's headers are checked as h2 checks them; ours are constants, written once.
+    config = h2.config.H2Configuration(
+        client_side=False,
+        header_encoding=None,
+        validate_outbound_headers=False,
+        normalize_outbound_headers=False,
+    )
+    head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    ok = _grpc_trailers(0)
+    prefix = SERVICE.encode()
 
     def handle(sock: socket.socket, _address: object) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buf = b""
-        while len(buf) < len(PREFACE):
-            data = sock.recv(65536)
-            if not data:
-                return
-            buf += data
-        if not buf.startswith(PREFACE):
-            return
-        buf = buf[len(PREFACE) :]
-        outbox: list[bytes] = [_frame(SETTINGS, 0, 0)]
-        ready = Event()
-
-        def send(*frames: bytes) -> None:
-            outbox.extend(frames)
-            ready.set()
+        conn = h2.connection.H2Connection(config)
+        conn.initiate_connection()
+        ready = Event()  # h2 has bytes to send
+        opened = Event()  # a window opened: senders held by flow control look again
+        calls: dict[int, list] = {}  # stream -> [method, body so far]
 
         def writer() -> None:
             while True:
                 ready.wait()
                 ready.clear()
-                out = b"".join(outbox)
-                outbox.clear()
-                sock.sendall(out)
+                out = conn.data_to_send()
+                if out:
+                    sock.sendall(out)
+
+        def send_data(stream: int, data: bytes) -> None:
+            while data:
+                window = min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size)
+                if window <= 0:
+                    opened.clear()
+                    opened.wait()
+                    continue
+                conn.send_data(stream, data[:window])
+                data = data[window:]
+                ready.set()
 
         def answer(stream: int, method: str, body: bytes) -> None:
             global ANSWERED
-            ANSWERED += method == "ModelInfer"
-            reply = answers[method](body[5:])
-            message = b"\x00" + struct.pack(">I", len(reply)) + reply
-            send(
-                _frame(HEADERS, END_HEADERS, stream, head),
-                _frame(DATA, 0, stream, message),
-                _frame(HEADERS, END_HEADERS | END_STREAM, stream, trailers),
-            )
+            try:
+                respond = answers.get(method)
+                if respond is None:
+                    trailers = _grpc_trailers(12, f"unknown method {method}")  # UNIMPLEMENTED
+                    conn.send_headers(stream, head + trailers, end_stream=True)
+                else:
+                    ANSWERED += method == "ModelInfer"
+                    try:
+                        reply = _grpc_message(respond(_grpc_unary(body)))
+                    except Exception as error:  # the call fails, not the connection
+                        trailers = _grpc_trailers(2, f"{type(error).__name__}: {error}")
+                        conn.send_headers(stream, head + trailers, end_stream=True)
+                    else:
+                        conn.send_headers(stream, head)
+                        send_data(stream, reply)
+                        conn.send_headers(stream, ok, end_stream=True)
+            except h2.exceptions.StreamClosedError:
+                pass  # the peer reset the call meanwhile
+            ready.set()
 
-        decoder = hpack.Decoder()
-        methods: dict[bytes, str] = {}  # header block -> method: a client repeats its blocks
-        calls: dict[int, list] = {}  # stream -> [method, body]
         writing = gevent.spawn(writer)
         ready.set()
         try:
             while True:
-                consumed = 0
-                while len(buf) >= 9:
-                    length = int.from_bytes(buf[:3], "big")
-                    if len(buf) < 9 + length:
-                        break
-                    kind, flags = buf[3], buf[4]
-                    stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
-                    payload, buf = buf[9 : 9 + length], buf[9 + length :]
-                    if kind == HEADERS:
-                        if flags & PADDED:
-                            payload = payload[1 : len(payload) - payload[0]]
-                        if flags & PRIORITY:
-                            payload = payload[5:]
-                        method = methods.get(payload)
-                        if method is None:
-                            path = dict(decoder.decode(payload))[":path"]
-                            method = methods[payload] = path.removeprefix(SERVICE)
-                        calls[stream] = [method, b""]
-                    elif kind == DATA:
-                        consumed += length
-                        if flags & PADDED:
-                            payload = payload[1 : len(payload) - payload[0]]
-                        call = calls[stream]
-                        call[1] += payload
-                        if flags & END_STREAM:
-                            del calls[stream]
-                            gevent.spawn(answer, stream, *call)
-                    elif kind in (SETTINGS, PING) and not flags & ACK:
-                        send(_frame(kind, ACK, 0, payload if kind == PING else b""))
-                if consumed:
-                    send(_frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", consumed)))
                 data = sock.recv(65536)
                 if not data:
                     return
-                buf += data
+                try:
+                    events = conn.receive_data(data)
+                except h2.exceptions.ProtocolError:
+                    sock.sendall(conn.data_to_send())  # h2's GOAWAY
+                    return
+                for event in events:
+                    if isinstance(event, h2.events.DataReceived):
+                        calls[event.stream_id][1] += event.data
+                        conn.acknowledge_received_data(
+                            event.flow_controlled_length, event.stream_id
+                        )
+                    elif isinstance(event, h2.events.RequestReceived):
+                        path = dict(event.headers)[b":path"]
+                        calls[event.stream_id] = [path.removeprefix(prefix).decode(), b""]
+                    elif isinstance(event, h2.events.StreamEnded):
+                        gevent.spawn(answer, event.stream_id, *calls.pop(event.stream_id))
+                    elif isinstance(
+                        event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)
+                    ):
+                        opened.set()
+                    elif isinstance(event, h2.events.StreamReset):
+                        calls.pop(event.stream_id, None)
+                        opened.set()
+                    elif isinstance(event, h2.events.ConnectionTerminated):
+                        return
+                ready.set()
         finally:
             writing.kill()
 
@@ -253,12 +298,62 @@ def serve_h2_gevent(port: int, answers: dict[str, Callable[[bytes], bytes]] | No
     StreamServer(("127.0.0.1", port), handle).serve_forever()
 
 
-def serve_h2_dataplane(port: int, repository: str, redis_url: str) -> None:
-    """The hand-framed transport over conch's own gRPC service and data plane: every
-    call answered by ``InferenceService``, as ``conch grpc`` answers it."""
-    from gevent import monkey
+def serve_grpclib(
+    port: int,
+    answers: dict[str, Callable[[bytes], bytes]] | None = None,
+    threads: int = 0,
+) -> None:
+    """gRPC on ``grpclib`` (asyncio on h2): a coroutine per call. Messages pass as bytes
+    (a codec that leaves them be), as grpcio's handlers get them here; ``threads``: answer
+    in a pool of that many threads, as a blocking service must under asyncio."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
-    monkey.patch_all()  # before redis is imported, as the gateway does
+    from grpclib.const import Cardinality, Handler
+    from grpclib.encoding.base import CodecBase
+    from grpclib.server import Server
+
+    answers = answers or _answers()
+    pool = ThreadPoolExecutor(threads) if threads else None
+
+    class Bytes(CodecBase):
+        __content_subtype__ = "proto"  # what grpclib takes plain application/grpc for
+
+        def encode(self, message: bytes, _message_type: object) -> bytes:
+            return message
+
+        def decode(self, data: bytes, _message_type: object) -> bytes:
+            return data
+
+    def handler(method: str, respond: Callable[[bytes], bytes]) -> Handler:
+        async def call(stream: object) -> None:
+            global ANSWERED
+            body = await stream.recv_message()
+            ANSWERED += method == "ModelInfer"
+            if pool is None:
+                reply = respond(body)
+            else:
+                reply = await asyncio.get_running_loop().run_in_executor(pool, respond, body)
+            await stream.send_message(reply)
+
+        return Handler(call, Cardinality.UNARY_UNARY, None, None)
+
+    class Service:
+        def __mapping__(self) -> dict[str, Handler]:
+            return {SERVICE + name: handler(name, respond) for name, respond in answers.items()}
+
+    async def main() -> None:
+        server = Server([Service()], codec=Bytes())
+        await server.start("127.0.0.1", port)
+        await server.wait_closed()
+
+    _count_on_exit()
+    asyncio.run(main())
+
+
+def _dataplane_answers(repository: str, redis_url: str) -> dict[str, Callable[[bytes], bytes]]:
+    """Every call answered by conch's own ``InferenceService`` and data plane, as
+    ``conch grpc`` answers it (a gevent transport patches before this imports redis)."""
     import grpc
     from tritonclient.grpc import service_pb2 as pb
 
@@ -293,14 +388,30 @@ def serve_h2_dataplane(port: int, repository: str, redis_url: str) -> None:
         return lambda body: method(parse(body), Context()).SerializeToString()
 
     names = ("ModelInfer", "ModelMetadata", "ModelConfig", "ServerMetadata", "ModelStatistics")
-    serve_h2_gevent(port, {name: unary(name) for name in names})
+    return {name: unary(name) for name in names}
+
+
+def serve_h2_dataplane(port: int, repository: str, redis_url: str) -> None:
+    """``serve_h2`` over conch's gRPC service and data plane, on gevent as the gateway."""
+    from gevent import monkey
+
+    monkey.patch_all()  # before redis is imported, as the gateway does
+    serve_h2(port, _dataplane_answers(repository, redis_url))
+
+
+def serve_grpclib_dataplane(port: int, repository: str, redis_url: str) -> None:
+    """``serve_grpclib`` over conch's gRPC service and data plane: the service blocks on
+    Redis, so it answers in threads (64, as ``conch grpc``'s pool) beside the loop."""
+    serve_grpclib(port, _dataplane_answers(repository, redis_url), threads=64)
 
 
 SERVE = {
     "grpcio": serve_grpcio,
     "grpcio-aio": serve_grpcio_aio,
-    "h2-gevent": serve_h2_gevent,
+    "h2": serve_h2,
+    "grpclib": serve_grpclib,
     "h2-dataplane": serve_h2_dataplane,
+    "grpclib-dataplane": serve_grpclib_dataplane,
 }
 
 
@@ -329,13 +440,15 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def measure(pa: str, url: str, protocol: str, args: argparse.Namespace, csv: Path) -> float:
-    """Run perf_analyzer to the end; its last window's infer/s."""
+def measure(
+    pa: str, url: str, protocol: str, concurrency: int, args: argparse.Namespace, csv: Path
+) -> tuple[float, float]:
+    """Run perf_analyzer to the end; its last window's infer/s and p50 latency in ms."""
     ran = perf_analyzer.run(
         pa,
         [
             *("-m", "mlp", "-u", url, "-i", protocol),
-            *("--concurrency-range", str(args.concurrency)),
+            *("--concurrency-range", str(concurrency)),
             *("--measurement-mode", "time_windows", "--measurement-interval", str(args.window_ms)),
             *("--stability-percentage", "1000", "--max-trials", "3"),
         ],
@@ -346,36 +459,50 @@ def measure(pa: str, url: str, protocol: str, args: argparse.Namespace, csv: Pat
         raise RuntimeError(
             f"perf_analyzer exited {ran.code}; its output: {csv.with_suffix('.log')}"
         )
-    return float(ran.rows[-1]["Inferences/Second"])
+    row = ran.rows[-1]
+    return float(row["Inferences/Second"]), float(row["p50 latency"]) / 1000
+
+
+def _turns(args: argparse.Namespace, names: list[str]) -> list[tuple[int, int, str]]:
+    """(round, concurrency, name) in the order they run: each round takes every
+    concurrency in turn, and at each concurrency every server in turn, so that a busy
+    host weighs on all of them alike."""
+    return [
+        (n, c, name) for n in range(1, args.rounds + 1) for c in args.concurrency for name in names
+    ]
 
 
 def floors(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
     """Each transport answering at once: its CPU per call, counted by the server."""
-    print("| round | server | infer/s | server CPU ms/req | perf_analyzer CPU ms/req |")
-    print("|---|---|---|---|---|")
-    for n in range(1, args.rounds + 1):
-        for kind in args.servers.split(","):
-            port = _free_port()
-            server = subprocess.Popen(
-                [sys.executable, __file__, "serve", kind, str(port)],
-                stdout=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-            try:
-                procs.wait_until(lambda port=port: _listening(port), 30, None, kind)
-                cpu0, pa0 = procs.cpu_seconds(pids=[server.pid])[server.pid], _children_cpu()
-                url = f"127.0.0.1:{port}"
-                rate = measure(pa, url, "grpc", args, out_dir / f"floor-{kind}.csv")
-                cpu1, pa1 = procs.cpu_seconds(pids=[server.pid])[server.pid], _children_cpu()
-            finally:
-                server.terminate()
-                answered = int((server.communicate(timeout=10)[0] or "0").split()[-1])
-            print(
-                f"| {n} | {kind} | {rate:,.0f} | {1000 * (cpu1 - cpu0) / answered:.3f} "
-                f"| {1000 * (pa1 - pa0) / answered:.3f} |",
-                flush=True,
-            )
+    print(
+        "| round | conc | server | infer/s | p50 ms | server CPU ms/req "
+        "| perf_analyzer CPU ms/req |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for n, concurrency, kind in _turns(args, args.servers.split(",")):
+        port = _free_port()
+        server = subprocess.Popen(
+            [sys.executable, __file__, "serve", kind, str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            procs.wait_until(lambda port=port: _listening(port), 30, None, kind)
+            cpu0, pa0 = procs.cpu_seconds(pids=[server.pid])[server.pid], _children_cpu()
+            url = f"127.0.0.1:{port}"
+            csv = out_dir / f"floor-{kind}-{concurrency}.csv"
+            rate, p50 = measure(pa, url, "grpc", concurrency, args, csv)
+            cpu1, pa1 = procs.cpu_seconds(pids=[server.pid])[server.pid], _children_cpu()
+        finally:
+            server.terminate()
+            answered = int((server.communicate(timeout=10)[0] or "0").split()[-1])
+        print(
+            f"| {n} | {concurrency} | {kind} | {rate:,.0f} | {p50:.2f} "
+            f"| {1000 * (cpu1 - cpu0) / answered:.3f} "
+            f"| {1000 * (pa1 - pa0) / answered:.3f} |",
+            flush=True,
+        )
 
 
 def _successes(http_url: str) -> int:
@@ -388,8 +515,8 @@ def _successes(http_url: str) -> int:
 
 
 def dataplane(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
-    """The whole path: conch's HTTP gateway, ``conch grpc`` (grpcio) and the hand-framed
-    transport over conch's gRPC service, over one private Redis and one worker."""
+    """The whole path: conch's HTTP gateway, ``conch grpc`` (grpcio), and the h2 and
+    grpclib transports over conch's gRPC service, over one private Redis and one worker."""
     from conch.devtools import redis_server
 
     import models
@@ -401,94 +528,74 @@ def dataplane(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
             group.guard("redis-server", private.process.pid)
             common = ["--model-repository", str(repo), "--redis-url", private.url]
             worker = group.start("worker", conch("worker", *common))
-            http, grpc_port, h2_port = _free_port(), _free_port(), _free_port()
             local = "127.0.0.1"
-            commands = {
-                "conch HTTP (gevent)": (
-                    "gateway",
-                    conch(
-                        "gateway",
-                        *common,
-                        "--http-address",
-                        local,
-                        "--http-port",
-                        str(http),
-                        "--allow-metrics",
-                        "false",
-                    ),
-                    http,
-                    "http",
-                ),
-                "conch gRPC (grpcio)": (
-                    "grpc",
-                    conch(
-                        "grpc",
-                        *common,
-                        "--grpc-address",
-                        local,
-                        "--grpc-port",
-                        str(grpc_port),
-                    ),
-                    grpc_port,
-                    "grpc",
-                ),
-                "gRPC by hand (gevent)": (
-                    "h2-dataplane",
-                    [
-                        sys.executable,
-                        __file__,
-                        "serve",
-                        "h2-dataplane",
-                        str(h2_port),
-                        str(repo),
-                        private.url,
-                    ],
-                    h2_port,
-                    "grpc",
-                ),
-            }
+            ports = {name: _free_port() for name in DATAPLANE}
+            http = ports["conch HTTP (gevent)"]
+
+            def command(name: str, port: int) -> list[str]:
+                serve = DATAPLANE[name]
+                if serve == "gateway":
+                    address = ("--http-address", local, "--http-port", str(port))
+                    return conch("gateway", *common, *address, "--allow-metrics", "false")
+                if serve == "grpc":
+                    return conch("grpc", *common, "--grpc-address", local, "--grpc-port", str(port))
+                return [sys.executable, __file__, "serve", serve, str(port), str(repo), private.url]
+
             frontends = {
-                name: (group.start(tag, cmd), f"{local}:{port}", protocol)
-                for name, (tag, cmd, port, protocol) in commands.items()
+                name: (
+                    group.start(DATAPLANE[name], command(name, port)),
+                    f"{local}:{port}",
+                    "http" if DATAPLANE[name] == "gateway" else "grpc",
+                )
+                for name, port in ports.items()
             }
 
             def ready() -> bool:
                 try:
-                    _successes(f"127.0.0.1:{http}")
+                    _successes(f"{local}:{http}")
                 except OSError:
                     return False
-                return _listening(grpc_port) and _listening(h2_port)
+                return all(_listening(port) for port in ports.values())
 
             procs.wait_until(ready, 180, group, "the frontends")
             print(
-                "| round | frontend | infer/s | frontend | worker | redis | perf_analyzer "
-                "| total CPU ms/req |"
+                "| round | conc | frontend | infer/s | p50 ms | frontend | worker | redis "
+                "| perf_analyzer | total CPU ms/req |"
             )
-            print("|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             pids = {"worker": worker.pid, "redis": private.process.pid}
-            for n in range(1, args.rounds + 1):
-                for name, (child, url, protocol) in frontends.items():
-                    group.check_alive()
-                    ids = {**pids, "frontend": child.pid}
-                    count0 = _successes(f"127.0.0.1:{http}")
-                    # A frontend's session holds its processes (gunicorn's workers too).
-                    cpu0 = procs.cpu_seconds(pids=[pids["redis"]], sessions=[child.pid, worker.pid])
-                    pa0 = _children_cpu()
-                    csv = out_dir / f"dataplane-{protocol}-{child.name}.csv"
-                    rate = measure(pa, url, protocol, args, csv)
-                    cpu1 = procs.cpu_seconds(pids=[pids["redis"]], sessions=[child.pid, worker.pid])
-                    served = _successes(f"127.0.0.1:{http}") - count0
-                    ms = {k: 1000 * (cpu1[pid] - cpu0[pid]) / served for k, pid in ids.items()}
-                    ms["perf_analyzer"] = 1000 * (_children_cpu() - pa0) / served
-                    cells = " | ".join(
-                        f"{ms[k]:.3f}" for k in ("frontend", "worker", "redis", "perf_analyzer")
-                    )
-                    print(
-                        f"| {n} | {name} | {rate:,.0f} | {cells} | {sum(ms.values()):.3f} |",
-                        flush=True,
-                    )
+            for n, concurrency, name in _turns(args, list(frontends)):
+                child, url, protocol = frontends[name]
+                group.check_alive()
+                ids = {**pids, "frontend": child.pid}
+                count0 = _successes(f"{local}:{http}")
+                # A frontend's session holds its processes (gunicorn's workers too).
+                cpu0 = procs.cpu_seconds(pids=[pids["redis"]], sessions=[child.pid, worker.pid])
+                pa0 = _children_cpu()
+                csv = out_dir / f"dataplane-{protocol}-{child.name}-{concurrency}.csv"
+                rate, p50 = measure(pa, url, protocol, concurrency, args, csv)
+                cpu1 = procs.cpu_seconds(pids=[pids["redis"]], sessions=[child.pid, worker.pid])
+                served = _successes(f"{local}:{http}") - count0
+                ms = {k: 1000 * (cpu1[pid] - cpu0[pid]) / served for k, pid in ids.items()}
+                ms["perf_analyzer"] = 1000 * (_children_cpu() - pa0) / served
+                cells = " | ".join(
+                    f"{ms[k]:.3f}" for k in ("frontend", "worker", "redis", "perf_analyzer")
+                )
+                print(
+                    f"| {n} | {concurrency} | {name} | {rate:,.0f} | {p50:.2f} | {cells} "
+                    f"| {sum(ms.values()):.3f} |",
+                    flush=True,
+                )
     finally:
         private.stop()
+
+
+def _concurrencies(text: str) -> list[int]:
+    """``--concurrency``: one level or several, comma-separated (``1,16,64``)."""
+    levels = [int(level) for level in text.split(",")]
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"concurrency levels must be 1 or more: {text!r}")
+    return levels
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -497,15 +604,20 @@ def main(argv: list[str] | None = None) -> int:
         SERVE[argv[1]](int(argv[2]), *argv[3:])
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--concurrency",
+        type=_concurrencies,
+        default=[16],
+        help="concurrency levels, comma-separated (default 16; e.g. 1,16,64)",
+    )
     p.add_argument("--window-ms", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--servers", default=",".join(SERVERS), help=f"from {', '.join(SERVERS)}")
     p.add_argument(
         "--dataplane",
         action="store_true",
-        help="the whole path instead: HTTP, conch grpc and the hand-framed transport over "
-        "conch's data plane, a private Redis and a worker",
+        help="the whole path instead: HTTP, conch grpc, and the h2 and grpclib transports "
+        "over conch's data plane, a private Redis and a worker",
     )
     args = p.parse_args(argv)
     pa = perf_analyzer.binary()
