@@ -137,9 +137,6 @@ class InstanceProcess:
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=KILL_AFTER_S)
 
-    def is_alive(self) -> bool:
-        return self._process is not None and self._process.is_alive()
-
     @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid

@@ -161,73 +161,14 @@ class Runner:
 
         A ``TensorBackend`` whose model batches gets the batch stacked from the raw bytes
         (``conch.worker.stacking``); other backends, and batches that cannot be stacked so,
-        get one ``BackendRequest`` per request (``_run_requests``).
+        get one ``BackendRequest`` per request, each output encoded per request.
         """
         t_in = time.perf_counter_ns()
         if isinstance(backend, TensorBackend) and backend.batches:
             stacked = stacking.stack(items)
             if stacked is not None:
                 return self._run_stacked(backend, stacked, replies, started, refused, t_in)
-        return self._run_requests(backend, items, replies, started, refused, t_in)
 
-    def _run_stacked(
-        self,
-        backend: TensorBackend,
-        stacked: stacking.Stack,
-        replies: dict[str, Reply],
-        started: float,
-        refused: set[str],
-        t_in: int,
-    ) -> tuple[int, int, int] | None:
-        """``_run`` for a stacked batch: one execution, each output encoded once."""
-        for item, exc in stacked.refused:
-            replies[item.tag] = Reply(item.msg.id, error=exc)
-            refused.add(item.tag)
-        runnable = stacked.items
-        if not runnable:
-            return None
-        t0 = time.perf_counter_ns()
-        failed: ConchError | None = None
-        out: dict[str, Any] = {}
-        try:
-            out = backend.execute_stacked(stacked.inputs, stacked.wanted)
-        except ConchError as exc:
-            failed = exc
-        except Exception as exc:  # as TensorBackend.execute answers a failed group
-            failed = Internal(f"model '{self.model}' failed to execute: {exc}")
-        t_out = time.perf_counter_ns()
-        compute_ns = t_out - t0
-        parts = stacking.split(out, stacked, self.output_types) if failed is None else {}
-        rows = sum(stacked.rows)
-        for k, item in enumerate(runnable):
-            timing = {"queue": int((started - item.msg.enqueued) * 1e9), "compute": compute_ns}
-            if failed is not None:
-                replies[item.tag] = Reply(item.msg.id, error=failed, timing=timing)
-                continue
-            outputs = []
-            for name in item.msg.outputs:
-                tensor = parts[name]
-                if isinstance(tensor, Exception):
-                    bad = Internal(f"model '{self.model}' returned a bad output: {tensor}")
-                    replies[item.tag] = Reply(item.msg.id, error=bad)
-                    break
-                outputs.append(tensor[k])
-            else:
-                replies[item.tag] = Reply(
-                    item.msg.id, outputs=outputs, timing=timing, batch_size=rows
-                )
-        return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
-
-    def _run_requests(
-        self,
-        backend: Backend,
-        items: list[Item],
-        replies: dict[str, Reply],
-        started: float,
-        refused: set[str],
-        t_in: int,
-    ) -> tuple[int, int, int] | None:
-        """``_run`` with one ``BackendRequest`` per request, each output encoded per request."""
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
         for item in items:
@@ -289,6 +230,54 @@ class Runner:
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
 
     # -- replying ---------------------------------------------------------------------
+    def _run_stacked(
+        self,
+        backend: TensorBackend,
+        stacked: stacking.Stack,
+        replies: dict[str, Reply],
+        started: float,
+        refused: set[str],
+        t_in: int,
+    ) -> tuple[int, int, int] | None:
+        """``_run`` for a stacked batch: one execution, each output encoded once."""
+        for item, exc in stacked.refused:
+            replies[item.tag] = Reply(item.msg.id, error=exc)
+            refused.add(item.tag)
+        runnable = stacked.items
+        if not runnable:
+            return None
+        t0 = time.perf_counter_ns()
+        failed: ConchError | None = None
+        out: dict[str, Any] = {}
+        try:
+            out = backend.execute_stacked(stacked.inputs, stacked.wanted)
+        except ConchError as exc:
+            failed = exc
+        except Exception as exc:  # as TensorBackend.execute answers a failed group
+            failed = Internal(f"model '{self.model}' failed to execute: {exc}")
+        t_out = time.perf_counter_ns()
+        compute_ns = t_out - t0
+        parts = stacking.split(out, stacked, self.output_types) if failed is None else {}
+        rows = sum(stacked.rows)
+        for k, item in enumerate(runnable):
+            timing = {"queue": int((started - item.msg.enqueued) * 1e9), "compute": compute_ns}
+            if failed is not None:
+                replies[item.tag] = Reply(item.msg.id, error=failed, timing=timing)
+                continue
+            outputs = []
+            for name in item.msg.outputs:
+                tensor = parts[name]
+                if isinstance(tensor, Exception):
+                    bad = Internal(f"model '{self.model}' returned a bad output: {tensor}")
+                    replies[item.tag] = Reply(item.msg.id, error=bad)
+                    break
+                outputs.append(tensor[k])
+            else:
+                replies[item.tag] = Reply(
+                    item.msg.id, outputs=outputs, timing=timing, batch_size=rows
+                )
+        return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
+
     def reply(
         self,
         batch: list[Item],
