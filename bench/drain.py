@@ -397,7 +397,7 @@ def stand_in(url: str, model: str) -> None:
             continue
         answers = []
         for message in popped:
-            msg = InferMessage.from_dict(broker.decode(message.raw)[1])
+            msg = InferMessage.from_dict(broker.decode(message.raw).payload)
             answers.append((msg, Reply(msg.id, [(OUTPUT, *msg.inputs[0][1:])], version=1)))
         pipe = Commands()
         sink.deliver_all(pipe, answers)

@@ -599,6 +599,17 @@ class Settings:
             "live worker (default {default}; false: ready once the broker answers)",
         ),
     )
+    bundle_requests: bool = setting(
+        True,
+        Flag(
+            "--bundle-requests",
+            FRONTEND_ROLES,
+            "requests for one dynamically batched model that a process publishes in the "
+            "same instant go to its queue as one message, a bundle (default {default}). "
+            "conch's own",
+        ),
+        env="CONCH_BUNDLE_REQUESTS",
+    )
     # Triton's metrics port: GET /metrics there, with Triton's nv_inference_* names.
     metrics_port: int = setting(
         8002, Flag("--metrics-port", HTTP_ROLES, "GET /metrics here (default {default}, Triton's)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conch import __version__, server_log
 from conch.core import custom_metrics, ensemble_graph, trace_config, tracing, validation
@@ -44,6 +44,7 @@ from conch.frontend.response_cache import ResponseCache
 from conch.frontend.sequence_route import SequenceRoute
 from conch.settings import Settings
 from conch.wire import (
+    broker,
     job_store,
     log_control,
     model_metrics,
@@ -54,6 +55,9 @@ from conch.wire import (
 )
 from conch.wire.messages import InferMessage, WireTensor
 from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, work_owed
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -423,10 +427,25 @@ class DataPlane:
             version=call.version,
             abandonment=abandonment,
             route=None if spec is None else self.sequences.route(spec),
+            bundling=self._bundling(entry.config, msg) if spec is None else None,
         )
         if reply.error is not None:
             raise reply.error
         return reply.version if reply.version > 0 else call.version, list(reply.outputs or ())
+
+    def _bundling(self, config: ModelConfig, msg: InferMessage) -> broker.Bundling | None:
+        """Whether ``msg`` may share its message with others (``broker.Bundling``): an
+        online request for a model that batches dynamically, which runs a batch's worth
+        of requests on one instance anyway, and does not preserve ordering (its worker
+        takes one ticket a message)."""
+        if not self.settings.bundle_requests or msg.job_ttl or msg.priority >= broker.ONLINE_STEPS:
+            return None
+        if config.max_batch_size <= 0 or not config.HasField("dynamic_batching"):
+            return None
+        if config.dynamic_batching.preserve_ordering:
+            return None
+        shape = msg.inputs[0][2] if msg.inputs else ()
+        return broker.Bundling(max(1, shape[0]) if shape else 1, config.max_batch_size)
 
     def _infer_cached(
         self,

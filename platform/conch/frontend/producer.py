@@ -68,7 +68,7 @@ class Pending:
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
-        self._raw = raw  # the message as queued
+        self._raw = raw  # the message as queued; empty when it cannot be withdrawn
         self.msg = msg
         self.version = version or msg.version  # the version resolved for it, for statistics
 
@@ -168,9 +168,17 @@ class Dispatcher:
         version: int = 0,
         abandonment: Abandonment | None = None,
         route: Callable[[InferMessage], None] | None = None,
+        bundling: broker.Bundling | None = None,
     ) -> Reply:
-        """Enqueue ``msg`` and block until its reply, its deadline or ``abandonment``."""
-        pending = self.submit(msg, max_queue_size=max_queue_size, version=version, route=route)
+        """Enqueue ``msg`` and block until its reply, its deadline or ``abandonment``.
+
+        ``bundling``: it may share its message with other requests (``broker.Bundling``),
+        unless an ``abandonment`` may take it back out of its queue."""
+        if abandonment is not None:
+            bundling = None
+        pending = self.submit(
+            msg, max_queue_size=max_queue_size, version=version, route=route, bundling=bundling
+        )
         if abandonment is None:
             return pending.wait()
         abandonment.watch(pending)
@@ -186,6 +194,7 @@ class Dispatcher:
         max_queue_size: int = 0,
         version: int = 0,
         route: Callable[[InferMessage], None] | None = None,
+        bundling: broker.Bundling | None = None,
     ) -> Pending:
         """Enqueue ``msg`` now; the returned ``Pending`` waits for its reply.
 
@@ -194,6 +203,8 @@ class Dispatcher:
         under ``version`` (the one resolved for it: the message may say "latest").
         ``route`` sends the message somewhere other than its model's queue (a sequence's
         mailbox, ``conch.frontend.sequence_route``); it raises what refuses it.
+        With ``bundling`` it may share its message with others (``broker.Bundling``); it
+        cannot then be withdrawn (``Pending.abandon``).
         """
         self._ensure_listener()
         slot = _Slot()
@@ -214,11 +225,12 @@ class Dispatcher:
                 priority=msg.priority,
                 reply_to=self.reply_key,
                 max_queue_size=max_queue_size,
+                bundling=bundling,
             )
         except BaseException:
             self._pending.pop(msg.id, None)
             raise
-        if not queued:
+        if queued is None:
             self._pending.pop(msg.id, None)
             statistics.record_failure(
                 self.client, msg.model, version or msg.version, statistics.REJECTED

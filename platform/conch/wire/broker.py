@@ -14,6 +14,23 @@ gateway pushes a token with every message and each pop resets the tokens to the 
 of messages still waiting, so tokens never drift far from the truth. A message that
 arrives without a token (a kombu restore, a plain Celery producer) is found by the
 drain's periodic poll.
+
+**Bundles.** When a gateway process holds several requests for one model in the same
+instant (the publisher's group commit), those that may share a message go as one: a
+bundle, a Celery message of its own task (``BUNDLE_TASK_NAME``) whose one argument is the
+list of their payloads. That is one write, one pop and one ack for all of them; each
+request keeps its own id, deadline, reply address and statistics in its payload, and the
+worker answers each on its own and acks the bundle once every one of them is settled. A
+worker that dies holding a bundle gets the whole of it redelivered (its answered requests
+run again; a caller keeps the first reply). Only requests nobody may withdraw later are
+bundled (``LREM`` takes whole messages), so the caller decides (``Bundling``).
+
+The work owed counts requests, not messages: the publish script records each bundle's
+requests beyond the first, its priority step and its deadline in the queue's bundle hash
+(``bundled_key``), which the count (``conch.wire.work_owed``) adds to the lists' lengths
+(or to the work in flight, while the bundle is in ``unacked``) and the ack deletes. An
+entry whose deadline passed long ago is forgotten by the count: a bundle a queue purge or
+a Redis edit took away never holds workers up.
 """
 
 from __future__ import annotations
@@ -25,12 +42,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import msgpack
 import orjson
 import redis
 
 from conch.wire.keys import (
+    BUNDLED_SUFFIX,
     IN_FLIGHT_CLASS_SUFFIX,
     IN_FLIGHT_SUFFIX,
     PRIORITY_SEP,
@@ -43,6 +62,8 @@ from conch.wire.messages import BadMessage
 from conch.wire.redis_link import RedisLink
 
 TASK_NAME = "conch.infer"
+BUNDLE_TASK_NAME = "conch.infer_bundle"  # its one argument: a list of TASK_NAME's payloads
+BUNDLE_MAX_REQUESTS = 1024  # the most requests one bundle holds, either end checks
 # One sub-list per step, 0 the highest (kombu's order on Redis). Online requests take
 # steps 0-7 by their Triton priority level; async jobs, then offline work (batch jobs'
 # messages), sit below.
@@ -66,8 +87,13 @@ def priority_keys(queue: str) -> list[str]:
     return [queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
 
 
+def step_of(priority: int) -> int:
+    """The priority sub-list (step) a message's priority puts it on."""
+    return min(max(0, priority), PRIORITY_STEPS[-1])
+
+
 def priority_key(queue: str, priority: int) -> str:
-    step = min(max(0, priority), PRIORITY_STEPS[-1])
+    step = step_of(priority)
     return queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}"
 
 
@@ -93,6 +119,18 @@ def wake_key(queue: str) -> str:
 def in_flight_key(queue: str) -> str:
     """The set of the queue's tags a worker popped (``conch.wire.work_owed`` counts it)."""
     return queue + IN_FLIGHT_SUFFIX
+
+
+def bundled_key(queue: str) -> str:
+    """The queue's bundle hash: each bundle's requests beyond the first (module docstring)."""
+    return queue + BUNDLED_SUFFIX
+
+
+def bundle_entry(extra: int, step: int, deadline: float) -> str:
+    """A bundle's value in ``bundled_key``'s hash: the requests it holds beyond the first,
+    its priority step, and the latest deadline of its requests (0: one of them has none).
+    The count script parses it."""
+    return f"{extra} {step} {deadline:.3f}"
 
 
 def in_flight_class_key(queue: str) -> str:
@@ -131,7 +169,27 @@ def envelope(
     """
     if keep_result is None:
         keep_result = task != TASK_NAME
-    body = msgpack.packb([[payload], {}, _EMBED], use_bin_type=True)
+    return _message(payload, task_id, queue, priority, reply_to, task, keep_result)
+
+
+def bundle_envelope(
+    payloads: list[dict], *, task_id: str, queue: str, priority: int, reply_to: str | None
+) -> bytes:
+    """A bundle (module docstring): one message whose single argument is the list of its
+    requests' payloads, in the order they were queued."""
+    return _message(payloads, task_id, queue, priority, reply_to, BUNDLE_TASK_NAME, False)
+
+
+def _message(
+    argument: dict | list[dict],
+    task_id: str,
+    queue: str,
+    priority: int,
+    reply_to: str | None,
+    task: str,
+    keep_result: bool,
+) -> bytes:
+    body = msgpack.packb([[argument], {}, _EMBED], use_bin_type=True)
     return orjson.dumps(
         {
             "body": base64.b64encode(body).decode("ascii"),
@@ -168,28 +226,58 @@ def envelope(
     )
 
 
-# KEYS: the target sub-list, the wake list. ARGV: message, max length (0 = none), wake cap.
+# KEYS: the target sub-list, the wake list, the queue's bundle hash. ARGV: message, max
+# length (0 = none), wake cap, and for a bundle its tag and its entry (bundle_entry; ''
+# for a message of one request).
 _PUBLISH_LUA = """
 local limit = tonumber(ARGV[2])
 if limit > 0 and redis.call('LLEN', KEYS[1]) >= limit then
   return 0
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[3], ARGV[4], ARGV[5])
+end
 redis.call('LPUSH', KEYS[2], '1')
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 return 1
 """
 
 
-class _Pending:
-    __slots__ = ("args", "done", "error", "keys", "result")
+@dataclass(frozen=True, slots=True)
+class Bundling:
+    """A request that may share its message with others (module docstring): how many
+    rows it holds, and how many one bundle may hold (its model's ``max_batch_size``: a
+    bundle is never more than one batch)."""
 
-    def __init__(self, keys: list[str], args: list) -> None:
-        self.keys = keys
-        self.args = args
-        self.done = threading.Event()
-        self.result = False
-        self.error: BaseException | None = None
+    rows: int
+    max_rows: int
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    """One request waiting for the publisher's next flush."""
+
+    queue: str
+    payload: dict
+    task_id: str
+    priority: int
+    reply_to: str | None
+    max_queue_size: int
+    bundling: Bundling | None
+    raw: bytes = b""  # its own message; a bundled request's is made at the flush
+    done: threading.Event = field(default_factory=threading.Event)
+    result: bool = False
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Publish:
+    """One message a flush sends, and the requests it carries."""
+
+    entries: list[_Pending]
+    keys: list[str]
+    args: list
 
 
 class Publisher:
@@ -197,7 +285,9 @@ class Publisher:
 
     Publishes are group-committed: whichever caller finds no flush under way sends
     every message queued meanwhile in one pipeline, so concurrent requests share round
-    trips (and Redis's per-command work) instead of paying one each.
+    trips (and Redis's per-command work) instead of paying one each. Requests the caller
+    lets bundle (``Bundling``) that meet in one flush, for one model, priority step and
+    reply list, go as bundles of at most one batch each.
     """
 
     def __init__(self, client: redis.Redis) -> None:
@@ -217,18 +307,24 @@ class Publisher:
         priority: int,
         reply_to: str | None,
         max_queue_size: int = 0,
+        bundling: Bundling | None = None,
     ) -> bytes | None:
         """Queue one request and wake an idle worker: the message as queued (what
-        ``withdraw`` takes), or None when the queue is full.
+        ``withdraw`` takes; empty for a request that may have gone in a bundle, which
+        nobody withdraws), or None when the queue is full.
 
         The length check and the push are one script, so concurrent gateways cannot
-        overfill a bounded queue.
+        overfill a bounded queue. A bounded queue counts messages, so its requests are
+        never bundled.
         """
         queue = queue_name(model)
-        raw = envelope(payload, task_id=task_id, queue=queue, priority=priority, reply_to=reply_to)
-        entry = _Pending(
-            [priority_key(queue, priority), wake_key(queue)], [raw, max_queue_size, WAKE_CAP]
-        )
+        if max_queue_size:
+            bundling = None
+        entry = _Pending(queue, payload, task_id, priority, reply_to, max_queue_size, bundling)
+        if bundling is None:
+            entry.raw = envelope(
+                payload, task_id=task_id, queue=queue, priority=priority, reply_to=reply_to
+            )
         with self._lock:
             self._queue.append(entry)
             leader = not self._flushing
@@ -241,7 +337,7 @@ class Publisher:
         entry.done.wait()
         if entry.error is not None:
             raise entry.error
-        return raw if entry.result else None
+        return entry.raw if entry.result else None
 
     def _flush(self) -> None:
         while True:
@@ -251,18 +347,64 @@ class Publisher:
                     self._flushing = False
                     return
             try:
-                for e, r in zip(batch, self._run(batch), strict=True):
-                    e.result = bool(r)
+                messages = self._messages(batch)
+                for message, r in zip(messages, self._run(messages), strict=True):
+                    for e in message.entries:
+                        e.result = bool(r)
             except BaseException as exc:  # every waiter learns of it, none hangs
                 for e in batch:
                     e.error = exc
             for e in batch:
                 e.done.set()
 
-    def _run(self, batch: list[_Pending]) -> list:
+    def _messages(self, batch: list[_Pending]) -> list[_Publish]:
+        """The messages that carry ``batch``: each request's own, but for bundles."""
+        out: list[_Publish] = []
+        groups: dict[tuple[str, int, str | None], list[_Pending]] = {}
+        for e in batch:
+            if e.bundling is None:
+                out.append(self._single(e))
+            else:
+                groups.setdefault((e.queue, step_of(e.priority), e.reply_to), []).append(e)
+        for group in groups.values():
+            for chunk in _bundles(group):
+                out.append(self._single(chunk[0]) if len(chunk) == 1 else self._bundle(chunk))
+        return out
+
+    @staticmethod
+    def _single(e: _Pending) -> _Publish:
+        if not e.raw:
+            e.raw = envelope(
+                e.payload,
+                task_id=e.task_id,
+                queue=e.queue,
+                priority=e.priority,
+                reply_to=e.reply_to,
+            )
+        keys = [priority_key(e.queue, e.priority), wake_key(e.queue), bundled_key(e.queue)]
+        return _Publish([e], keys, [e.raw, e.max_queue_size, WAKE_CAP, "", ""])
+
+    @staticmethod
+    def _bundle(chunk: list[_Pending]) -> _Publish:
+        first = chunk[0]
+        tag = new_id()
+        raw = bundle_envelope(
+            [e.payload for e in chunk],
+            task_id=tag,
+            queue=first.queue,
+            priority=first.priority,
+            reply_to=first.reply_to,
+        )
+        deadlines = [float(e.payload.get("deadline") or 0) for e in chunk]
+        latest = 0.0 if not all(deadlines) else max(deadlines)
+        entry = bundle_entry(len(chunk) - 1, step_of(first.priority), latest)
+        keys = [priority_key(first.queue, first.priority), wake_key(first.queue)]
+        return _Publish(chunk, [*keys, bundled_key(first.queue)], [raw, 0, WAKE_CAP, tag, entry])
+
+    def _run(self, messages: list[_Publish]) -> list:
         for attempt in (0, 1):
             results = self._link.pipeline(
-                [("EVALSHA", self._script.sha, len(e.keys), *e.keys, *e.args) for e in batch]
+                [("EVALSHA", self._script.sha, len(m.keys), *m.keys, *m.args) for m in messages]
             )
             errors = [r for r in results if isinstance(r, redis.ResponseError)]
             if not errors:
@@ -273,6 +415,23 @@ class Publisher:
         raise AssertionError("unreachable")
 
 
+def _bundles(group: list[_Pending]) -> list[list[_Pending]]:
+    """``group`` (requests of one queue, step and reply list, in order) cut into bundles
+    of at most one batch's rows and ``BUNDLE_MAX_REQUESTS`` requests."""
+    out: list[list[_Pending]] = []
+    rows = 0
+    for e in group:
+        assert e.bundling is not None
+        fits = out and rows + e.bundling.rows <= e.bundling.max_rows
+        if fits and len(out[-1]) < BUNDLE_MAX_REQUESTS:
+            out[-1].append(e)
+            rows += e.bundling.rows
+        else:
+            out.append([e])
+            rows = e.bundling.rows
+    return out
+
+
 def withdraw(client: redis.Redis, model: str, priority: int, raw: bytes) -> bool:
     """Take a message its caller gave up on back out of its queue, if no worker has
     popped it yet: True when it was still there (it will never run). The wake token it
@@ -280,8 +439,26 @@ def withdraw(client: redis.Redis, model: str, priority: int, raw: bytes) -> bool
     return bool(client.lrem(priority_key(queue_name(model), priority), 1, raw))
 
 
-def decode(raw: bytes | str) -> tuple[str, dict, bool]:
-    """Celery envelope -> (delivery tag, our payload, redelivered). Never unpickles."""
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A message read back: its delivery tag, its requests' payloads (one, or a bundle's
+    in the order they were queued), and whether kombu marked it redelivered."""
+
+    tag: str
+    payloads: list[dict]
+    redelivered: bool
+    bundle: bool  # a bundle's message (``BUNDLE_TASK_NAME``), even of one request
+
+    @property
+    def payload(self) -> dict:
+        """The one request's payload; BadMessage for a bundle, where one is not expected."""
+        if self.bundle:
+            raise BadMessage("a bundle of requests where one request was expected")
+        return self.payloads[0]
+
+
+def decode(raw: bytes | str) -> Decoded:
+    """A Celery envelope read back (``Decoded``). Never unpickles."""
     try:
         msg = orjson.loads(raw)
         props = msg["properties"]
@@ -294,11 +471,14 @@ def decode(raw: bytes | str) -> tuple[str, dict, bool]:
         elif isinstance(body, str):
             body = body.encode("latin-1")
         args, _kwargs, _embed = msgpack.unpackb(body, raw=False, strict_map_key=True)
-        payload = args[0]
-        if not isinstance(payload, dict):
+        bundle = msg.get("headers", {}).get("task") == BUNDLE_TASK_NAME
+        payloads = args[0] if bundle else [args[0]]
+        if not isinstance(payloads, list) or not 0 < len(payloads) <= BUNDLE_MAX_REQUESTS:
+            raise BadMessage(f"a bundle holds 1 to {BUNDLE_MAX_REQUESTS} requests")
+        if not all(isinstance(p, dict) for p in payloads):
             raise BadMessage("task argument is not a map")
         redelivered = bool(props.get("delivery_info", {}).get("redelivered"))
-        return str(tag), payload, redelivered
+        return Decoded(str(tag), payloads, redelivered, bundle)
     except BadMessage:
         raise
     except Exception as exc:

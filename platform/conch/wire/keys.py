@@ -22,6 +22,9 @@ Model queues and messages in flight (``conch.wire.broker``)::
                                                                          the rest): queue-depth
     conch.model.<model>/in_flight_class  worker pop: tag -> the class    work_owed (in flight by
       [IN_FLIGHT_CLASS_SUFFIX]    hash      of the sub-list it left;     class); ack (HDEL)
+    conch.model.<model>/bundled    hash     publish of a bundle: tag ->  work_owed (each bundle's
+      [BUNDLED_SUFFIX]                      "extra step deadline"; ack   extra requests, waiting or
+                                            (HDEL)                       in flight); the pop script
     conch.jobs (+ sub-lists)       list     gateway (batch job submit),  Celery workers (kombu);
       [JOBS_QUEUE]                          kombu (restore)              work_owed (LLEN, with jobs=1)
     conch.jobs/in_flight           set      batch job driver: its job id work_owed (counts those
@@ -120,6 +123,8 @@ PRIORITY_SEP = "\x06\x16"  # kombu's separator for priority sub-lists
 WAKE_SUFFIX = "/wake"
 IN_FLIGHT_SUFFIX = "/in_flight"  # a queue's tags in unacked (conch.wire.work_owed)
 IN_FLIGHT_CLASS_SUFFIX = "/in_flight_class"  # tag -> online|async|offline, beside it
+# A bundle's tag -> "<requests beyond the first> <priority step> <deadline>" (broker.py).
+BUNDLED_SUFFIX = "/bundled"
 # The Celery queue of job tasks (batch jobs): every worker takes them but --batch-jobs=false ones.
 JOBS_QUEUE = "conch.jobs"
 # Messages in flight: kombu's default keys, so its restore_visible sees our messages.
@@ -164,6 +169,7 @@ CACHE_CLOCK = "conch.cache.clock"
 
 __all__ = [
     "ATTEMPTS",
+    "BUNDLED_SUFFIX",
     "CACHE_BYTES",
     "CACHE_CLOCK",
     "CACHE_ENTRY_PREFIX",

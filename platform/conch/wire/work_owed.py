@@ -1,8 +1,10 @@
 """The work a model's workers owe: the one signal workers are scaled on.
 
-A model's workers owe every message waiting in any priority sub-list of its queue
-(online levels, async jobs, offline work) plus every message a worker has popped and
-not yet acked, whether it is running or only prefetched. A list length alone is wrong
+A model's workers owe every request waiting in any priority sub-list of its queue
+(online levels, async jobs, offline work) plus every request a worker has popped and
+not yet acked, whether it is running or only prefetched. A message holds one request,
+but for a bundle (``conch.wire.broker``), whose requests beyond the first its entry in
+the queue's bundle hash counts: as waiting, or as in flight while it is in ``unacked``. A list length alone is wrong
 twice: kombu keeps each priority step in its own key, and popped work leaves the list,
 so busy workers would look idle and be scaled down mid-batch.
 
@@ -35,6 +37,7 @@ on the gateway's metrics port.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -50,11 +53,13 @@ from conch.wire.broker import (
     PRIORITY_CLASSES,
     PRIORITY_OFFLINE,
     PRIORITY_STEPS,
+    bundled_key,
     in_flight_class_key,
     in_flight_key,
     model_of_key,
     priority_keys,
     queue_name,
+    step_class,
 )
 from conch.wire.keys import JOBS_QUEUE, QUEUE_PREFIX, UNACKED
 from conch.wire.sequences import live_key
@@ -67,14 +72,23 @@ JOBS_PARAM = "jobs"
 ONLINE, ASYNC, OFFLINE = PRIORITY_CLASSES
 _MODELS_PER_CALL = 64  # models counted by one script run (Redis runs nothing else meanwhile)
 _SREM_CHUNK = 1000  # tags per SREM: Lua's unpack has a stack limit
+# A bundle's entry outlives its latest deadline by this much (then its requests would be
+# dropped the moment a worker popped them): one a purge took away is forgotten then.
+BUNDLE_FORGET_AFTER_S = 60
 
 # KEYS: unacked, then per queue its in-flight set, that set's class hash, its model's
-# live sequences (a zset, conch.wire.sequences) and its priority sub-lists in order.
-# ARGV: the number of sub-lists per queue. Returns per queue each sub-list's length, the
-# tags of its set still in unacked (tags no longer there are forgotten) by class (online,
+# live sequences (a zset, conch.wire.sequences), its bundle hash (broker.bundled_key) and
+# its priority sub-lists in order.
+# ARGV: the number of sub-lists per queue, now, how long past its deadline a bundle's
+# entry is kept, then each sub-list's class (broker.step_class). Returns per queue each
+# sub-list's requests waiting (its length, plus the bundles' requests beyond their
+# first), the requests in flight (the tags of its set still in unacked, tags no longer
+# there forgotten, plus their bundles' requests beyond the first) by class (online,
 # async, offline; a tag with no class counts online), then its live sequences.
 _COUNT_LUA = """
 local steps = tonumber(ARGV[1])
+local now = tonumber(ARGV[2])
+local forget = tonumber(ARGV[3])
 local out = {}
 local i = 2
 while i <= #KEYS do
@@ -93,14 +107,30 @@ while i <= #KEYS do
     redis.call('SREM', KEYS[i], unpack(chunk))
     redis.call('HDEL', KEYS[i + 1], unpack(chunk))
   end
+  local extra = {}
+  for s = 1, steps do extra[s] = 0 end
+  local bundled = redis.call('HGETALL', KEYS[i + 3])
+  for j = 1, #bundled, 2 do
+    local tag = bundled[j]
+    local more, step, deadline = string.match(bundled[j + 1], '^(%%d+) (%%d+) ([%%d.]+)$')
+    more, step, deadline = tonumber(more), tonumber(step), tonumber(deadline)
+    if not more or step >= steps or (deadline > 0 and deadline < now - forget) then
+      redis.call('HDEL', KEYS[i + 3], tag)
+    elseif redis.call('HEXISTS', KEYS[1], tag) == 1 then
+      local class = ARGV[4 + step]
+      held[class] = held[class] + more
+    else
+      extra[step + 1] = extra[step + 1] + more
+    end
+  end
   for s = 1, steps do
-    out[#out + 1] = redis.call('LLEN', KEYS[i + 2 + s])
+    out[#out + 1] = redis.call('LLEN', KEYS[i + 3 + s]) + extra[s]
   end
   out[#out + 1] = held['online']
   out[#out + 1] = held['async']
   out[#out + 1] = held['offline']
   out[#out + 1] = redis.call('ZCARD', KEYS[i + 2])
-  i = i + 3 + steps
+  i = i + 4 + steps
 end
 return out
 """ % (_SREM_CHUNK, _SREM_CHUNK)  # noqa: UP031 (Lua braces would need escaping in f-strings)
@@ -175,9 +205,12 @@ def _count(
     its live sequences' key), in one script run."""
     keys: list[str] = [UNACKED]
     for queue, live in queues:
-        keys += [in_flight_key(queue), in_flight_class_key(queue), live, *priority_keys(queue)]
+        keys += [in_flight_key(queue), in_flight_class_key(queue), live, bundled_key(queue)]
+        keys += priority_keys(queue)
     script = client.register_script(_COUNT_LUA)
-    flat = [int(v) for v in script(keys=keys, args=[len(PRIORITY_STEPS)])]
+    classes = [step_class(step) for step in PRIORITY_STEPS]
+    args = [len(PRIORITY_STEPS), time.time(), BUNDLE_FORGET_AFTER_S, *classes]
+    flat = [int(v) for v in script(keys=keys, args=args)]
     width = len(PRIORITY_STEPS) + 4
     rows = (flat[k * width : (k + 1) * width] for k in range(len(queues)))
     return [(tuple(row[:-4]), (row[-4], row[-3], row[-2]), row[-1]) for row in rows]

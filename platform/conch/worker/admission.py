@@ -5,7 +5,8 @@ job's result says why), its queue policy's timeout (Triton's REJECT answers it, 
 it back behind the requests still in time), its deliveries (past ``max_attempts``:
 dead-lettered), and whether its caller cancelled it while it waited. What is dealt with is
 acked in one round trip, with the statistics of the requests that failed; the rest are
-``Item``s for a batch. The gateway's half of Triton's queue policy (which priority step,
+``Item``s for a batch. A bundle's requests are admitted one by one, and its message is
+acked once the last of them is settled (``bundle_ledger``). The gateway's half of Triton's queue policy (which priority step,
 which timeout) is ``conch.frontend.admission``.
 """
 
@@ -23,6 +24,7 @@ from conch.core.errors import Internal, Unavailable
 from conch.core.request_scope import RequestTag, about
 from conch.wire import broker, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
+from conch.worker.bundle_ledger import BundleLedger
 from conch.worker.drain import Drain, Popped, ack, dead_letter, requeue
 from conch.worker.in_flight import InFlight
 from conch.worker.replies import ReplySink
@@ -35,11 +37,18 @@ log = logging.getLogger(__name__)
 class Item:
     """A request admitted to a batch."""
 
-    tag: str  # the delivery tag of its message
+    tag: str  # the delivery tag of its message (a bundle's requests share it)
     msg: InferMessage
     rows: int  # its first input's first dimension when the model batches, else 1
     attempts: int
     ticket: int | None = None  # pop order, when the model preserves ordering
+    bundled: bool = False  # its message is a bundle (``bundle_ledger``)
+
+    @property
+    def key(self) -> str:
+        """What names this request among a batch's (its replies are keyed by it): its
+        message's tag, or for a bundle's request its own id."""
+        return self.msg.id if self.bundled else self.tag
 
 
 def request_tag(msg: InferMessage) -> RequestTag:
@@ -66,6 +75,7 @@ class Admission:
     inflight: InFlight
     sequencer: Sequencer | None
     max_attempts: int
+    ledger: BundleLedger
     name: str  # the drain loop's, for its log lines
 
     def admit(self, popped: list[Popped], first_ticket: int | None = None) -> list[Item]:
@@ -80,6 +90,7 @@ class Admission:
             # Redis went away mid-admission: let go of all of them. They stay in flight in
             # Redis, where the visibility timeout brings them back to run (none has run).
             self.inflight.discard([p.tag for p in popped])
+            self.ledger.forget(p.tag for p in popped)
             if self.sequencer is not None and first_ticket is not None:
                 for ticket in range(first_ticket, first_ticket + len(popped)):
                     self.sequencer.finish(ticket)
@@ -89,51 +100,91 @@ class Admission:
         items: list[Item] = []
         now = time.time()
         pipe = self.client.pipeline(transaction=True)  # requeue and ack go together
-        done: list[tuple[str, int | None]] = []  # (tag, ticket)
+        done: list[tuple[str, int | None]] = []  # whole messages dealt with: (tag, ticket)
+        settled: list[Item] = []  # a bundle's requests dealt with, one by one
         failed: list[tuple[str, InferMessage]] = []  # (Triton's reason, request)
+        redelivered = 0  # requests that came back after the worker that held them died
+        lettered: set[str] = set()  # a message is dead-lettered once, whatever it holds
         for k, p in enumerate(popped):
             ticket = None if first_ticket is None else first_ticket + k
-            item = self._admit(pipe, now, p, failed)
-            if item is None:
+            try:
+                decoded = broker.decode(p.raw)
+                msgs = [InferMessage.from_dict(payload) for payload in decoded.payloads]
+            except BadMessage as exc:
+                log.error("%s: dead-lettering message %s: %s", self.name, p.tag, exc)
+                dead_letter(pipe, self.model, p.tag, p.raw, str(exc))
                 done.append((p.tag, ticket))
-            else:
-                item.ticket = ticket
-                items.append(item)
-        redelivered = sum(1 for p in popped if p.attempts > 1)
-        if redelivered:  # came back after the worker that held them went away
-            statistics.count_model(pipe, self.model, statistics.REDELIVERED, redelivered)
+                continue
+            if p.attempts > 1:
+                redelivered += len(msgs)
+            if decoded.bundle and self.sequencer is not None:
+                self._unbundle(pipe, msgs)
+                done.append((p.tag, ticket))
+                continue
+            if decoded.bundle:
+                self.ledger.open(p.tag, len(msgs))
+            for msg in msgs:
+                item = Item(p.tag, msg, 1, p.attempts, ticket, decoded.bundle)
+                if self._admit(pipe, now, p, item, lettered, failed):
+                    items.append(item)
+                elif item.bundled:
+                    settled.append(item)
+                else:
+                    done.append((p.tag, ticket))
         gone = self.sink.cancelled(i.msg for i in items)
         if gone:  # cancelled while queued: never run
-            done += [(i.tag, i.ticket) for i in items if i.msg.id in gone]
-            failed += [(statistics.CANCELED, i.msg) for i in items if i.msg.id in gone]
+            for i in items:
+                if i.msg.id not in gone:
+                    continue
+                if i.bundled:
+                    settled.append(i)
+                else:
+                    done.append((i.tag, i.ticket))
+                failed.append((statistics.CANCELED, i.msg))
             items = [i for i in items if i.msg.id not in gone]
-        if done or redelivered:
+        if redelivered:  # came back after the worker that held them went away
+            statistics.count_model(pipe, self.model, statistics.REDELIVERED, redelivered)
+        if done or settled or redelivered:
             self._record_failures(pipe, now, failed)
-            ack(pipe, self.drain.queue, [tag for tag, _ in done])
+            tags = [tag for tag, _ in done] + self.ledger.settle(settled)
+            ack(pipe, self.drain.queue, tags)
             pipe.execute()
-            self.inflight.discard([tag for tag, _ in done])
+            self.inflight.discard(tags)
             if self.sequencer is not None:
                 for _, ticket in done:
                     self.sequencer.finish(ticket)
         return items
+
+    def _unbundle(self, pipe: redis.client.Pipeline, msgs: list[InferMessage]) -> None:
+        """A bundle's requests for a model that preserves ordering, whose pops take one
+        ticket a message: put back at the head of their queue one message each, in their
+        order, to be popped again (gateways bundle none of its requests, but a bundle
+        queued before its config said so may come)."""
+        for msg in reversed(msgs):
+            requeue(
+                pipe,
+                self.drain.queue,
+                msg.to_dict(),
+                tag=msg.id,
+                priority=msg.priority,
+                reply_to=msg.reply_to,
+                head=True,
+            )
 
     def _admit(
         self,
         pipe: redis.client.Pipeline,
         now: float,
         popped: Popped,
+        item: Item,
+        lettered: set[str],
         failed: list[tuple[str, InferMessage]],
-    ) -> Item | None:
-        """The popped message as a batch item, or None once it is dealt with here (a
-        request that failed here is added to ``failed``, with Triton's reason)."""
-        tag, raw, attempts = popped.tag, popped.raw, popped.attempts
-        try:
-            _, payload, _ = broker.decode(raw)
-            msg = InferMessage.from_dict(payload)
-        except BadMessage as exc:
-            log.error("%s: dead-lettering message %s: %s", self.name, tag, exc)
-            dead_letter(pipe, self.model, tag, raw, str(exc))
-            return None
+    ) -> bool:
+        """Whether ``item`` (a request of ``popped``) joins a batch, its ``rows`` set;
+        False once it is dealt with here (a request that failed here is added to
+        ``failed``, with Triton's reason). ``lettered``: the tags of the messages
+        dead-lettered already (a bundle's earlier request did)."""
+        msg = item.msg
         if msg.deadline and now > msg.deadline:
             with about(request_tag(msg)):
                 log.info("%s: dropping a request: its deadline passed in the queue", self.name)
@@ -144,7 +195,7 @@ class Admission:
                     f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
                 )
                 self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
-            return None
+            return False
         if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
             if msg.delay_on_timeout:
                 # Triton's DELAY: behind every request still in time, not dropped.
@@ -153,7 +204,7 @@ class Admission:
                     pipe,
                     self.drain.queue,
                     msg.to_dict(),
-                    tag=tag,
+                    tag=item.key,
                     priority=broker.ONLINE_STEPS - 1,
                     reply_to=msg.reply_to,
                     head=False,
@@ -165,20 +216,23 @@ class Admission:
                 )
                 self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
                 failed.append((statistics.REJECTED, msg))
-            return None
-        if attempts > self.max_attempts:
+            return False
+        if popped.attempts > self.max_attempts:
             reason = (
-                f"request for model '{self.model}' was dead-lettered after {attempts - 1} "
-                f"attempts: each one ended with its worker dying"
+                f"request for model '{self.model}' was dead-lettered after "
+                f"{popped.attempts - 1} attempts: each one ended with its worker dying"
             )
             with about(request_tag(msg)):
                 log.error("%s: %s", self.name, reason)
-            dead_letter(pipe, self.model, tag, raw, reason)
+            if popped.tag not in lettered:
+                lettered.add(popped.tag)
+                dead_letter(pipe, self.model, popped.tag, popped.raw, reason)
             self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
             failed.append((statistics.OTHER, msg))
-            return None
-        batched = self.batching and msg.inputs and msg.inputs[0][2]
-        return Item(tag, msg, max(1, msg.inputs[0][2][0]) if batched else 1, attempts)
+            return False
+        if self.batching and msg.inputs and msg.inputs[0][2]:
+            item.rows = max(1, msg.inputs[0][2][0])
+        return True
 
     def _record_failures(
         self, pipe: redis.client.Pipeline, now: float, failed: list[tuple[str, InferMessage]]

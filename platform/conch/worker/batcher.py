@@ -30,6 +30,7 @@ from conch.core.request_scope import about
 from conch.wire import broker, outage, statistics
 from conch.wire.redis_link import CommandQueue, RedisLink
 from conch.worker.admission import Admission, Item, request_tag
+from conch.worker.bundle_ledger import BundleLedger
 from conch.worker.drain import Drain, Popped, ack, requeue
 from conch.worker.in_flight import InFlight
 from conch.worker.offline_share import OfflineShare
@@ -157,6 +158,7 @@ class Batcher(threading.Thread):
             "drain": self.drain,
             "sink": self.sink,
             "inflight": inflight,
+            "ledger": BundleLedger(),
             "sequencer": sequencer,
             "name": self.name,
         }
@@ -311,14 +313,15 @@ class Batcher(threading.Thread):
                 pipe,
                 self.drain.queue,
                 item.msg.to_dict(),
-                tag=item.tag,
+                tag=item.key,
                 priority=item.msg.priority,
                 reply_to=item.msg.reply_to,
                 head=True,
             )
-        ack(pipe, self.drain.queue, [i.tag for i in items])
+        tags = self.runner.ledger.settle(items)
+        ack(pipe, self.drain.queue, tags)
         pipe.execute()
-        self.inflight.discard([i.tag for i in items])
+        self.inflight.discard(tags)
         if self.sequencer is not None:
             for item in items:
                 self.sequencer.finish(item.ticket)

@@ -22,6 +22,7 @@ from conch.wire import statistics
 from conch.wire.broker import (
     PRIORITY_STEPS,
     WAKE_CAP,
+    bundled_key,
     envelope,
     in_flight_class_key,
     in_flight_key,
@@ -41,11 +42,15 @@ POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 
 # KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set and its class
-# hash, then the priority sub-lists in order (the last: offline work, batch jobs' messages).
-# ARGV: max count, now, routing key, wake cap, max count from the last sub-list (-1: any),
-# whether the offline messages left there are held back (1: not counted as waiting, nor
-# given wake tokens; 0: merely not taken by this pop), then each sub-list's class
-# (broker.step_class), in order: ARGV[i] is KEYS[i]'s.
+# hash, its bundle hash, then the priority sub-lists in order (the last: offline work,
+# batch jobs' messages).
+# ARGV: max count of requests (a bundle counts its requests: broker.bundled_key), now,
+# routing key, wake cap, max count from the last sub-list (-1: any), whether the offline
+# messages left there are held back (1: not counted as waiting, nor given wake tokens; 0:
+# merely not taken by this pop), then each sub-list's class (broker.step_class), in
+# order: ARGV[i - 1] is KEYS[i]'s.
+# While any bundle is queued or in flight, messages are popped one at a time, so a pop
+# stops at its count of requests (overshooting by at most one bundle); else in one RPOP.
 _POP_LUA = """
 local n = tonumber(ARGV[1])
 local offline = tonumber(ARGV[5])
@@ -53,34 +58,46 @@ local held = ARGV[6] == '1'
 local out = {}
 local waiting = 0
 local rk = cjson.encode(ARGV[3])
-for i = 7, #KEYS do
+local bundles = redis.call('HLEN', KEYS[7]) > 0
+local function register(raw, class)
+  -- A plain find, then a match anchored where it ends: a pattern search alone
+  -- tries its %s* at every byte of the base64 body before the tag.
+  local tag = nil
+  local _, at = string.find(raw, '"delivery_tag":', 1, true)
+  if at then tag = string.match(raw, '^%s*"([^"]+)"', at + 1) end
+  if not tag then
+    local ok, m = pcall(cjson.decode, raw)
+    if ok and type(m) == 'table' and type(m['properties']) == 'table' then
+      tag = m['properties']['delivery_tag']
+    end
+  end
+  if type(tag) ~= 'string' then tag = 'conch-untagged-' .. redis.call('INCR', 'conch.untagged') end
+  redis.call('ZADD', KEYS[3], ARGV[2], tag)
+  redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
+  redis.call('SADD', KEYS[5], tag)
+  redis.call('HSET', KEYS[6], tag, class)
+  out[#out + 1] = tag
+  out[#out + 1] = raw
+  out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
+  return tag
+end
+for i = 8, #KEYS do
   local key = KEYS[i]
   local take = n
   if i == #KEYS and offline >= 0 then take = math.min(n, offline) end
-  if take > 0 then
+  if take > 0 and bundles then
+    while take > 0 do
+      local raw = redis.call('RPOP', key)
+      if not raw then break end
+      local entry = redis.call('HGET', KEYS[7], register(raw, ARGV[i - 1]))
+      local requests = 1 + (entry and tonumber(string.match(entry, '^%d+')) or 0)
+      take = take - requests
+      n = n - requests
+    end
+  elseif take > 0 then
     local items = redis.call('RPOP', key, take)
     if items then
-      for _, raw in ipairs(items) do
-        -- A plain find, then a match anchored where it ends: a pattern search alone
-        -- tries its %s* at every byte of the base64 body before the tag.
-        local tag = nil
-        local _, at = string.find(raw, '"delivery_tag":', 1, true)
-        if at then tag = string.match(raw, '^%s*"([^"]+)"', at + 1) end
-        if not tag then
-          local ok, m = pcall(cjson.decode, raw)
-          if ok and type(m) == 'table' and type(m['properties']) == 'table' then
-            tag = m['properties']['delivery_tag']
-          end
-        end
-        if type(tag) ~= 'string' then tag = 'conch-untagged-' .. redis.call('INCR', 'conch.untagged') end
-        redis.call('ZADD', KEYS[3], ARGV[2], tag)
-        redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
-        redis.call('SADD', KEYS[5], tag)
-        redis.call('HSET', KEYS[6], tag, ARGV[i])
-        out[#out + 1] = tag
-        out[#out + 1] = raw
-        out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
-      end
+      for _, raw in ipairs(items) do register(raw, ARGV[i - 1]) end
       n = n - #items
     end
   end
@@ -122,6 +139,7 @@ class Drain:
             ATTEMPTS,
             in_flight_key(self.queue),
             in_flight_class_key(self.queue),
+            bundled_key(self.queue),
             *priority_keys(self.queue),
         ]
         self._pop = client.register_script(_POP_LUA)
@@ -142,7 +160,8 @@ class Drain:
             time.sleep(min(timeout, POLL_S))
 
     def pop(self, count: int, offline: int | None = None, held: bool = True) -> list[Popped]:
-        """Up to ``count`` messages, registered in flight, at most ``offline`` of them
+        """Messages of up to ``count`` requests (a bundle counts its requests, and the last
+        one taken may overshoot), registered in flight, at most ``offline`` of them
         offline (batch jobs' messages; None: as many as come). ``held``: the offline
         messages left are held back (``OfflineShare``), not waiting, rather than only not
         taken now.
@@ -209,8 +228,8 @@ def requeue(
 
 
 def ack(pipe: CommandQueue, queue: str, tags: Iterable[str]) -> None:
-    """Forget delivered messages of ``queue``: kombu's ack, our attempt counter and the
-    queue's in-flight set (``conch.wire.work_owed``)."""
+    """Forget delivered messages of ``queue``: kombu's ack, our attempt counter, the
+    queue's in-flight set and its bundle hash (``conch.wire.work_owed``)."""
     tags = list(tags)
     if tags:
         pipe.zrem(UNACKED_INDEX, *tags)
@@ -218,6 +237,7 @@ def ack(pipe: CommandQueue, queue: str, tags: Iterable[str]) -> None:
         pipe.hdel(ATTEMPTS, *tags)
         pipe.srem(in_flight_key(queue), *tags)
         pipe.hdel(in_flight_class_key(queue), *tags)
+        pipe.hdel(bundled_key(queue), *tags)
 
 
 def dead_letter(pipe: CommandQueue, model: str, tag: str, raw: bytes | str, reason: str) -> None:

@@ -27,6 +27,7 @@ from conch.wire.messages import Reply
 from conch.wire.redis_link import CommandQueue, Commands, RedisLink
 from conch.worker import stacking
 from conch.worker.admission import Item
+from conch.worker.bundle_ledger import BundleLedger
 from conch.worker.drain import Drain, Popped, ack
 from conch.worker.in_flight import InFlight
 from conch.worker.replies import ReplySink
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class BatchResult:
-    """What running a batch gave: each request's reply (by delivery tag), and the
+    """What running a batch gave: each request's reply (by ``Item.key``), and the
     statistics of each execution that ran."""
 
     replies: dict[str, Reply]
@@ -62,6 +63,7 @@ class Runner:
     sink: ReplySink
     link: RedisLink
     inflight: InFlight
+    ledger: BundleLedger
     sequencer: Sequencer | None
     on_send: Callable[[CommandQueue], None] | None
     prefetched: Callable[[list[Popped]], None]
@@ -108,14 +110,14 @@ class Runner:
                     f"Request for unknown model version: '{self.model}' version {used} is not loaded here"
                 )
                 for item in items:
-                    replies[item.tag] = Reply(item.msg.id, error=err)
+                    replies[item.key] = Reply(item.msg.id, error=err)
                 continue
             refused: set[str] = set()
             traced = [(i.msg.traceparent, i.msg.enqueued) for i in items]
             with tracing.batch_span(self.model, traced):
                 phases = self._run(backend, items, replies, started, refused)
             for item in items:
-                replies[item.tag].version = used
+                replies[item.key].version = used
             if phases is not None:
                 result.runs.append(self._execution(used, items, replies, phases, refused))
 
@@ -133,7 +135,7 @@ class Runner:
         run = statistics.Execution(version, batch_size=sum(i.rows for i in items))
         run.input_ns, run.infer_ns, run.output_ns = phases
         for item in items:
-            reply = replies[item.tag]
+            reply = replies[item.key]
             took = max(0, int((now - item.msg.enqueued) * 1e9))
             if reply.error is None:
                 run.success += 1
@@ -143,7 +145,7 @@ class Runner:
                 run.responses_ns.append(took)
                 run.queues_ns.append(reply.timing.get("queue", 0))
             else:
-                reason = statistics.OTHER if item.tag in refused else statistics.BACKEND
+                reason = statistics.OTHER if item.key in refused else statistics.BACKEND
                 run.failed(reason, took)
         return run
 
@@ -178,14 +180,14 @@ class Runner:
                     for name, dt, shape, raw in item.msg.inputs
                 }
             except ConchError as exc:
-                replies[item.tag] = Reply(item.msg.id, error=exc)
-                refused.add(item.tag)
+                replies[item.key] = Reply(item.msg.id, error=exc)
+                refused.add(item.key)
                 continue
             except Exception as exc:
-                replies[item.tag] = Reply(
+                replies[item.key] = Reply(
                     item.msg.id, error=InvalidArgument(f"bad input tensor: {exc}")
                 )
-                refused.add(item.tag)
+                refused.add(item.key)
                 continue
             requests.append(
                 BackendRequest(
@@ -216,17 +218,17 @@ class Runner:
         for item, result in zip(runnable, results, strict=True):
             timing = {"queue": int((started - item.msg.enqueued) * 1e9), "compute": compute_ns}
             if isinstance(result, ConchError):
-                replies[item.tag] = Reply(item.msg.id, error=result, timing=timing)
+                replies[item.key] = Reply(item.msg.id, error=result, timing=timing)
                 continue
             try:
                 outputs = tensors.named_outputs(result, item.msg.outputs, self.output_types)
             except Exception as exc:
-                replies[item.tag] = Reply(
+                replies[item.key] = Reply(
                     item.msg.id,
                     error=Internal(f"model '{self.model}' returned a bad output: {exc}"),
                 )
                 continue
-            replies[item.tag] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
+            replies[item.key] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
 
     # -- replying ---------------------------------------------------------------------
@@ -241,8 +243,8 @@ class Runner:
     ) -> tuple[int, int, int] | None:
         """``_run`` for a stacked batch: one execution, each output encoded once."""
         for item, exc in stacked.refused:
-            replies[item.tag] = Reply(item.msg.id, error=exc)
-            refused.add(item.tag)
+            replies[item.key] = Reply(item.msg.id, error=exc)
+            refused.add(item.key)
         runnable = stacked.items
         if not runnable:
             return None
@@ -262,18 +264,18 @@ class Runner:
         for k, item in enumerate(runnable):
             timing = {"queue": int((started - item.msg.enqueued) * 1e9), "compute": compute_ns}
             if failed is not None:
-                replies[item.tag] = Reply(item.msg.id, error=failed, timing=timing)
+                replies[item.key] = Reply(item.msg.id, error=failed, timing=timing)
                 continue
             outputs = []
             for name in item.msg.outputs:
                 tensor = parts[name]
                 if isinstance(tensor, Exception):
                     bad = Internal(f"model '{self.model}' returned a bad output: {tensor}")
-                    replies[item.tag] = Reply(item.msg.id, error=bad)
+                    replies[item.key] = Reply(item.msg.id, error=bad)
                     break
                 outputs.append(tensor[k])
             else:
-                replies[item.tag] = Reply(
+                replies[item.key] = Reply(
                     item.msg.id, outputs=outputs, timing=timing, batch_size=rows
                 )
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
@@ -312,15 +314,16 @@ class Runner:
         offline: int | None = None,
         held: bool = True,
     ) -> None:
-        """Reply, then ack: a crash in between re-runs the request, never loses it."""
+        """Reply, then ack (a bundle once all its requests are answered: ``BundleLedger``):
+        a crash in between re-runs the request, never loses it."""
         pipe = Commands()
         now_ms = int(time.time() * 1000)
         for run in runs:
             statistics.record(pipe, self.model, run, now_ms, samples=self.samples)
         if self.on_send is not None:
             self.on_send(pipe)
-        self.sink.deliver_all(pipe, [(item.msg, replies[item.tag]) for item in items])
-        tags = [i.tag for i in items]
+        self.sink.deliver_all(pipe, [(item.msg, replies[item.key]) for item in items])
+        tags = self.ledger.settle(items)
         ack(pipe, self.drain.queue, tags)
         if prefetch:
             self.drain.queue_pop(pipe, prefetch, offline, held)
@@ -372,14 +375,14 @@ class Runner:
 
 def telemetry(batch: list[Item], replies: dict[str, Reply], executions: int) -> dict[str, int]:
     """One batch's counts for this worker's telemetry (``telemetry.WorkerTelemetry``)."""
-    failed = sum(1 for i in batch if replies[i.tag].error is not None)
+    failed = sum(1 for i in batch if replies[i.key].error is not None)
     return {
         "executions": executions,
         "requests": len(batch),
         "rows": sum(i.rows for i in batch),
         "success": len(batch) - failed,
         "failure": failed,
-        "queue_us": sum(replies[i.tag].timing.get("queue", 0) for i in batch) // 1000,
+        "queue_us": sum(replies[i.key].timing.get("queue", 0) for i in batch) // 1000,
         # As Triton counts it: each request is charged its batch's compute time.
-        "compute_us": sum(replies[i.tag].timing.get("compute", 0) for i in batch) // 1000,
+        "compute_us": sum(replies[i.key].timing.get("compute", 0) for i in batch) // 1000,
     }

@@ -388,7 +388,7 @@ class SequenceBatcher(threading.Thread):
             if raw is None:
                 continue
             try:
-                _, payload, _ = decode(raw)
+                payload = decode(raw).payload
                 msg = InferMessage.from_dict(payload)
             except BadMessage as exc:
                 self._drop_bad(tok, raw, str(exc))

@@ -45,7 +45,7 @@ def play_worker(client: redis.Redis, replies: int) -> threading.Thread:
                 break
             time.sleep(0.01)
         tag, raw = popped[0].tag, popped[0].raw
-        _, payload, _ = broker.decode(raw)
+        payload = broker.decode(raw).payload
         msg = InferMessage.from_dict(payload)
         for i in range(replies):
             reply = Reply(msg.id, outputs=[("Y", "FP32", (1,), bytes([i, 0, 0, 0]))])

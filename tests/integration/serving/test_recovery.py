@@ -14,7 +14,9 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conch.wire import keys, worker_reports
+from conch.devtools.redis_server import free_port
+from conch.wire import broker, keys, worker_reports
+from conch.wire.work_owed import work_owed
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until, waiting
 
@@ -39,7 +41,18 @@ def slow_request(url: str, value: float) -> np.ndarray:
 
 
 def in_flight(url: str) -> int:
+    """Messages in flight, of every queue (a bundle of requests is one)."""
     return redis.Redis.from_url(url).zcard(keys.UNACKED_INDEX)
+
+
+def owed(url: str, model: str) -> int:
+    """``model``'s requests waiting or in flight: a bundle counts each of its own."""
+    return work_owed(redis.Redis.from_url(url), [model])[model].owed
+
+
+def requests_in_flight(url: str, model: str) -> int:
+    """``model``'s requests in flight: a bundle counts each of its own."""
+    return work_owed(redis.Redis.from_url(url), [model])[model].in_flight
 
 
 @pytest.mark.parametrize("flags", [(), ("--batch-jobs=false",)], ids=["jobs", "no-jobs"])
@@ -55,7 +68,7 @@ def test_sigkill_mid_batch_loses_nothing(
     try:
         wait_model_ready(url, "slow", 60, first, gw)
         futures: list[Future] = [pool.submit(slow_request, url, float(i)) for i in range(6)]
-        wait_until(lambda: in_flight(db) >= 6, 30, "the batch to be taken", first)
+        wait_until(lambda: requests_in_flight(db, "slow") >= 6, 30, "the batch to be taken", first)
         first.stop(signal.SIGKILL)
         killed = time.monotonic()
         second = start_worker(model_repo, db, log_dir, "--models", "slow", *flags)
@@ -67,6 +80,50 @@ def test_sigkill_mid_batch_loses_nothing(
             # Back within the default visibility timeout and sweep, plus the batch's own run.
             assert time.monotonic() - killed < 10 + 5
             assert in_flight(db) == 0
+        finally:
+            second.stop()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        gw.stop()
+        first.stop()
+
+
+def test_sigkill_with_a_bundle_in_flight_loses_nothing(
+    model_repo: Path, db: str, log_dir: Path
+) -> None:
+    """Requests that meet in the gateway's publish go as one message (a bundle); the work
+    owed (``/queue-depth``, KEDA's) counts each of them, and a worker killed holding the
+    bundle leaves all of it to come back and run."""
+    first = start_worker(model_repo, db, log_dir, "--models", "slow")
+    metrics = free_port()
+    gw, url = start_gateway(model_repo, db, log_dir, threads=16, metrics_port=metrics)
+    pool = ThreadPoolExecutor(6)
+    client = redis.Redis.from_url(db)
+    try:
+        wait_model_ready(url, "slow", 60, first, gw)
+        # Redis held still while the requests come: they meet in the gateway's next flush.
+        client.client_pause(1000)
+        futures: list[Future] = [pool.submit(slow_request, url, float(i)) for i in range(6)]
+        wait_until(lambda: owed(db, "slow") == 6, 30, "the requests to be queued", first, gw)
+        depth = requests.get(f"http://127.0.0.1:{metrics}/queue-depth", params={"model": "slow"})
+        assert depth.json()["models"]["slow"]["owed"] == 6  # requests, not messages
+        bundles = client.hkeys(broker.bundled_key(broker.queue_name("slow")))
+        assert bundles  # fewer messages than requests
+
+        def held() -> bool:  # a bundle in flight: kombu's unacked holds it
+            return any(client.hexists(keys.UNACKED, tag) for tag in bundles)
+
+        wait_until(held, 30, "a bundle to be taken", first)
+        first.stop(signal.SIGKILL)
+        second = start_worker(model_repo, db, log_dir, "--models", "slow")
+        try:
+            for i, f in enumerate(futures):
+                np.testing.assert_array_equal(
+                    f.result(timeout=60), np.full((1, 4), i + 1.0, np.float32)
+                )
+            assert in_flight(db) == 0
+            assert client.hlen(broker.bundled_key(broker.queue_name("slow"))) == 0
+            assert requests_in_flight(db, "slow") == 0 and waiting(db, "slow") == 0
         finally:
             second.stop()
     finally:

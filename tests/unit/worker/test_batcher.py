@@ -41,6 +41,15 @@ class FakeDrain:
         )
         self.queued.append(Popped(msg.id, raw, attempts))
 
+    def put_bundle(self, msgs: list[InferMessage], attempts: int = 1) -> str:
+        """One message for all of ``msgs`` (a gateway's bundle); its tag."""
+        tag = broker.new_id()
+        raw = broker.bundle_envelope(
+            [m.to_dict() for m in msgs], task_id=tag, queue=self.queue, priority=0, reply_to=None
+        )
+        self.queued.append(Popped(tag, raw, attempts))
+        return tag
+
     def pop(
         self, count: int, offline: int | None = None, held: bool = True, how: str = "pop"
     ) -> list[Popped]:
@@ -361,3 +370,107 @@ def test_offline_messages_a_batch_has_no_room_for_go_back_and_their_share_is_ref
     ]
     assert ("hdel", (keys.UNACKED, offline.id)) in client.calls
     assert inflight.snapshot() == []
+
+
+# -- bundles: one message for many requests ------------------------------------------
+
+
+def acked_tags(client: FakeClient) -> list[str]:
+    """Every tag acked, in order, as often as it was."""
+    return [
+        t
+        for name, args in client.calls
+        if name == "hdel" and args[0] == keys.UNACKED
+        for t in args[1:]
+    ]
+
+
+def test_a_bundles_requests_run_in_one_batch_each_answered_and_the_bundle_acked_once() -> None:
+    drain, sink, client, backend = FakeDrain(), FakeSink(), FakeClient(), Doubler()
+    msgs = [message(1), message(2), message(1)]
+    tag = drain.put_bundle(msgs)
+    inflight = InFlight()
+    batcher = make(drain, sink, client, backends={1: backend}, inflight=inflight)
+    run_until(batcher, lambda: len(sink.replies) == 3)
+    assert backend.batches == [3]
+    for m in msgs:
+        reply = sink.replies[m.id]
+        assert reply.error is None and reply.batch_size == 4
+        ((_, _, shape, raw),) = reply.outputs
+        x = np.frombuffer(m.inputs[0][3], np.float32).reshape(shape)
+        np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(shape), 2 * x)
+    assert acked_tags(client) == [tag]
+    assert inflight.snapshot() == []
+
+
+def test_a_bundle_split_over_two_batches_is_acked_after_its_last_request() -> None:
+    drain, sink, client, backend = FakeDrain(), FakeSink(), FakeClient(), Doubler()
+    msgs = [message(2), message(2), message(2)]
+    tag = drain.put_bundle(msgs)
+    batcher = make(drain, sink, client, backends={1: backend}, policy=BatchPolicy(4, 0.0))
+    run_until(batcher, lambda: len(sink.replies) == 3)
+    assert backend.batches == [2, 1]  # the third request was carried to the next batch
+    replied = [k for k, c in enumerate(client.calls) if c[0] == "reply"]
+    acks = [k for k, c in enumerate(client.calls) if c == ("hdel", (keys.UNACKED, tag))]
+    # Not acked with the first batch's replies: a worker dying then must leave the whole
+    # bundle in flight, the carried request with it.
+    assert len(acks) == 1 and acks[0] > max(replied)
+
+
+def test_a_bundles_requests_are_admitted_one_by_one() -> None:
+    drain, client, backend = FakeDrain(), FakeClient(), Doubler()
+    past = time.time() - 1
+    expired, cancelled, good = message(1, deadline=past), message(1, job_ttl=60), message(1)
+    sink = FakeSink(cancelled={cancelled.id})
+    tag = drain.put_bundle([expired, cancelled, good])
+    batcher = make(drain, sink, client, backends={1: backend})
+    run_until(batcher, lambda: good.id in sink.replies)
+    assert backend.batches == [1] and set(sink.replies) == {good.id}
+    assert acked_tags(client) == [tag]
+
+
+def test_a_bundle_whose_deliveries_ran_out_is_dead_lettered_once_and_each_request_told() -> None:
+    drain, sink, client, backend = FakeDrain(), FakeSink(), FakeClient(), Doubler()
+    msgs = [message(1), message(1)]
+    tag = drain.put_bundle(msgs, attempts=4)
+    batcher = make(drain, sink, client, backends={1: backend}, max_attempts=3)
+    run_until(batcher, lambda: len(sink.replies) == 2)
+    assert backend.batches == []
+    assert all(isinstance(sink.replies[m.id].error, Internal) for m in msgs)
+    lettered = [c for c in client.calls if c[0] == "lpush" and c[1][0] == keys.DEADLETTER]
+    assert len(lettered) == 1 and acked_tags(client) == [tag]
+
+
+def test_a_bundle_for_a_model_that_preserves_ordering_goes_back_one_message_each() -> None:
+    from conch.worker.reply_order import Sequencer
+
+    drain, sink, client, backend = FakeDrain(), FakeSink(), FakeClient(), Doubler()
+    msgs = [message(1), message(1), message(1)]
+    tag = drain.put_bundle(msgs)
+    batcher = make(drain, sink, client, backends={1: backend}, sequencer=Sequencer())
+    run_until(batcher, lambda: tag in acked_tags(client))
+    assert backend.batches == [] and sink.replies == {}
+    # At the head of the queue, the first request last pushed (so first popped again),
+    # each a message of its own under its own id.
+    pushed = [args for name, args in client.calls if name == "rpush" and args[0] == drain.queue]
+    assert [broker.decode(raw).payload["id"] for _, raw in pushed] == [m.id for m in msgs][::-1]
+    assert [broker.decode(raw).tag for _, raw in pushed] == [m.id for m in msgs][::-1]
+
+
+def test_a_bundles_requests_held_at_a_warm_stop_go_back_one_message_each() -> None:
+    drain, sink, client = FakeDrain(), FakeSink(), FakeClient()
+    msgs = [message(3), message(3)]
+    tag = drain.put_bundle(msgs)
+
+    class Stopping(Doubler):
+        def execute(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
+            batcher.stop()  # the carried request is handed back, not run
+            return super().execute(requests)
+
+    backend = Stopping()
+    batcher = make(drain, sink, client, backends={1: backend}, policy=BatchPolicy(4, 0.0))
+    run_until(batcher, lambda: tag in acked_tags(client))
+    assert backend.batches == [1] and set(sink.replies) == {msgs[0].id}
+    pushed = [args for name, args in client.calls if name == "rpush" and args[0] == drain.queue]
+    assert [broker.decode(raw).tag for _, raw in pushed] == [msgs[1].id]
+    assert acked_tags(client) == [tag]

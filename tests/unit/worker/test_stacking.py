@@ -19,6 +19,7 @@ from conch.wire import statistics
 from conch.wire.messages import InferMessage, Reply
 from conch.worker import stacking
 from conch.worker.admission import Item
+from conch.worker.bundle_ledger import BundleLedger
 from conch.worker.runner import Runner
 
 CONFIG = (
@@ -79,6 +80,7 @@ def runner(b: Backend) -> Runner:
         sink=nothing,
         link=nothing,
         inflight=nothing,
+        ledger=BundleLedger(),
         sequencer=None,
         on_send=None,
         prefetched=lambda _popped: None,
