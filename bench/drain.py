@@ -397,8 +397,9 @@ def stand_in(url: str, model: str) -> None:
             continue
         answers = []
         for message in popped:
-            msg = InferMessage.from_dict(broker.decode(message.raw).payload)
-            answers.append((msg, Reply(msg.id, [(OUTPUT, *msg.inputs[0][1:])], version=1)))
+            for payload in broker.decode(message.raw).payloads:  # a bundle holds several
+                msg = InferMessage.from_dict(payload)
+                answers.append((msg, Reply(msg.id, [(OUTPUT, *msg.inputs[0][1:])], version=1)))
         pipe = Commands()
         sink.deliver_all(pipe, answers)
         ack(pipe, drain.queue, [message.tag for message in popped])

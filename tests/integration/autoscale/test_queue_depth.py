@@ -84,18 +84,26 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, log_dir: Pat
 
 
 def hand_count(db: str) -> tuple[dict[int, int], dict[int, int]]:
-    """(waiting per priority step, in flight per priority step) of the model, counted
-    here: each sub-list's LLEN, and the unacked entries ([message, exchange, routing key])
-    for its queue, by the priority their message carries."""
+    """(waiting per priority step, in flight per priority step) of the model's requests,
+    counted here: each sub-list's messages, and the unacked entries ([message, exchange,
+    routing key]) for its queue by the priority their message carries, each message read
+    for the requests it holds (a bundle holds several)."""
     client = redis.Redis.from_url(db)
     queue = broker.queue_name(MODEL)
-    steps = {step: client.llen(broker.priority_key(queue, step)) for step in range(10)}
+
+    def requests(raw: bytes | str) -> int:
+        return len(broker.decode(raw).payloads)
+
+    steps = {
+        step: sum(requests(raw) for raw in client.lrange(broker.priority_key(queue, step), 0, -1))
+        for step in range(10)
+    }
     held: dict[int, int] = {}
     for entry in client.hvals(keys.UNACKED):
         message, _, routing_key = json.loads(entry)
         if routing_key == queue:
             step = message["properties"]["priority"]
-            held[step] = held.get(step, 0) + 1
+            held[step] = held.get(step, 0) + requests(json.dumps(message))
     return {s: n for s, n in steps.items() if n}, held
 
 
