@@ -22,7 +22,8 @@ CPU per call is what any frontend built on the transport pays before doing any w
   ``grpclib.const.Handler`` entries, messages passed as bytes as grpcio's are here.
 
 ``--dataplane``: the whole path, over one private Redis and one worker: conch's HTTP
-gateway, ``conch grpc`` (grpcio), and the ``h2`` and ``grpclib`` transports answering
+gateway, ``conch grpc`` on each of its transports (``--grpc-transport grpcio`` and ``h2``,
+the latter built from the ``h2`` floor here), and the ``h2`` and ``grpclib`` prototypes answering
 through conch's own ``InferenceService`` and data plane (what ``conch grpc`` runs, on the
 other transport: on gevent for h2; in a pool of 64 threads beside grpclib's loop, since
 the service blocks on Redis), with infer/s, p50 and CPU ms per request of the frontend,
@@ -53,6 +54,7 @@ SERVERS = ("grpcio", "grpcio-aio", "h2", "grpclib")
 DATAPLANE = {
     "conch HTTP (gevent)": "gateway",
     "conch gRPC (grpcio)": "grpc",
+    "conch gRPC (h2)": "grpc-h2",
     "gRPC on h2 (gevent)": "h2-dataplane",
     "gRPC on grpclib (asyncio)": "grpclib-dataplane",
 }
@@ -537,8 +539,10 @@ def dataplane(pa: str, args: argparse.Namespace, out_dir: Path) -> None:
                 if serve == "gateway":
                     address = ("--http-address", local, "--http-port", str(port))
                     return conch("gateway", *common, *address, "--allow-metrics", "false")
-                if serve == "grpc":
-                    return conch("grpc", *common, "--grpc-address", local, "--grpc-port", str(port))
+                if serve in ("grpc", "grpc-h2"):
+                    transport = ("--grpc-transport", "h2" if serve == "grpc-h2" else "grpcio")
+                    address = ("--grpc-address", local, "--grpc-port", str(port))
+                    return conch("grpc", *common, *address, *transport)
                 return [sys.executable, __file__, "serve", serve, str(port), str(repo), private.url]
 
             frontends = {

@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from conch.devtools import perf_analyzer, processes
 from conch.devtools.processes import conch
 from conch.devtools.redis_server import answers, free_port, redis_server_binary, wait_answering
+from conch.settings import GrpcTransport, Settings
 from conch.wire import worker_reports
 from conch.wire.work_owed import work_owed
 
@@ -38,6 +39,7 @@ __all__ = [
     "conch",
     "connect",
     "fresh_db",
+    "grpc_transport",
     "read_response",
     "reference_mlp",
     "run_perf_analyzer",
@@ -312,6 +314,13 @@ def run_perf_analyzer(*args: str) -> tuple[str, list[float]]:
     assert pa.code == 0, pa.output[-6000:]
     assert pa.lines[0].startswith("Concurrency"), pa.lines
     return pa.output, [float(row["Inferences/Second"]) for row in pa.rows]
+
+
+def grpc_transport() -> GrpcTransport:
+    """What ``conch grpc`` serves on in these tests: ``CONCH_GRPC_TRANSPORT`` (which every
+    server process inherits, so ``CONCH_GRPC_TRANSPORT=h2 pytest ...`` runs the gRPC
+    tests on h2), else the default."""
+    return Settings.from_env().grpc_transport
 
 
 def start_grpc(

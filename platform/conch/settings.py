@@ -102,6 +102,15 @@ class CompressionLevel(StrEnum):
     HIGH = "high"
 
 
+class GrpcTransport(StrEnum):
+    """``--grpc-transport``: what serves ``conch grpc``'s HTTP/2. grpcio: grpcio's
+    synchronous server (``frontend.grpc.server``); h2: the ``h2`` library on gevent
+    (``frontend.grpc.h2_server``). The same services answer on both."""
+
+    GRPCIO = "grpcio"
+    H2 = "h2"
+
+
 class Role(StrEnum):
     """The subcommands that run a part of the server, each with its own flags."""
 
@@ -798,6 +807,17 @@ class Settings:
         ),
         factory=lambda: default_http_workers(os.cpu_count()),
     )
+    grpc_transport: GrpcTransport = setting(
+        GrpcTransport.H2,
+        Flag(
+            "--grpc-transport",
+            GRPC_ROLES,
+            "what serves gRPC's HTTP/2: grpcio, grpcio's server with a thread per call; or "
+            "h2, the h2 library on gevent with a greenlet per call (default {default}). "
+            "conch's own",
+        ),
+        env="CONCH_GRPC_TRANSPORT",
+    )
     # Set by ``conch grpc`` for the processes it starts when --grpc-workers > 1: they bind
     # the port with SO_REUSEPORT, after it checked that the port was free.
     grpc_shared_port: bool = setting(False, env=GRPC_SHARED_PORT_ENV)
@@ -1175,6 +1195,7 @@ __all__ = [
     "BackendConfig",
     "CompressionLevel",
     "Flag",
+    "GrpcTransport",
     "LogFormat",
     "ModelControlMode",
     "Role",

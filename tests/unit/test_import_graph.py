@@ -18,12 +18,14 @@ import pytest
 
 HTTP_STACK = ("flask", "werkzeug", "gunicorn", "gevent", "conch.frontend.http")
 RUNTIMES = ("onnxruntime", "torch", "tensorrt")
-# What `conch worker`, `conch gateway` and `conch grpc` run (conch.cli only picks one).
+# What `conch worker`, `conch gateway` and `conch grpc` (either transport) run (conch.cli
+# only picks one).
 WORKER_ENTRY = "conch.worker.app"
 GATEWAY_ENTRIES = (
     "conch.frontend.http.server",
     "conch.frontend.http.app",
     "conch.frontend.grpc.server",
+    "conch.frontend.grpc.h2_server",
 )
 # The frontends' shared composition hands the repository the auto-completer, which may read
 # a model file's signature; that one edge is the only way a frontend reaches a backend.

@@ -11,8 +11,8 @@ processes, plus ``batch``
 the work owed, read from Redis) and ``sync`` (``repo_sync.cli``). The
 CLI sits above every room, so it is the one place in conch that may import repo_sync.
 
-Imports stay lazy: ``conch gateway`` must patch the process for gevent before redis
-(and ssl through it) is imported.
+Imports stay lazy: ``conch gateway``, and ``conch grpc`` on ``--grpc-transport h2``, must
+patch the process for gevent before redis (and ssl through it) is imported.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 
 from conch import __version__, server_log
 from conch.core.backend_table import BACKENDS
-from conch.settings import FLAGS, Role, Settings, add_arguments
+from conch.settings import FLAGS, GrpcTransport, Role, Settings, add_arguments
 
 log = logging.getLogger("conch.cli")
 
@@ -161,14 +161,23 @@ def gateway(settings: Settings) -> int:
 
 
 def grpc_server(settings: Settings) -> int:
+    supervisor = settings.grpc_workers > 1 and not settings.grpc_shared_port
+    on_h2 = settings.grpc_transport is GrpcTransport.H2
+    if on_h2 and not supervisor:  # a server on h2 runs on gevent: patched before redis loads
+        from conch.frontend.http.gevent_patch import patch_if_gevent
+
+        patch_if_gevent(True)
     from conch.devtools import redis_server
 
     settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
-    if settings.grpc_workers > 1 and not settings.grpc_shared_port:
+    if supervisor:
         from conch.cli import grpc_workers
 
         return grpc_workers.run(settings)
-    from conch.frontend.grpc.server import run
+    if on_h2:
+        from conch.frontend.grpc.h2_server import run
+    else:
+        from conch.frontend.grpc.server import run
 
     run(settings)
     return 0

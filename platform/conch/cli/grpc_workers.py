@@ -1,8 +1,9 @@
 """``conch grpc --grpc-workers N`` (N > 1): N gRPC server processes on one port.
 
-grpcio's server is bound by its process's GIL (bench/README.md, "Served on the H100"),
-so, as gunicorn does for the gateway, more processes serve the port: each a ``conch grpc``
-child of its own (a fresh interpreter: its own grpcio core and Redis connections), binding
+A gRPC server, on grpcio or on h2, is bound by its process's GIL (bench/README.md, "Served
+on the H100"), so, as gunicorn does for the gateway, more processes serve the port: each a
+``conch grpc`` child of its own (a fresh interpreter, on the same ``--grpc-transport``: its
+own grpcio core or gevent hub, and Redis connections), binding
 with SO_REUSEPORT so that the kernel spreads new connections among them. This process
 only supervises: it checks first that no other process listens on the port (a port in
 use stays an error), forwards SIGTERM and SIGINT, restarts none, and stops the rest when

@@ -101,13 +101,16 @@ def _repo(root: Path) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[str, Service, str]]:
-    """(the gRPC server's URL, its process, the Redis URL of its queues)."""
+@pytest.fixture(scope="module", params=["h2", "grpcio"])
+def stack(
+    tmp_path_factory, redis_url: str, log_dir: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, Service, str]]:
+    """(the gRPC server's URL, its process, the Redis URL of its queues), on each transport
+    (``--grpc-transport``): h2, the default, and grpcio, which conch still ships."""
     repo = _repo(tmp_path_factory.mktemp("grpc") / "models")
     db = fresh_db(redis_url, 11)
     worker = start_worker(repo, db, log_dir, "--models", ",".join(SERVED))
-    server, url = start_grpc(repo, db, log_dir)
+    server, url = start_grpc(repo, db, log_dir, "--grpc-transport", request.param)
     try:
         for m in MODELS:
             wait_grpc_model_ready(url, m, 120, worker, server)

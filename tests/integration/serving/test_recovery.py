@@ -40,6 +40,14 @@ def slow_request(url: str, value: float) -> np.ndarray:
     )
 
 
+def answered(futures: list[Future], timeout: float) -> None:
+    """Every ``slow_request`` (the i-th sent value i) got its own right answer."""
+    for i, f in enumerate(futures):
+        np.testing.assert_array_equal(
+            f.result(timeout=timeout), np.full((1, 4), i + 1.0, np.float32)
+        )
+
+
 def in_flight(url: str) -> int:
     """Messages in flight, of every queue (a bundle of requests is one)."""
     return redis.Redis.from_url(url).zcard(keys.UNACKED_INDEX)
@@ -73,10 +81,7 @@ def test_sigkill_mid_batch_loses_nothing(
         killed = time.monotonic()
         second = start_worker(model_repo, db, log_dir, "--models", "slow", *flags)
         try:
-            for i, f in enumerate(futures):
-                np.testing.assert_array_equal(
-                    f.result(timeout=60), np.full((1, 4), i + 1.0, np.float32)
-                )
+            answered(futures, timeout=60)
             # Back within the default visibility timeout and sweep, plus the batch's own run.
             assert time.monotonic() - killed < 10 + 5
             assert in_flight(db) == 0
@@ -117,10 +122,7 @@ def test_sigkill_with_a_bundle_in_flight_loses_nothing(
         first.stop(signal.SIGKILL)
         second = start_worker(model_repo, db, log_dir, "--models", "slow")
         try:
-            for i, f in enumerate(futures):
-                np.testing.assert_array_equal(
-                    f.result(timeout=60), np.full((1, 4), i + 1.0, np.float32)
-                )
+            answered(futures, timeout=60)
             assert in_flight(db) == 0
             assert client.hlen(broker.bundled_key(broker.queue_name("slow"))) == 0
             assert requests_in_flight(db, "slow") == 0 and waiting(db, "slow") == 0
@@ -197,10 +199,7 @@ def test_sigterm_finishes_the_batch_and_exits_cleanly(
         # next worker serves it: every caller gets the right answer.
         after = start_worker(model_repo, db, log_dir, "--models", "slow")
         try:
-            for i, f in enumerate(futures):
-                np.testing.assert_array_equal(
-                    f.result(timeout=90), np.full((1, 4), i + 1.0, np.float32)
-                )
+            answered(futures, timeout=90)
             assert in_flight(db) == 0
         finally:
             after.stop()

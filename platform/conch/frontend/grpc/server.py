@@ -1,4 +1,4 @@
-"""``conch grpc``: Triton's gRPC frontend in a process of its own.
+"""``conch grpc`` on ``--grpc-transport grpcio``: Triton's gRPC frontend in a process of its own.
 
 Process model: grpcio's synchronous server, a thread per RPC in flight from a pool of
 ``--grpc-infer-thread-count`` (and as many for the requests of streams). Each infer call
@@ -16,9 +16,10 @@ port (``--grpc-workers``, SO_REUSEPORT: ``cli/grpc_workers.py``) spread that cos
 cores but do not lower it. grpc.aio would not buy what its rewrite costs, and the
 synchronous server stays: its
 handler semantics (``add_callback`` on cancellation, blocking request iterators) are
-what the cancellation and stream code is written against. What conch's HTTP/1.1 path
-does on gevent, HTTP/2 framed by hand would do for gRPC (measured there at a small
-fraction of grpcio's cost per call): that is the way to the HTTP path's throughput.
+what the cancellation and stream code is written against. The way to the HTTP path's
+throughput is the other transport, ``--grpc-transport h2`` (``h2_server.py``): HTTP/2 by
+the ``h2`` library on gevent, as the gateway runs, serving the same services through a
+``CallContext`` that keeps those semantics.
 
 The data plane is built as the gateway builds its own (``frontend.composition``):
 the same checks, dispatch, queues and errors answer both protocols.
@@ -27,15 +28,12 @@ the same checks, dispatch, queues and errors answer both protocols.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 
-from conch.frontend.composition import build_dataplane
 from conch.frontend.grpc import transport
 from conch.frontend.grpc.health import HealthService
 from conch.frontend.grpc.service import InferenceService
@@ -46,13 +44,7 @@ log = logging.getLogger(__name__)
 
 def build(settings: Settings) -> tuple[grpc.Server, int]:
     """The server with both services, bound (not started); and the port it bound."""
-    plane = build_dataplane(settings)
-    inference = InferenceService(
-        plane,
-        settings.grpc_restricted_protocol,
-        settings.grpc_infer_thread_count,
-        transport.infer_compression(settings),
-    )
+    inference = InferenceService.from_settings(settings)
     tls = transport.credentials(settings)  # before binding: a bad file stops the start
     server = grpc.server(
         ThreadPoolExecutor(settings.grpc_infer_thread_count, thread_name_prefix="grpc"),
@@ -79,16 +71,9 @@ def build(settings: Settings) -> tuple[grpc.Server, int]:
 def run(settings: Settings) -> None:
     """Serve until SIGTERM or SIGINT; RPCs in flight get --exit-timeout-secs to finish."""
     server, port = build(settings)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = transport.stop_signal()
     server.start()
-    log.info(
-        "Started GRPCInferenceService at %s:%d%s",
-        settings.grpc_address,
-        port,
-        " (TLS)" if settings.grpc_use_ssl or settings.grpc_use_ssl_mutual else "",
-    )
+    transport.log_started(settings, port, "grpcio")
     stop.wait()
     server.stop(grace=settings.exit_timeout_secs).wait()
 

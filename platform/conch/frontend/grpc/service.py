@@ -31,10 +31,12 @@ from tritonclient.grpc import service_pb2_grpc
 
 from conch.core.errors import ConchError, InvalidArgument, NotFound, Unsupported
 from conch.core.restricted_apis import ApiGroup, RestrictedApis
+from conch.frontend.composition import build_dataplane
 from conch.frontend.dataplane import DataPlane
-from conch.frontend.grpc import codec
+from conch.frontend.grpc import codec, transport
 from conch.frontend.grpc.stream_order import SequenceLanes
 from conch.frontend.producer import Abandonment
+from conch.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,17 @@ def _version(version: str) -> str:
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The service over one data plane (see the module docstring)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> InferenceService:
+        """The service either transport serves: over a data plane built as the gateway
+        builds its own (``frontend.composition``), with the ``--grpc-*`` flags'."""
+        return cls(
+            build_dataplane(settings),
+            settings.grpc_restricted_protocol,
+            settings.grpc_infer_thread_count,
+            transport.infer_compression(settings),
+        )
 
     def __init__(
         self,

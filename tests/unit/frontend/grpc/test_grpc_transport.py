@@ -132,3 +132,62 @@ def test_vacant_port():
             transport.vacant_port("127.0.0.1", port)
         with pytest.raises(SystemExit, match="cannot listen on"):
             transport.vacant_port("0.0.0.0", port)
+
+
+def test_the_h2_transports_tls_context(tmp_path: Path):
+    """--grpc-transport h2: the same flags as an ``ssl`` context, with ALPN h2; a client
+    certificate required under mutual TLS; a missing file named as grpcio's path names it."""
+    import ssl
+
+    from integration.grpc.certificates import make_pki
+
+    assert transport.tls_context(Settings(grpc_server_cert="/nonexistent")) is None
+    with pytest.raises(SystemExit, match=r"--grpc-server-key .*nokey: No such file"):
+        transport.tls_context(Settings(grpc_use_ssl=True, grpc_server_key=str(tmp_path / "nokey")))
+    pki = make_pki(tmp_path / "pki")
+    files = {"grpc_server_key": str(pki.server_key), "grpc_server_cert": str(pki.server_cert)}
+    plain = transport.tls_context(Settings(grpc_use_ssl=True, **files))
+    assert plain is not None and plain.verify_mode == ssl.CERT_NONE
+    with pytest.raises(SystemExit, match="TLS needs --grpc-root-cert"):
+        transport.tls_context(Settings(grpc_use_ssl_mutual=True, **files))
+    mutual = transport.tls_context(
+        Settings(grpc_use_ssl_mutual=True, grpc_root_cert=str(pki.ca), **files)
+    )
+    assert mutual is not None and mutual.verify_mode == ssl.CERT_REQUIRED
+    with pytest.raises(SystemExit, match="conch grpc: TLS files"):
+        transport.tls_context(
+            Settings(grpc_use_ssl=True, grpc_server_key=str(pki.ca), grpc_server_cert=str(pki.ca))
+        )
+
+
+def test_the_h2_transport_binds_as_grpcio_does():
+    """SO_REUSEPORT only for --grpc-workers' processes; a port another process listens on
+    (even with SO_REUSEPORT) stops the start otherwise."""
+    from conch.frontend.grpc.h2_server import listen
+
+    first = listen("127.0.0.1", 0, shared=True)
+    port = first[0].getsockname()[1]
+    try:
+        second = listen("127.0.0.1", port, shared=True)
+        for sock in second:
+            sock.close()
+        with pytest.raises(SystemExit, match=f"cannot listen on 127.0.0.1:{port}"):
+            listen("127.0.0.1", port, shared=False)
+    finally:
+        for sock in first:
+            sock.close()
+
+
+def test_grpc_transport_flag_reaches_grpc_children(tmp_path: Path):
+    from conch.settings import GrpcTransport, Role
+
+    assert Settings().grpc_transport is GrpcTransport.H2
+    grpcio = Settings.from_env({"CONCH_GRPC_TRANSPORT": "grpcio"})
+    assert grpcio.grpc_transport is GrpcTransport.GRPCIO
+    args = parser().parse_args(
+        ["serve", "--model-repository", str(tmp_path), "--grpc-transport", "h2"]
+    )
+    s = Settings.from_args(args, environ={})
+    assert s.grpc_transport is GrpcTransport.H2
+    child = parser().parse_args(["grpc", *s.to_args(Role.GRPC)])
+    assert Settings.from_args(child, environ={}).grpc_transport is GrpcTransport.H2
