@@ -17,6 +17,9 @@ it. Three kinds of row, measured in the same run:
   this process. Its backend (``Echo``) returns its inputs as outputs and computes
   nothing. Timed from the first pop to the last batch's replies pushed; CPU is this
   process's own (``time.process_time``), whose other threads are idle meanwhile.
+- **bundled**: the worker row again, at batch 8 and 64, over a queue of bundles of a
+  batch's requests each (``Publisher.publish_bundle``): what a gateway's bundles save a
+  worker at best, when every batch comes as one message.
 - **gateway**: a real ``conch gateway`` process answering HTTP infer calls (binary
   tensors, keep-alive connections, ``--concurrency`` of them at once) from a cheap
   client in this process, against a stand-in worker (this script with ``--stand-in``:
@@ -151,17 +154,28 @@ def request(size: int) -> InferRequest:
     )
 
 
-def fill(client: redis.Redis, entry: ModelEntry, size: int, n: int) -> None:
-    """``n`` messages on ``entry``'s queue, each checked, built and published as the
-    gateway's data plane does it (``DataPlane._prepare``, ``Dispatcher.submit``)."""
+def fill(client: redis.Redis, entry: ModelEntry, size: int, n: int, bundle: int = 1) -> None:
+    """``n`` requests on ``entry``'s queue, each checked, built and published as the
+    gateway's data plane does it (``DataPlane._prepare``, ``Dispatcher.submit``); with
+    ``bundle`` above 1, ``bundle`` of them to a message (``Publisher.publish_bundle``), as
+    a gateway's bundles are at best."""
     req = request(size)
     publisher = broker.Publisher(client)
     to = calls.target(entry, "")
 
     def publish(count: int) -> None:
-        for _ in range(count):
+        held: list[dict] = []
+        for k in range(count):
             validation.validate_request(req, entry.config, model_name=entry.name)
             msg = calls.build(to, req, default_timeout_s=QUEUED_TIMEOUT_S, reply_to=REPLY_KEY).msg
+            if bundle > 1:
+                held.append(msg.to_dict())
+                if len(held) == bundle or k == count - 1:
+                    publisher.publish_bundle(
+                        msg.model, held, priority=msg.priority, reply_to=REPLY_KEY
+                    )
+                    held = []
+                continue
             publisher.publish(
                 msg.model,
                 msg.to_dict(),
@@ -318,11 +332,14 @@ def measure_worker(
     n: int,
     *,
     profile: bool = False,
+    bundled: bool = False,
 ) -> tuple[Row, str]:
-    """Fill ``entry``'s queue with ``n`` requests, then drain it with one batcher; the
-    row, and with ``profile`` the batcher loop's top functions (a run of its own, untimed)."""
+    """Fill ``entry``'s queue with ``n`` requests (``bundled``: a batch's worth to each
+    message), then drain it with one batcher; the row, and with ``profile`` the batcher
+    loop's top functions (a run of its own, untimed)."""
     client.flushall()
-    fill(client, entry, size, n)
+    batch = int(entry.name.removeprefix("drain_b"))
+    fill(client, entry, size, n, bundle=batch if bundled else 1)
     spec = entry.spec(1)
     drain = TimedDrain(client, entry.name)
     tally = Tally(n)
@@ -352,9 +369,9 @@ def measure_worker(
     check_replies(client, n, size)
     wall = tally.ended[0] - drain.started[0]
     cpu = tally.ended[1] - drain.started[1]
-    batch = int(entry.name.removeprefix("drain_b"))
     note = f"mean batch formed {tally.rows / max(1, tally.executions):.1f} rows"
-    row = Row("worker", batch, size // 1024, n, wall, cpu, redis_cpu, note)
+    kind = "bundled" if bundled else "worker"
+    row = Row(kind, batch, size // 1024, n, wall, cpu, redis_cpu, note)
     return row, top_functions(batcher.profile) if profile else ""
 
 
@@ -608,7 +625,8 @@ def report(row: Row) -> str:
 
 
 def floor_for(rows: list[Row], row: Row) -> Row | None:
-    """The floor a row is divided by: a worker's at its batch size; a gateway's at batch 1,
+    """The floor a row is divided by: a worker's (bundled or not) at its batch size, the
+    floor of one message a request; a gateway's at batch 1,
     since a gateway sends one message and takes one reply for each call, however many are
     in flight."""
     if row.kind == "hops":  # a latency, not a cost: its note says what it is
@@ -708,6 +726,12 @@ def run(args: argparse.Namespace) -> list[Row]:
                     )
                     say(f"worker, {size // 1024} KiB, batch {batch}: {report(worker)}")
                     rows += [floor, worker]
+                    if batch > 1:  # a model without dynamic batching gets no bundles
+                        bundled, _ = measure_worker(
+                            client, pid, entries[model_name(batch)], size, args.n, bundled=True
+                        )
+                        say(f"bundled, {size // 1024} KiB, batch {batch}: {report(bundled)}")
+                        rows.append(bundled)
                     if args.profile and batch == 64:
                         _, top = measure_worker(
                             client, pid, entries[model_name(batch)], size, args.n, profile=True
@@ -747,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.monotonic()
     rows = run(args)
-    kinds = ("floor", "worker", "gateway", "hops")
+    kinds = ("floor", "worker", "bundled", "gateway", "hops")
     rows.sort(key=lambda r: (kinds.index(r.kind), r.kib, r.batch))
     print(
         f"\nconch's own cost per request ({os.cpu_count()} CPUs, N = {args.n} per row; "

@@ -445,7 +445,9 @@ class DataPlane:
         if config.dynamic_batching.preserve_ordering:
             return None
         shape = msg.inputs[0][2] if msg.inputs else ()
-        return broker.Bundling(max(1, shape[0]) if shape else 1, config.max_batch_size)
+        rows = max(1, shape[0]) if shape else 1
+        nbytes = sum(len(raw) for *_, raw in msg.inputs)
+        return broker.Bundling(rows, config.max_batch_size, nbytes)
 
     def _infer_cached(
         self,

@@ -64,6 +64,9 @@ from conch.wire.redis_link import RedisLink
 TASK_NAME = "conch.infer"
 BUNDLE_TASK_NAME = "conch.infer_bundle"  # its one argument: a list of TASK_NAME's payloads
 BUNDLE_MAX_REQUESTS = 1024  # the most requests one bundle holds, either end checks
+# The most tensor bytes a gateway puts in one bundle: a message of many MiB costs Redis
+# and the worker more per request than separate ones (bench/README.md, "Bundles").
+BUNDLE_MAX_BYTES = 1 << 20
 # One sub-list per step, 0 the highest (kombu's order on Redis). Online requests take
 # steps 0-7 by their Triton priority level; async jobs, then offline work (batch jobs'
 # messages), sit below.
@@ -248,10 +251,12 @@ return 1
 class Bundling:
     """A request that may share its message with others (module docstring): how many
     rows it holds, and how many one bundle may hold (its model's ``max_batch_size``: a
-    bundle is never more than one batch)."""
+    bundle is never more than one batch); its tensors' bytes, of which a bundle holds
+    ``BUNDLE_MAX_BYTES`` at most."""
 
     rows: int
     max_rows: int
+    nbytes: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -295,6 +300,7 @@ class Publisher:
         self._script = client.register_script(_PUBLISH_LUA)
         self._link = RedisLink(client)
         self._lock = threading.Lock()
+        self._sending = threading.Lock()
         self._queue: list[_Pending] = []
         self._flushing = False
 
@@ -371,6 +377,20 @@ class Publisher:
                 out.append(self._single(chunk[0]) if len(chunk) == 1 else self._bundle(chunk))
         return out
 
+    def publish_bundle(
+        self, model: str, payloads: list[dict], *, priority: int, reply_to: str | None
+    ) -> bool:
+        """Queue ``payloads`` as one bundle now, outside the group commit: for a caller that
+        holds a batch's requests at once (bench/drain.py fills a queue so). False when
+        Redis refused it."""
+        queue = queue_name(model)
+        entries = [
+            _Pending(queue, p, str(p.get("id", "")), priority, reply_to, 0, Bundling(1, 1))
+            for p in payloads
+        ]
+        message = self._single(entries[0]) if len(entries) == 1 else self._bundle(entries)
+        return bool(self._run([message])[0])
+
     @staticmethod
     def _single(e: _Pending) -> _Publish:
         if not e.raw:
@@ -402,6 +422,10 @@ class Publisher:
         return _Publish(chunk, [*keys, bundled_key(first.queue)], [raw, 0, WAKE_CAP, tag, entry])
 
     def _run(self, messages: list[_Publish]) -> list:
+        with self._sending:  # the flush's leader, or a publish_bundle: one link, one at a time
+            return self._send(messages)
+
+    def _send(self, messages: list[_Publish]) -> list:
         for attempt in (0, 1):
             results = self._link.pipeline(
                 [("EVALSHA", self._script.sha, len(m.keys), *m.keys, *m.args) for m in messages]
@@ -417,18 +441,20 @@ class Publisher:
 
 def _bundles(group: list[_Pending]) -> list[list[_Pending]]:
     """``group`` (requests of one queue, step and reply list, in order) cut into bundles
-    of at most one batch's rows and ``BUNDLE_MAX_REQUESTS`` requests."""
+    of at most one batch's rows, ``BUNDLE_MAX_REQUESTS`` requests and ``BUNDLE_MAX_BYTES``
+    (a request larger than that goes alone)."""
     out: list[list[_Pending]] = []
-    rows = 0
+    rows = nbytes = 0
     for e in group:
-        assert e.bundling is not None
-        fits = out and rows + e.bundling.rows <= e.bundling.max_rows
+        b = e.bundling
+        assert b is not None
+        fits = out and rows + b.rows <= b.max_rows and nbytes + b.nbytes <= BUNDLE_MAX_BYTES
         if fits and len(out[-1]) < BUNDLE_MAX_REQUESTS:
             out[-1].append(e)
-            rows += e.bundling.rows
+            rows, nbytes = rows + b.rows, nbytes + b.nbytes
         else:
             out.append([e])
-            rows = e.bundling.rows
+            rows, nbytes = b.rows, b.nbytes
     return out
 
 

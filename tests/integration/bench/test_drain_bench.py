@@ -34,7 +34,7 @@ def test_the_drain_bench_measures_its_three_rows(tmp_path: Path) -> None:
         for line in proc.stdout.splitlines()
         if line.startswith("| ") and not line.startswith("| row ")
     ]
-    assert {cells[0] for cells in table} == {"floor", "worker", "gateway", "hops"}
+    assert {cells[0] for cells in table} == {"floor", "worker", "bundled", "gateway", "hops"}
     (hops,) = (cells for cells in table if cells[0] == "hops")
     assert hops[3] == "50" and float(hops[4]) > 0  # a mean latency, no cost
     table = [cells for cells in table if cells[0] != "hops"]
@@ -44,6 +44,7 @@ def test_the_drain_bench_measures_its_three_rows(tmp_path: Path) -> None:
         assert float(wall) > 0 and float(cpu) > 0 and float(redis_cpu) > 0, (kind, batch, tensor)
         assert all(float(r) > 0 for r in ratios), (kind, batch, tensor)
     rows = [r for r in json.loads(out.read_text())["rows"] if r["kind"] != "hops"]
-    # Each size: a floor and a worker row at each of three batch sizes, and a gateway row.
-    assert len(rows) == len(table) == 2 * (3 + 3 + 1)
+    # Each size: a floor and a worker row at each of three batch sizes, a bundled row at
+    # the two that batch, and a gateway row.
+    assert len(rows) == len(table) == 2 * (3 + 3 + 2 + 1)
     assert all(r["wall_us"] > 0 and r["cpu_us"] > 0 for r in rows)

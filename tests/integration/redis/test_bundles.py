@@ -28,7 +28,9 @@ def clean(db: str) -> redis.Redis:
     return redis.Redis.from_url(db)
 
 
-def publish_together(client: redis.Redis, rows: list[int], max_rows: int) -> list[bytes | None]:
+def publish_together(
+    client: redis.Redis, rows: list[int], max_rows: int, nbytes: int = 0
+) -> list[bytes | None]:
     """Publish one request alone, then ``rows``' requests while its flush waits on Redis
     (paused): they meet in the publisher's next flush, as a gateway's concurrent requests
     do. What each ``publish`` returned, the lone one first."""
@@ -43,7 +45,7 @@ def publish_together(client: redis.Redis, rows: list[int], max_rows: int) -> lis
             task_id=f"r{k}",
             priority=0,
             reply_to="conch.reply.test",
-            bundling=broker.Bundling(n, max_rows),
+            bundling=broker.Bundling(n, max_rows, nbytes),
         )
 
     redis.Redis(connection_pool=client.connection_pool).client_pause(400)
@@ -81,6 +83,15 @@ def test_requests_that_meet_in_a_flush_go_as_bundles_of_at_most_one_batch(
         m.tag: len(m.payloads) - 1 for m in messages[1:]
     }
     assert work_owed(clean, ["m"])["m"].steps[0] == 6  # requests, not messages
+
+
+def test_a_bundle_holds_at_most_its_bytes_bound(clean: redis.Redis) -> None:
+    third = broker.BUNDLE_MAX_BYTES // 3 + 1  # two fit in a bundle, three do not
+    publish_together(clean, [1] * 6, max_rows=64, nbytes=third)
+    assert [len(m.payloads) for m in queued(clean)] == [1, 2, 2, 2]
+    clean.flushdb()
+    publish_together(clean, [1] * 2, max_rows=64, nbytes=broker.BUNDLE_MAX_BYTES + 1)
+    assert [m.bundle for m in queued(clean)] == [False] * 3  # too large to share
 
 
 def test_a_pop_counts_requests_and_the_work_owed_follows_a_bundle_through_restore_and_ack(
