@@ -73,7 +73,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str, log_dir: Pat
         "1",
         env={"AWS_ENDPOINT_URL": s3_endpoint},
     )
-    gateway, url = start_gateway(root / "models", db, log_dir, "--request-timeout-secs", "120")
+    # The load below tells where each request waits, one message each: three requests
+    # sent at once could otherwise go as one bundle, which a pop takes whole (none left
+    # waiting). Bundles are counted in tests/integration/redis/test_bundles.py.
+    gateway, url = start_gateway(
+        root / "models", db, log_dir, "--request-timeout-secs", "120", "--bundle-requests=false"
+    )
     try:
         wait_model_ready(url, MODEL, 90, worker, gateway)
         yield Stack(url, gateway.metrics_url, db, allowed, started, worker, gateway)
