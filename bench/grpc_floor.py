@@ -356,7 +356,6 @@ def serve_grpclib(
 def _dataplane_answers(repository: str, redis_url: str) -> dict[str, Callable[[bytes], bytes]]:
     """Every call answered by conch's own ``InferenceService`` and data plane, as
     ``conch grpc`` answers it (a gevent transport patches before this imports redis)."""
-    import grpc
     from tritonclient.grpc import service_pb2 as pb
 
     from conch.core.restricted_apis import RestrictedApis
@@ -365,9 +364,7 @@ def _dataplane_answers(repository: str, redis_url: str) -> dict[str, Callable[[b
     from conch.settings import Settings
 
     settings = Settings(model_repository=Path(repository), redis_url=redis_url)
-    service = InferenceService(
-        build_dataplane(settings), RestrictedApis(), 1, grpc.Compression.NoCompression
-    )
+    service = InferenceService(build_dataplane(settings), RestrictedApis(), 1, compression=None)
 
     class Context:  # what the service asks of grpcio's context on these calls
         def invocation_metadata(self) -> tuple:

@@ -97,3 +97,14 @@ def test_a_gateway_process_loads_no_backend_runtime_or_worker() -> None:
         or (_under(m, ("conch.backends",)) and m not in allowed)
     )
     assert found == [], f"importing the gateway loads worker-side code or runtimes: {found}"
+
+
+def test_the_grpc_server_on_h2_reaches_no_grpcio(graph: grimp.ImportGraph) -> None:
+    """grpcio is a client's dependency and the grpcio transport's extra, never the default
+    server's (tests/integration/grpc/test_grpc_without_grpcio.py runs it so)."""
+    reached = sorted(
+        m
+        for m in _closure(graph, "conch.frontend.grpc.h2_server")
+        if _under(m, ("grpc", "grpc_health", "conch.frontend.grpc.server"))
+    )
+    assert reached == [], f"the h2 server's import graph reaches grpcio: {reached}"

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,28 +18,12 @@ from conch.devtools.redis_server import free_port
 from harness import (
     Service,
     conch,
-    fresh_db,
     start_grpc,
-    start_worker,
     wait_grpc_model_ready,
     wait_until,
 )
-from models import add_model
 
 LISTEN, ESTABLISHED = "0A", "01"  # TCP states as /proc/net/tcp writes them
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[Path, str]]:
-    """(a repository with ``add``, the Redis URL of a worker serving it)."""
-    repo = tmp_path_factory.mktemp("grpc-workers") / "models"
-    add_model(repo / "add")
-    db = fresh_db(redis_url, 15)
-    worker = start_worker(repo, db, log_dir, "--models", "add")
-    try:
-        yield repo, db
-    finally:
-        worker.stop()
 
 
 def _children(pid: int) -> list[int]:

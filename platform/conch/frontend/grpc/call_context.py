@@ -1,12 +1,14 @@
-"""One call's context on the ``h2`` transport: what ``InferenceService`` and ``HealthService``
-ask of ``grpc.ServicerContext``, and nothing more.
+"""One call's context: what ``InferenceService`` and ``HealthService`` ask of the call they
+serve (``ServicerContext``), and the ``h2`` transport's ``CallContext`` that gives it.
 
-The services were written against grpcio's context, and stay so on both transports: they
-abort with a status code, read the caller's metadata and deadline, choose the response's
-compression, and register callbacks for the end of the call (which is how a cancelled
-call withdraws its queued request). This class gives them exactly that over one HTTP/2
-stream; ``h2_connection`` reads back what they chose (status, compression) and runs the
-callbacks when the call ends, however it ends.
+The services abort with a status code, read the caller's metadata and deadline, choose
+the response's compression, and register callbacks for the end of the call (which is how
+a cancelled call withdraws its queued request). These are the semantics of grpcio's
+context, which the services were first written against, with gRPC's own status numbers
+(``grpc_framing.Status``) and encoding names, so that no transport's types reach the
+services. ``CallContext`` gives exactly that over one HTTP/2 stream; ``h2_connection``
+reads back what the service chose (status, compression) and runs the callbacks when the
+call ends, however it ends. grpcio's transport adapts its own context (``server``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
-
-import grpc
+from typing import Any, NoReturn, Protocol
 
 from conch.frontend.grpc.grpc_framing import Status
 
@@ -35,11 +35,6 @@ _RESERVED = frozenset(
         b"grpc-message-type",
     }
 )
-_ENCODING: dict[grpc.Compression, str | None] = {
-    grpc.Compression.NoCompression: None,
-    grpc.Compression.Gzip: "gzip",
-    grpc.Compression.Deflate: "deflate",
-}
 
 
 class CallAborted(Exception):
@@ -49,11 +44,6 @@ class CallAborted(Exception):
         super().__init__(details)
         self.status = status
         self.details = details
-
-
-def status_number(code: grpc.StatusCode | int) -> int:
-    """A status code as the protocol's number (grpcio's enum carries it first)."""
-    return code if isinstance(code, int) else code.value[0]
 
 
 def metadata(headers: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:
@@ -74,8 +64,35 @@ def metadata(headers: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[str, str | b
     return tuple(found)
 
 
+class ServicerContext(Protocol):
+    """What a service may ask of the call it serves, on either transport."""
+
+    def abort(self, code: int, details: str) -> NoReturn:
+        """End the call with ``code`` (a ``Status``) and ``details``: raises."""
+
+    def invocation_metadata(self) -> Sequence[tuple[str, str | bytes]]:
+        """The caller's metadata: text values as ``str``, ``-bin`` values as ``bytes``."""
+
+    def time_remaining(self) -> float | None:
+        """Seconds to the caller's deadline (None or a huge number: it set none)."""
+
+    def set_compression(self, encoding: str | None) -> None:
+        """Responses sent with this ``grpc-encoding`` (None: as they are)."""
+
+    def add_callback(self, callback: Callable[[], Any]) -> bool:
+        """``callback`` runs when the call ends; False if it has ended already."""
+
+    def is_active(self) -> bool: ...
+
+    def peer(self) -> str: ...
+
+    def set_code(self, code: int) -> None: ...
+
+    def set_details(self, details: str) -> None: ...
+
+
 class CallContext:
-    """The subset of ``grpc.ServicerContext`` the services use, for one call.
+    """``ServicerContext`` over one call of the ``h2`` transport.
 
     ``deadline`` is a ``time.monotonic()`` instant (None: the caller set none).
     ``accepted`` are the encodings the caller takes (``grpc-accept-encoding``).
@@ -116,8 +133,8 @@ class CallContext:
 
     # -- what the services call ----------------------------------------------------------
 
-    def abort(self, code: grpc.StatusCode | int, details: str) -> NoReturn:
-        raise CallAborted(status_number(code), details)
+    def abort(self, code: int, details: str) -> NoReturn:
+        raise CallAborted(int(code), details)
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         if self._metadata is None:
@@ -130,9 +147,8 @@ class CallContext:
             return None
         return max(0.0, self.deadline - time.monotonic())
 
-    def set_compression(self, compression: grpc.Compression) -> None:
+    def set_compression(self, encoding: str | None) -> None:
         """Responses compressed so, when the caller takes that encoding (else as they are)."""
-        encoding = _ENCODING.get(compression)
         self.encoding = encoding if encoding in self.accepted else None
 
     def add_callback(self, callback: Callable[[], Any]) -> bool:
@@ -150,8 +166,8 @@ class CallContext:
     def peer(self) -> str:
         return self._peer
 
-    def set_code(self, code: grpc.StatusCode | int) -> None:
-        self.code = status_number(code)
+    def set_code(self, code: int) -> None:
+        self.code = int(code)
 
     def set_details(self, details: str) -> None:
         self.details = details
@@ -182,4 +198,4 @@ def failure(exc: BaseException, context: CallContext) -> tuple[int, str]:
     return Status.UNKNOWN, f"Exception calling application: {exc}"
 
 
-__all__ = ["CallAborted", "CallContext", "failure", "metadata", "status_number"]
+__all__ = ["CallAborted", "CallContext", "ServicerContext", "failure", "metadata"]

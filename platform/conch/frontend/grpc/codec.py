@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tritonclient.grpc import service_pb2 as pb
-
 from conch.core import tensors
 from conch.core.errors import InvalidArgument
 from conch.core.inference import (
@@ -32,6 +30,9 @@ from conch.core.inference import (
 )
 from conch.frontend import v2_json
 from conch.frontend.dataplane import InferOutcome
+from conch.frontend.grpc.protos import triton_messages
+
+pb = triton_messages()
 
 # The typed ``contents`` field that holds each datatype (FP16 and BF16 have none).
 CONTENTS_FIELD = {

@@ -1,11 +1,10 @@
-"""The ``h2`` transport's method table: a request's ``:path`` → the servicer's method, the
-protobuf classes of its messages, and whether each side streams.
+"""The method table: a request's ``:path`` → the servicer's method, the protobuf classes of
+its messages, and whether each side streams. Both transports route by it.
 
-grpcio learns this from the generated ``*_pb2_grpc`` registration functions; here it is
-read from the services' descriptors (``service_pb2`` for Triton's
-``inference.GRPCInferenceService``, ``health_pb2`` for ``grpc.health.v1.Health``), so
-every RPC the ``.proto`` declares is routed, with its kind, and a method the servicer
-leaves to its generated base class answers as that base class says (UNIMPLEMENTED).
+It is read from the services' descriptors (``protos``: Triton's
+``inference.GRPCInferenceService`` and ``grpc.health.v1.Health``), so every RPC the
+``.proto`` declares is routed, with its kind; one the servicer does not define answers
+UNIMPLEMENTED, as a generated servicer's base class would.
 """
 
 from __future__ import annotations
@@ -16,8 +15,10 @@ from typing import Any
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import FileDescriptor
-from grpc_health.v1 import health_pb2
-from tritonclient.grpc import service_pb2
+
+from conch.frontend.grpc.call_context import ServicerContext
+from conch.frontend.grpc.grpc_framing import Status
+from conch.frontend.grpc.protos import HEALTH_SERVICE, TRITON_SERVICE, health_file, triton_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,18 +31,28 @@ class Method:
     parse: Callable[[bytes], Any]
     client_streaming: bool
     server_streaming: bool
+    service: str = ""  # its service's full name: inference.GRPCInferenceService
+
+
+def _unimplemented(name: str) -> Callable[..., Any]:
+    def handler(request: Any, context: ServicerContext) -> Any:
+        context.abort(Status.UNIMPLEMENTED, "Method not implemented!")
+
+    return handler
 
 
 def _service(file: FileDescriptor, service: str, servicer: object) -> dict[bytes, Method]:
     table = {}
+    full_name = file.services_by_name[service].full_name
     for method in file.services_by_name[service].methods:
         request = message_factory.GetMessageClass(method.input_type)
-        table[f"/{method.full_name.rpartition('.')[0]}/{method.name}".encode()] = Method(
+        table[f"/{full_name}/{method.name}".encode()] = Method(
             name=method.name,
-            handler=getattr(servicer, method.name),
+            handler=getattr(servicer, method.name, None) or _unimplemented(method.name),
             parse=request.FromString,
             client_streaming=method.client_streaming,
             server_streaming=method.server_streaming,
+            service=full_name,
         )
     return table
 
@@ -49,8 +60,8 @@ def _service(file: FileDescriptor, service: str, servicer: object) -> dict[bytes
 def method_table(inference: object, health: object) -> dict[bytes, Method]:
     """Every RPC of Triton's inference service and of the health service, by ``:path``."""
     return {
-        **_service(service_pb2.DESCRIPTOR, "GRPCInferenceService", inference),
-        **_service(health_pb2.DESCRIPTOR, "Health", health),
+        **_service(triton_file(), TRITON_SERVICE, inference),
+        **_service(health_file(), HEALTH_SERVICE, health),
     }
 
 

@@ -11,25 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from conch.core.errors import ConchError, InvalidArgument, NotFound
 from conch.core.restricted_apis import ApiGroup
+from conch.frontend.grpc.call_context import ServicerContext
+from conch.frontend.grpc.grpc_framing import Status
+from conch.frontend.grpc.protos import health_messages
 from conch.frontend.grpc.service import InferenceService, status_code
 
 SERVER_SERVICES = ("", "inference.GRPCInferenceService")
-_SERVING = health_pb2.HealthCheckResponse.SERVING
-_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_Response = health_messages().HealthCheckResponse
 
 
-class HealthService(health_pb2_grpc.HealthServicer):
-    """``Check`` over the same data plane as the inference service."""
+class HealthService:
+    """``Check`` over the same data plane as the inference service (``Watch``, which the
+    protocol makes optional, answers UNIMPLEMENTED, as in Triton)."""
 
     def __init__(self, inference: InferenceService) -> None:
         self.inference = inference
 
-    def Check(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def Check(self, request: Any, context: ServicerContext) -> Any:
         self.inference.check_restriction(ApiGroup.HEALTH, context)
         plane = self.inference.plane
         try:
@@ -38,13 +38,13 @@ class HealthService(health_pb2_grpc.HealthServicer):
             else:
                 ready = plane.model_ready(request.service)
         except (NotFound, InvalidArgument) as exc:  # an unknown model
-            context.abort(grpc.StatusCode.NOT_FOUND, exc.message)
+            context.abort(Status.NOT_FOUND, exc.message)
         except ConchError as exc:
-            if status_code(exc) is grpc.StatusCode.UNAVAILABLE:
+            if status_code(exc) is Status.UNAVAILABLE:
                 ready = False  # the broker is down, the model not available: not serving
             else:
                 context.abort(status_code(exc), exc.message)
-        return health_pb2.HealthCheckResponse(status=_SERVING if ready else _NOT_SERVING)
+        return _Response(status=_Response.SERVING if ready else _Response.NOT_SERVING)
 
 
 __all__ = ["SERVER_SERVICES", "HealthService"]

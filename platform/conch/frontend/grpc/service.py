@@ -1,11 +1,13 @@
 """Triton's ``GRPCInferenceService``: each RPC decoded, one ``DataPlane`` call, encoded.
 
-The service is the one in the ``.proto`` Triton publishes, compiled into tritonclient's
-``grpc`` package (``service_pb2`` / ``service_pb2_grpc``), so a stock
-``tritonclient.grpc`` client, perf_analyzer and Triton's C++ client speak to it. Nothing
-here validates, dispatches, queues or picks an error's kind: the data plane does, as
-for HTTP, and raises ``ConchError``s; ``STATUS`` maps their Triton code to the gRPC
-status code the way Triton's gRPC frontend does, in this one place.
+The service is the one in the ``.proto`` Triton publishes, as tritonclient's wheel ships it
+compiled (read by ``protos``, with no grpcio), so a stock ``tritonclient.grpc`` client,
+perf_analyzer and Triton's C++ client speak to it. Each RPC is a method named as in the
+``.proto``, taking the request (or the request iterator) and the call's
+``ServicerContext``. Nothing here validates, dispatches, queues or picks an error's kind:
+the data plane does, as for HTTP, and raises ``ConchError``s; ``STATUS`` maps their
+Triton code to the gRPC status code the way Triton's gRPC frontend does, in this one
+place.
 
 ``--grpc-restricted-protocol``: an RPC of a restricted group needs the metadata key
 ``triton-grpc-protocol-<key>`` with the secret, else UNAVAILABLE with Triton's message.
@@ -24,41 +26,43 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import grpc
 from google.protobuf import json_format
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc
 
 from conch.core.errors import ConchError, InvalidArgument, NotFound, Unsupported
 from conch.core.restricted_apis import ApiGroup, RestrictedApis
 from conch.frontend.composition import build_dataplane
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.grpc import codec, transport
+from conch.frontend.grpc.call_context import ServicerContext
+from conch.frontend.grpc.grpc_framing import Status
+from conch.frontend.grpc.protos import triton_messages
 from conch.frontend.grpc.stream_order import SequenceLanes
 from conch.frontend.producer import Abandonment
 from conch.settings import Settings
 
 log = logging.getLogger(__name__)
 
+pb = triton_messages()
+
 # grpcio reports a call without a deadline as this far off or more.
 _NO_DEADLINE_S = 365 * 86_400.0
 
 # Triton's error codes (``ConchError.code``) as gRPC status codes, as Triton maps them.
-STATUS: dict[str, grpc.StatusCode] = {
-    "UNKNOWN": grpc.StatusCode.UNKNOWN,
-    "INTERNAL": grpc.StatusCode.INTERNAL,
-    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
-    "INVALID_ARG": grpc.StatusCode.INVALID_ARGUMENT,
-    "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
-    "UNSUPPORTED": grpc.StatusCode.UNIMPLEMENTED,
-    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
-    "CANCELLED": grpc.StatusCode.CANCELLED,
+STATUS: dict[str, Status] = {
+    "UNKNOWN": Status.UNKNOWN,
+    "INTERNAL": Status.INTERNAL,
+    "NOT_FOUND": Status.NOT_FOUND,
+    "INVALID_ARG": Status.INVALID_ARGUMENT,
+    "UNAVAILABLE": Status.UNAVAILABLE,
+    "UNSUPPORTED": Status.UNIMPLEMENTED,
+    "ALREADY_EXISTS": Status.ALREADY_EXISTS,
+    "CANCELLED": Status.CANCELLED,
 }
 
 
-def status_code(exc: ConchError) -> grpc.StatusCode:
+def status_code(exc: ConchError) -> Status:
     """The gRPC status an error answers with (UNKNOWN for a code Triton does not map)."""
-    return STATUS.get(exc.code, grpc.StatusCode.UNKNOWN)
+    return STATUS.get(exc.code, Status.UNKNOWN)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,7 +74,7 @@ def rpc(group: ApiGroup) -> Callable[[F], F]:
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
-        def handler(self: InferenceService, request: Any, context: grpc.ServicerContext) -> Any:
+        def handler(self: InferenceService, request: Any, context: ServicerContext) -> Any:
             self.check_restriction(group, context)
             try:
                 return method(self, request, context)
@@ -78,7 +82,7 @@ def rpc(group: ApiGroup) -> Callable[[F], F]:
                 context.abort(status_code(exc), exc.message)
             except Exception as exc:
                 log.exception("%s failed", method.__name__)
-                context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+                context.abort(Status.INTERNAL, f"internal error: {exc}")
 
         return handler  # type: ignore[return-value]
 
@@ -89,7 +93,7 @@ def _unsupported(group: ApiGroup, feature: str) -> Callable[..., Any]:
     """An RPC of a feature conch does not have: UNIMPLEMENTED, naming the feature."""
 
     @rpc(group)
-    def handler(self: InferenceService, request: Any, context: grpc.ServicerContext) -> Any:
+    def handler(self: InferenceService, request: Any, context: ServicerContext) -> Any:
         raise Unsupported(f"conch does not support {feature}")
 
     return handler
@@ -107,7 +111,7 @@ def _version(version: str) -> str:
     return version
 
 
-class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+class InferenceService:
     """The service over one data plane (see the module docstring)."""
 
     @classmethod
@@ -126,7 +130,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         plane: DataPlane,
         restricted: RestrictedApis,
         stream_threads: int,
-        compression: grpc.Compression,
+        compression: str | None,
     ) -> None:
         self.plane = plane
         self.restricted = restricted
@@ -135,7 +139,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         # Requests of a stream run here, so that one stream's requests run side by side.
         self._stream_pool = ThreadPoolExecutor(stream_threads, thread_name_prefix="grpc-stream")
 
-    def check_restriction(self, group: ApiGroup, context: grpc.ServicerContext) -> None:
+    def check_restriction(self, group: ApiGroup, context: ServicerContext) -> None:
         rule = self.restricted.get(group)
         if rule is None:
             return
@@ -143,22 +147,22 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         supplied = next((v for k, v in context.invocation_metadata() if k == key), None)
         if not isinstance(supplied, str) or not rule.allows(supplied):
             context.abort(
-                grpc.StatusCode.UNAVAILABLE,
+                Status.UNAVAILABLE,
                 f"This protocol is restricted, expecting header '{rule.header}'",
             )
 
     # -- health and metadata -------------------------------------------------------------
 
     @rpc(ApiGroup.HEALTH)
-    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerLive(self, request: Any, context: ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=self.plane.live())
 
     @rpc(ApiGroup.HEALTH)
-    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerReady(self, request: Any, context: ServicerContext) -> Any:
         return pb.ServerReadyResponse(ready=self.plane.ready())
 
     @rpc(ApiGroup.HEALTH)
-    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelReady(self, request: Any, context: ServicerContext) -> Any:
         """As Triton's: a model or version that is unknown, unloaded or broken is just
         not ready (tritonclient's ``is_model_ready`` says False, it does not raise)."""
         version = _version(request.version)
@@ -169,33 +173,33 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=ready)
 
     @rpc(ApiGroup.METADATA)
-    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerMetadata(self, request: Any, context: ServicerContext) -> Any:
         return _message(pb.ServerMetadataResponse, self.plane.server_metadata())
 
     @rpc(ApiGroup.METADATA)
-    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelMetadata(self, request: Any, context: ServicerContext) -> Any:
         doc = self.plane.model_metadata(request.name, _version(request.version))
         return _message(pb.ModelMetadataResponse, doc)
 
     @rpc(ApiGroup.MODEL_CONFIG)
-    def ModelConfig(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelConfig(self, request: Any, context: ServicerContext) -> Any:
         doc = self.plane.model_config(request.name, _version(request.version))
         return _message(pb.ModelConfigResponse, {"config": doc})
 
     @rpc(ApiGroup.STATISTICS)
-    def ModelStatistics(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelStatistics(self, request: Any, context: ServicerContext) -> Any:
         stats = self.plane.statistics(request.name or None, _version(request.version))
         return _message(pb.ModelStatisticsResponse, {"model_stats": stats})
 
     # -- the model repository ------------------------------------------------------------
 
     @rpc(ApiGroup.MODEL_REPOSITORY)
-    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryIndex(self, request: Any, context: ServicerContext) -> Any:
         _one_repository(request.repository_name)
         return _message(pb.RepositoryIndexResponse, {"models": self.plane.index(request.ready)})
 
     @rpc(ApiGroup.MODEL_REPOSITORY)
-    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryModelLoad(self, request: Any, context: ServicerContext) -> Any:
         _one_repository(request.repository_name)
         name = request.model_name
         config, files = None, {}
@@ -217,7 +221,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelLoadResponse()
 
     @rpc(ApiGroup.MODEL_REPOSITORY)
-    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryModelUnload(self, request: Any, context: ServicerContext) -> Any:
         _one_repository(request.repository_name)
         dependents = False
         if "unload_dependents" in request.parameters:
@@ -232,7 +236,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _infer(
         self,
         request: Any,
-        context: grpc.ServicerContext,
+        context: ServicerContext,
         abandonment: Abandonment | None = None,
     ) -> Any:
         """One infer call: the model's errors first, then the body's, as over HTTP. The
@@ -254,7 +258,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return codec.encode_outcome(outcome)
 
     @rpc(ApiGroup.INFERENCE)
-    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelInfer(self, request: Any, context: ServicerContext) -> Any:
         """A call its client cancels stops waiting, and its request, if still queued,
         is taken back out and never runs."""
         context.set_compression(self.compression)
@@ -263,7 +267,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return self._infer(request, context, abandonment)
 
     def ModelStreamInfer(
-        self, request_iterator: Iterator[Any], context: grpc.ServicerContext
+        self, request_iterator: Iterator[Any], context: ServicerContext
     ) -> Iterator[Any]:
         """Each request's response (or its error, with its id) on the stream, as each
         finishes; an error never closes the stream. Every request takes the stream's
@@ -301,11 +305,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         def read() -> None:
             count = 0
             try:
-                for request in request_iterator:
+                for request in request_iterator:  # over at a cancel too: end() lets go
                     count += 1
                     lanes.submit(request)
-            except grpc.RpcError:
-                pass  # the stream was cancelled: end() has let go of its requests
             finally:
                 answers.put((read_all, count))
 
@@ -324,7 +326,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- logging ---------------------------------------------------------------------------
 
     @rpc(ApiGroup.LOGGING)
-    def LogSettings(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def LogSettings(self, request: Any, context: ServicerContext) -> Any:
         """Triton's logging extension: the settings given (if any) changed in every
         process, then this process's settings answered."""
         changes = {key: _setting_value(key, value) for key, value in request.settings.items()}

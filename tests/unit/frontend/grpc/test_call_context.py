@@ -1,10 +1,9 @@
-"""The h2 transport's call context: what the services ask of grpcio's, over one stream."""
+"""The h2 transport's call context: what the services ask of a call, over one stream."""
 
 from __future__ import annotations
 
 import time
 
-import grpc
 import pytest
 
 from conch.frontend.grpc.call_context import CallAborted, CallContext, failure, metadata
@@ -38,7 +37,7 @@ def test_metadata_is_the_callers_own_headers_as_grpcio_hands_them() -> None:
 
 def test_abort_raises_with_the_protocols_number() -> None:
     with pytest.raises(CallAborted) as err:
-        _context().abort(grpc.StatusCode.UNAVAILABLE, "restricted")
+        _context().abort(Status.UNAVAILABLE, "restricted")
     assert (err.value.status, err.value.details) == (14, "restricted")
     assert failure(err.value, _context()) == (14, "restricted")
 
@@ -52,12 +51,12 @@ def test_time_remaining_is_none_without_a_deadline() -> None:
 
 def test_compression_only_in_an_encoding_the_caller_takes() -> None:
     context = _context(accepted={"gzip", "deflate"})
-    context.set_compression(grpc.Compression.Deflate)
+    context.set_compression("deflate")
     assert context.encoding == "deflate"
-    context.set_compression(grpc.Compression.NoCompression)
+    context.set_compression(None)
     assert context.encoding is None
     picky = _context(accepted={"gzip"})
-    picky.set_compression(grpc.Compression.Deflate)
+    picky.set_compression("deflate")
     assert picky.encoding is None
 
 
@@ -77,7 +76,7 @@ def test_callbacks_run_once_when_the_call_ends() -> None:
 def test_a_servicer_stub_ends_its_call_with_the_code_it_set() -> None:
     """grpcio's generated base classes set UNIMPLEMENTED, then raise."""
     context = _context()
-    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_code(Status.UNIMPLEMENTED)
     context.set_details("Method not implemented!")
     assert failure(NotImplementedError("x"), context) == (12, "Method not implemented!")
     assert failure(RuntimeError("boom"), _context())[0] == Status.UNKNOWN
@@ -98,3 +97,13 @@ def test_the_method_table_routes_every_rpc_with_its_kind() -> None:
     assert watch.server_streaming and not watch.client_streaming
     assert b"/grpc.health.v1.Health/Check" in table
     assert len([p for p in table if p.startswith(b"/inference.")]) == 20
+
+
+def test_an_rpc_the_servicer_lacks_answers_unimplemented() -> None:
+    """As a generated servicer's base class answers it: the health service's Watch."""
+    table = method_table(object(), object())
+    watch = table[b"/grpc.health.v1.Health/Watch"]
+    with pytest.raises(CallAborted) as err:
+        watch.handler(watch.parse(b""), _context())
+    assert err.value.status == Status.UNIMPLEMENTED
+    assert err.value.details == "Method not implemented!"

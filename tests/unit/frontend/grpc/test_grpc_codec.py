@@ -72,14 +72,14 @@ def test_negative_timeout_is_refused() -> None:
 
 def test_every_triton_code_has_tritons_grpc_status() -> None:
     assert set(STATUS) == set(errors.TRITON_CODES)
-    assert status_code(errors.InvalidArgument("x")) is grpc.StatusCode.INVALID_ARGUMENT
-    assert status_code(errors.NotFound("x")) is grpc.StatusCode.NOT_FOUND
-    assert status_code(errors.Unavailable("x")) is grpc.StatusCode.UNAVAILABLE
-    assert status_code(errors.Unsupported("x")) is grpc.StatusCode.UNIMPLEMENTED
-    assert status_code(errors.Internal("x")) is grpc.StatusCode.INTERNAL
-    assert status_code(errors.AlreadyExists("x")) is grpc.StatusCode.ALREADY_EXISTS
-    assert status_code(errors.Cancelled("x")) is grpc.StatusCode.CANCELLED
-    assert status_code(errors.Forbidden("x")) is grpc.StatusCode.UNAVAILABLE
+    assert status_code(errors.InvalidArgument("x")) == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert status_code(errors.NotFound("x")) == grpc.StatusCode.NOT_FOUND.value[0]
+    assert status_code(errors.Unavailable("x")) == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert status_code(errors.Unsupported("x")) == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert status_code(errors.Internal("x")) == grpc.StatusCode.INTERNAL.value[0]
+    assert status_code(errors.AlreadyExists("x")) == grpc.StatusCode.ALREADY_EXISTS.value[0]
+    assert status_code(errors.Cancelled("x")) == grpc.StatusCode.CANCELLED.value[0]
+    assert status_code(errors.Forbidden("x")) == grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 @pytest.mark.parametrize("tritonclient_first", [True, False])

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import grpc
 import pytest
 from google.protobuf.wrappers_pb2 import StringValue
 from h2.config import H2Configuration
@@ -192,7 +191,7 @@ def test_an_unknown_method_is_unimplemented_trailers_only(connect) -> None:
 
 def test_an_abort_ends_the_call_with_its_status_and_message(connect) -> None:
     def refuse(request, context):
-        context.abort(grpc.StatusCode.NOT_FOUND, "no model 'é' (100%)")
+        context.abort(framing.Status.NOT_FOUND, "no model 'é' (100%)")
 
     _, client = connect({b"/t/Refuse": _method(refuse)})
     stream = client.call("/t/Refuse", _msg("x"))
@@ -211,7 +210,7 @@ def test_a_message_past_the_limit_is_resource_exhausted(connect) -> None:
 
 def test_the_response_is_compressed_as_the_service_asks(connect) -> None:
     def big(request, context):
-        context.set_compression(grpc.Compression.Gzip)
+        context.set_compression("gzip")
         return StringValue(value="z" * 5000)
 
     _, client = connect({b"/t/Big": _method(big)})
@@ -374,15 +373,15 @@ def test_stopping_the_server_drains_its_connections() -> None:
         client.sock.close()
 
 
-def test_health_watch_is_unimplemented_as_its_base_class_says(connect) -> None:
-    """Watch (server streaming) is left to grpcio's generated base class, which sets
-    UNIMPLEMENTED and raises: the call ends with that status, not UNKNOWN."""
+def test_health_watch_is_unimplemented_as_a_base_class_would_say(connect) -> None:
+    """Watch (server streaming) is not served: the call ends UNIMPLEMENTED with grpcio's
+    words, not UNKNOWN; the request is grpcio-health-checking's own message."""
     from grpc_health.v1 import health_pb2
 
-    from conch.frontend.grpc.h2_methods import _service
+    from conch.frontend.grpc.h2_methods import method_table
     from conch.frontend.grpc.health import HealthService
 
-    methods = _service(health_pb2.DESCRIPTOR, "Health", HealthService(None))  # type: ignore[arg-type]
+    methods = method_table(object(), HealthService(None))  # type: ignore[arg-type]
     _, client = connect(methods)
     request = framing.frame(health_pb2.HealthCheckRequest(service="").SerializeToString())
     stream = client.call("/grpc.health.v1.Health/Watch", request)
