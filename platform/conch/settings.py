@@ -791,8 +791,9 @@ class Settings:
         Flag(
             "--grpc-infer-thread-count",
             GRPC_ROLES,
-            "calls (a stream counts as one) the gRPC server runs at once; each holds its "
-            "thread while its request is queued (default {default}; Triton's is 2)",
+            "unary calls the gRPC server runs at once (on grpcio a stream counts as one), "
+            "and each stream's requests at once; each holds its thread while its request "
+            "is queued (default {default}; Triton's is 2)",
         ),
     )
     # grpcio's server is bound by its process's GIL (bench/README.md).

@@ -27,7 +27,10 @@ Everything a peer can make the server hold is bounded: concurrent streams
 (SETTINGS_MAX_HEADER_LIST_SIZE, enforced by h2's HPACK decoder), each request message
 and what a stream buffers of it (``max_message_bytes``: RESOURCE_EXHAUSTED at its
 prefix's claim), and what a response holds while the peer's window is shut (its own
-message, until the peer leaves or the call ends).
+message, until the peer leaves or the call ends). The calls that run at once in the
+process are bounded by ``--grpc-infer-thread-count`` (``slots``), as grpcio's pool of
+threads bounds them; the rest wait, each holding only its stream (unary calls: see
+``_run`` for streams).
 """
 
 from __future__ import annotations
@@ -156,11 +159,15 @@ class Connection:
         methods: dict[bytes, Method],
         limits: Limits,
         peer: str = "",
+        slots: threading.Semaphore | None = None,
     ) -> None:
         self.sock = sock
         self.methods = methods
         self.limits = limits
         self.peer = peer
+        # The process's calls at once (--grpc-infer-thread-count), shared by its
+        # connections; a call waits for one before its method runs. None: no bound.
+        self.slots = slots
         self.h2 = h2.connection.H2Connection(CONFIG)
         self.lock = threading.Lock()
         self.window = threading.Condition(self.lock)  # a peer's window opened, or a call ended
@@ -396,7 +403,21 @@ class Connection:
         _spawn(self._run, call)
 
     def _run(self, call: Call) -> None:
-        """The call's thread: its method run, its responses sent, its status, its callbacks."""
+        """The call's thread. A unary call takes a slot first, as grpcio's server takes a
+        thread of its pool for each call, and runs unless it ended while it waited
+        (cancelled, reset or past its deadline: its callbacks have run, and it must not
+        queue work now). A stream takes none: it lasts as long as its peer keeps it open,
+        so streams holding slots would let one peer starve every other call; the work
+        of its requests is bounded by the service's own pool of as many threads."""
+        if self.slots is None or call.method.client_streaming:
+            self._serve_call(call)
+            return
+        with self.slots:
+            if not call.finished:
+                self._serve_call(call)
+
+    def _serve_call(self, call: Call) -> None:
+        """The call's method run, its responses sent, its status, its callbacks."""
         method, context = call.method, call.context
         try:
             if method.client_streaming:

@@ -67,11 +67,14 @@ class H2Server:
         methods: dict[bytes, Method],
         limits: Limits,
         tls: ssl.SSLContext | None,
+        calls_at_once: int | None = None,
     ) -> None:
         self.listeners = listeners
         self.methods = methods
         self.limits = limits
         self.tls = tls
+        # --grpc-infer-thread-count: calls running at once over all connections.
+        self.slots = None if calls_at_once is None else threading.BoundedSemaphore(calls_at_once)
         self.connections: set[Connection] = set()
         self.stopping = False
         self._idle = threading.Event()  # stopping, and the last connection has closed
@@ -111,7 +114,7 @@ class H2Server:
             log.debug("gRPC connection from %s refused: %s", peer, exc)
             sock.close()
             return
-        connection = Connection(sock, self.methods, self.limits, peer)
+        connection = Connection(sock, self.methods, self.limits, peer, self.slots)
         self.connections.add(connection)
         try:
             connection.serve()
@@ -140,7 +143,7 @@ def build(settings: Settings) -> H2Server:
     inference = InferenceService.from_settings(settings)
     methods = method_table(inference, HealthService(inference))
     listeners = listen(settings.grpc_address, settings.grpc_port, settings.grpc_shared_port)
-    return H2Server(listeners, methods, limits(settings), tls)
+    return H2Server(listeners, methods, limits(settings), tls, settings.grpc_infer_thread_count)
 
 
 def run(settings: Settings) -> None:

@@ -145,11 +145,13 @@ def connect() -> Iterator[Callable[..., tuple[Connection, Client]]]:
         *,
         ping: PingLimits = QUIET,
         window: int | None = None,
+        slots: threading.Semaphore | None = None,
         **limits: Any,
     ) -> tuple[Connection, Client]:
         ours, theirs = socket.socketpair()
         ours.settimeout(30)
-        conn = Connection(ours, methods, Limits(max_message_bytes=1000, ping=ping, **limits))
+        limited = Limits(max_message_bytes=1000, ping=ping, **limits)
+        conn = Connection(ours, methods, limited, slots=slots)
         thread = threading.Thread(target=conn.serve, daemon=True)
         thread.start()
         client = Client(theirs, window=window)
@@ -258,6 +260,39 @@ def test_a_reset_cancels_the_call_and_runs_its_callbacks(connect) -> None:
     assert started.wait(WAIT_S)
     client.h2.reset_stream(again, ErrorCodes.CANCEL)
     client.flush()
+
+
+def test_unary_calls_past_the_slots_wait_and_streams_take_none(connect) -> None:
+    """--grpc-infer-thread-count, here 1: a second unary call runs once the first is
+    done; one cancelled while it waits never runs; a stream runs beside them."""
+    running: list[str] = []
+    release = threading.Event()
+
+    def hold(request, context):
+        running.append(request.value)
+        release.wait(WAIT_S)
+        return request
+
+    def each(requests, context):
+        yield from requests
+
+    methods = {b"/t/Hold": _method(hold), b"/t/Each": _method(each, streams=True)}
+    _, client = connect(methods, slots=threading.BoundedSemaphore(1))
+    first = client.call("/t/Hold", _msg("first"))
+    assert client.pump(lambda: running == ["first"])
+    cancelled = client.call("/t/Hold", _msg("cancelled"))
+    last = client.call("/t/Hold", _msg("last"))
+    stream = client.call("/t/Each", _msg("beside"))
+    assert client.pump(lambda: stream in client.ended)
+    assert [_text(m) for m in client.messages(stream)] == ["beside"]
+    client.h2.reset_stream(cancelled, ErrorCodes.CANCEL)
+    client.flush()
+    client.pump(lambda: False, timeout=0.2)
+    assert running == ["first"]
+    release.set()
+    assert client.pump(lambda: {first, last} <= client.ended)
+    assert running == ["first", "last"]
+    assert client.status(last) == (0, "")
 
 
 def test_a_bidi_stream_answers_each_request_in_turn(connect) -> None:
