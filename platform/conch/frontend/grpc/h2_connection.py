@@ -27,7 +27,8 @@ Everything a peer can make the server hold is bounded: concurrent streams
 (SETTINGS_MAX_HEADER_LIST_SIZE, enforced by h2's HPACK decoder), each request message
 and what a stream buffers of it (``max_message_bytes``: RESOURCE_EXHAUSTED at its
 prefix's claim), and what a response holds while the peer's window is shut (its own
-message, until the peer leaves or the call ends). The calls that run at once in the
+message, until the peer leaves or the call ends), and a stream's requests not yet read
+by its service (``STREAM_INBOX``, then the stream's window). The calls that run at once in the
 process are bounded by ``--grpc-infer-thread-count`` (``slots``), as grpcio's pool of
 threads bounds them; the rest wait, each holding only its stream (unary calls: see
 ``_run`` for streams).
@@ -79,6 +80,10 @@ SEND_CHUNK = 1 << 18  # what one send may take: the stall timeout measures progr
 # the message limit, not by these).
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 1 << 24
+# A stream's requests read but not yet taken by its service: past this many, what the
+# peer sends more is not acknowledged, so its window closes (back-pressure, not a buffer
+# that grows with what the peer sends).
+STREAM_INBOX = 64
 _DEFAULT_WINDOW = 65_535
 
 _HEAD = [
@@ -126,6 +131,7 @@ class Call:
         "over",
         "reader",
         "stream",
+        "unacked",
     )
 
     def __init__(
@@ -138,6 +144,7 @@ class Call:
         self.messages: list[bytes] = []  # a unary request's (one, once the stream ends)
         # A streaming request's messages, as they come; _END after the last.
         self.inbox: queue.Queue[Any] | None = queue.Queue() if method.client_streaming else None
+        self.unacked = 0  # bytes received on a full inbox, acknowledged once it drains
         self.headers_sent = False
         self.input_ended = False  # the peer ended its side of the stream
         self.finished = False  # our side is over: trailers sent, or the stream reset
@@ -310,8 +317,11 @@ class Connection:
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream = event.stream_id
-        self.h2.acknowledge_received_data(event.flow_controlled_length, stream)
         call = self.calls.get(stream)
+        if call is not None and call.inbox is not None and call.inbox.qsize() >= STREAM_INBOX:
+            call.unacked += event.flow_controlled_length  # held until the service reads
+        else:
+            self.h2.acknowledge_received_data(event.flow_controlled_length, stream)
         if call is None or call.finished:
             return  # a call already answered (or refused): its bytes are dropped
         try:
@@ -459,6 +469,8 @@ class Connection:
             message = inbox.get()
             if message is _END:
                 return
+            if call.unacked and inbox.qsize() < STREAM_INBOX:
+                self._acknowledge(call)
             try:
                 request = parse(message)
             except DecodeError as exc:
@@ -469,6 +481,20 @@ class Connection:
                 self.ready.set()
                 return
             yield request
+
+    def _acknowledge(self, call: Call) -> None:
+        """The bytes held on ``call``'s full inbox acknowledged: the peer may send again."""
+        with self.lock:
+            self._release_held(call)
+        self.ready.set()
+
+    def _release_held(self, call: Call) -> None:
+        """Under the lock: ``call``'s held bytes acknowledged (to the connection's window
+        too, so that a call that ends holding some does not shrink it for good)."""
+        held, call.unacked = call.unacked, 0
+        if held:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.acknowledge_received_data(held, call.stream)
 
     def _send(self, call: Call, response: Any) -> None:
         """One response message: the headers first, then its DATA as the window allows.
@@ -549,6 +575,7 @@ class Connection:
     def _cancelled(self, call: Call) -> None:
         """Under the lock: the call is over; whatever waits on its inbox or window wakes."""
         call.finished = True
+        self._release_held(call)
         if call.inbox is not None:
             call.inbox.put(_END)
         if call.over is not None:

@@ -137,6 +137,7 @@ class InferenceService:
         # --grpc-infer-response-compression-level: how infer responses go on the wire.
         self.compression = compression
         # Requests of a stream run here, so that one stream's requests run side by side.
+        self._stream_threads = stream_threads
         self._stream_pool = ThreadPoolExecutor(stream_threads, thread_name_prefix="grpc-stream")
 
     def check_restriction(self, group: ApiGroup, context: ServicerContext) -> None:
@@ -273,16 +274,23 @@ class InferenceService:
         finishes; an error never closes the stream. Every request takes the stream's
         deadline. A client that half-closes the stream still gets every answer; one that
         cancels it (or goes away, or lets its deadline pass) gets none: its requests
-        still queued are withdrawn and never run, those not yet sent are not sent."""
+        still queued are withdrawn and never run, those not yet sent are not sent.
+
+        A stream holds at most as many requests read and not yet answered on the wire as
+        the service has stream threads; past that it reads no more, so a client that
+        sends faster than the model runs, or reads its answers slower, is held back by
+        the transport's flow control instead of growing the server's queues."""
         self.check_restriction(ApiGroup.INFERENCE, context)
         context.set_compression(self.compression)
         answers: queue.Queue[Any] = queue.Queue()
         read_all, ended = object(), object()  # markers on ``answers``
         abandonment = Abandonment()
+        room = threading.Semaphore(self._stream_threads)  # requests read, not yet answered
 
         def end() -> None:  # the RPC is over: answered, cancelled or past its deadline
             abandonment.abandon("the client cancelled the stream")
             answers.put(ended)
+            room.release()  # a reader waiting for room wakes, and sees the end
 
         context.add_callback(end)
 
@@ -303,9 +311,16 @@ class InferenceService:
         lanes = SequenceLanes(self._stream_pool, run)  # a sequence's requests in order
 
         def read() -> None:
-            count = 0
+            count, requests = 0, iter(request_iterator)
             try:
-                for request in request_iterator:  # over at a cancel too: end() lets go
+                while True:
+                    room.acquire()
+                    if abandonment.gone:
+                        room.release()  # for the next waiter, if any
+                        break
+                    request = next(requests, ended)  # over at a cancel too: end() lets go
+                    if request is ended:
+                        break
                     count += 1
                     lanes.submit(request)
             finally:
@@ -322,6 +337,7 @@ class InferenceService:
                 continue
             sent += 1
             yield answer
+            room.release()  # sent: the reader may take one more
 
     # -- logging ---------------------------------------------------------------------------
 

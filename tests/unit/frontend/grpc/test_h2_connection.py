@@ -29,6 +29,7 @@ from h2.events import (
 from h2.settings import SettingCodes
 
 from conch.frontend.grpc import grpc_framing as framing
+from conch.frontend.grpc import h2_connection
 from conch.frontend.grpc.h2_connection import Connection, Limits
 from conch.frontend.grpc.h2_methods import Method
 from conch.frontend.grpc.h2_pings import PingLimits
@@ -293,6 +294,45 @@ def test_unary_calls_past_the_slots_wait_and_streams_take_none(connect) -> None:
     assert client.pump(lambda: {first, last} <= client.ended)
     assert running == ["first", "last"]
     assert client.status(last) == (0, "")
+
+
+def test_a_stream_its_service_does_not_read_closes_its_window(connect, monkeypatch) -> None:
+    """Requests the service has not taken are held to STREAM_INBOX, then one window:
+    what the peer sends more is not acknowledged until the service reads again."""
+    monkeypatch.setattr(h2_connection, "STREAM_INBOX", 4)
+    monkeypatch.setattr(h2_connection, "STREAM_WINDOW", 4096)
+    reading = threading.Event()
+
+    def each(requests, context):
+        reading.wait(WAIT_S)
+        yield from requests
+
+    conn, client = connect({b"/t/Each": _method(each, streams=True)})
+    assert client.pump(lambda: client.h2.remote_settings.initial_window_size == 4096)
+    stream = client.call("/t/Each", end=False)
+    message, sent = _msg("x" * 500), 0
+
+    def send_while_open(most: int) -> None:
+        nonlocal sent
+        for _ in range(most):
+            if client.h2.local_flow_control_window(stream) < len(message):
+                client.pump(lambda: False, timeout=0.3)  # a window update, if one comes
+                if client.h2.local_flow_control_window(stream) < len(message):
+                    return
+            client.h2.send_data(stream, message)
+            client.flush()
+            sent += 1
+
+    send_while_open(100)
+    assert sent <= 4 + 4096 // len(message) + 1, sent  # the window closed
+    assert conn.calls[stream].inbox.qsize() == sent
+    reading.set()  # the service reads: the window opens again
+    send_while_open(10)
+    client.h2.end_stream(stream)
+    client.flush()
+    assert client.pump(lambda: stream in client.ended)
+    assert client.status(stream) == (0, "")
+    assert len(client.messages(stream)) == sent > 4 + 4096 // len(message) + 1
 
 
 def test_a_bidi_stream_answers_each_request_in_turn(connect) -> None:
