@@ -822,18 +822,6 @@ class Settings:
     # Set by ``conch grpc`` for the processes it starts when --grpc-workers > 1: they bind
     # the port with SO_REUSEPORT, after it checked that the port was free.
     grpc_shared_port: bool = setting(False, env=GRPC_SHARED_PORT_ENV)
-    # A prototype (issue 28): gRPC in the gateway's processes instead of a `conch grpc` of
-    # its own. Each gunicorn worker binds --grpc-port with SO_REUSEPORT and serves gRPC from
-    # the data plane it serves HTTP from. The gateway takes no --grpc-* flag: their defaults.
-    grpc_in_gateway: bool = setting(
-        False,
-        Flag(
-            "--grpc-in-gateway",
-            frozenset({Role.GATEWAY}),
-            "each gateway process also serves Triton's gRPC (h2 transport) on the gRPC "
-            "port, from the data plane it serves HTTP from; conch's own",
-        ),
-    )
     # A secret, so handed to children in the environment, as --http-restricted-api.
     grpc_restricted_protocol: RestrictedApis = setting(
         Flag(

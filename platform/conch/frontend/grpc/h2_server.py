@@ -25,7 +25,6 @@ import ssl
 import threading
 import time
 
-from conch.frontend.dataplane import DataPlane
 from conch.frontend.grpc import transport
 from conch.frontend.grpc.h2_connection import Connection, Limits
 from conch.frontend.grpc.h2_methods import Method, method_table
@@ -138,19 +137,10 @@ class H2Server:
             connection.close()
 
 
-def build(settings: Settings, plane: DataPlane | None = None) -> H2Server:
-    """The server with both services, bound (not started): over ``plane`` when given (a
-    gateway process's own, ``--grpc-in-gateway``), else over a data plane of its own."""
+def build(settings: Settings) -> H2Server:
+    """The server with both services, bound (not started)."""
     tls = transport.tls_context(settings)  # first: a bad file stops the start
-    if plane is None:
-        inference = InferenceService.from_settings(settings)
-    else:
-        inference = InferenceService(
-            plane,
-            settings.grpc_restricted_protocol,
-            settings.grpc_infer_thread_count,
-            transport.infer_compression(settings),
-        )
+    inference = InferenceService.from_settings(settings)
     methods = method_table(inference, HealthService(inference))
     listeners = listen(settings.grpc_address, settings.grpc_port, settings.grpc_shared_port)
     return H2Server(listeners, methods, limits(settings), tls, settings.grpc_infer_thread_count)

@@ -16,11 +16,6 @@
   gunicorn parsed goes to the same ``_infer``; the rest to WSGI. A head longer than
   gunicorn's shortest line limit goes to gunicorn too, so its limits hold for every
   request; what it refuses is answered in Triton's JSON (``parse_errors``).
-- ``--grpc-in-gateway`` (a prototype, issue 28): the worker also serves Triton's gRPC on
-  the h2 transport (``grpc.h2_server``), on the gRPC port, which every worker binds with
-  SO_REUSEPORT, from the same ``DataPlane`` as its HTTP: one reply listener and one Redis
-  pool per process, and no ``conch grpc`` process. A warm shutdown drains its
-  connections (GOAWAY) within the graceful timeout, as HTTP's.
 """
 
 from __future__ import annotations
@@ -109,8 +104,6 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         super().__init__(*args, **kwargs)
         self._idle: dict[socket.socket, bool] = {}  # connection -> between requests
         self._plane: DataPlane | None = None
-        self._grpc: Any = None  # h2_server.H2Server, with --grpc-in-gateway
-        self._grpc_stopped: gevent.Greenlet | None = None
         self._metrics_port = -1
         self._date = _Date()
         # The longest head read here: one gunicorn's limits on the request line and on
@@ -131,17 +124,6 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         self._plane = extensions.get(routes.PLANE)
         if self._plane is not None and self._plane.settings.allow_metrics:
             self._metrics_port = self._plane.settings.metrics_port
-        if self._plane is not None and self._plane.settings.grpc_in_gateway:
-            from conch.frontend.grpc import h2_server, transport
-
-            self._grpc = h2_server.build(self._plane.settings, self._plane)
-            self._grpc.start()
-            transport.log_started(self._plane.settings, self._grpc.port, "h2, in the gateway")
-
-    def run(self) -> None:
-        super().run()
-        if self._grpc_stopped is not None:  # gRPC calls still draining
-            self._grpc_stopped.join(self.cfg.graceful_timeout)
 
     def handle(self, listener: Any, client: socket.socket, addr: Any) -> None:
         self._idle[client] = True
@@ -328,8 +310,6 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
         gevent.spawn(self._close_idle)
-        if self._grpc is not None and self._grpc_stopped is None:
-            self._grpc_stopped = gevent.spawn(self._grpc.stop, self.cfg.graceful_timeout)
 
     def _close_idle(self) -> None:
         for sock, idle in list(self._idle.items()):

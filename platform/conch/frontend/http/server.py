@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from gunicorn import glogging
@@ -42,13 +41,6 @@ class _Gunicorn(BaseApplication):
 
 
 def run(settings: Settings, *, bind: str, workers: int, threads: int) -> None:
-    if settings.grpc_in_gateway:
-        # Every worker binds the gRPC port with SO_REUSEPORT (gevent_worker.py), once this
-        # process found no one else listening on it, as ``conch grpc --grpc-workers`` does.
-        from conch.frontend.grpc.transport import vacant_port
-
-        port = vacant_port(settings.grpc_address, settings.grpc_port)
-        settings = dataclasses.replace(settings, grpc_port=port, grpc_shared_port=True)
     binds = [bind]
     if settings.allow_metrics:
         address = settings.metrics_address or bind.rsplit(":", 1)[0]
