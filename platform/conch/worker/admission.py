@@ -145,15 +145,49 @@ class Admission:
         if redelivered:  # came back after the worker that held them went away
             statistics.count_model(pipe, self.model, statistics.REDELIVERED, redelivered)
         if done or settled or redelivered:
-            self._record_failures(pipe, now, failed)
-            tags = [tag for tag, _ in done] + self.ledger.settle(settled)
-            ack(pipe, self.drain.queue, tags)
-            pipe.execute()
-            self.inflight.discard(tags)
-            if self.sequencer is not None:
-                for _, ticket in done:
-                    self.sequencer.finish(ticket)
+            self._settle(pipe, now, done, settled, failed)
         return items
+
+    def expire(self, items: list[Item]) -> list[Item]:
+        """Of ``items``, held while their batch forms, those still in time; the rest are
+        dealt with as at admission (their deadline passed: dropped; their queue policy's
+        timeout: REJECT answers them, DELAY puts them back behind the requests still in
+        time), so that a request that times out never holds the others back."""
+        now = time.time()
+        pipe = self.client.pipeline(transaction=True)
+        done: list[tuple[str, int | None]] = []
+        settled: list[Item] = []
+        failed: list[tuple[str, InferMessage]] = []
+        kept = []
+        for item in items:
+            if not self._lapsed(pipe, now, item, failed):
+                kept.append(item)
+            elif item.bundled:
+                settled.append(item)
+            else:
+                done.append((item.tag, item.ticket))
+        if len(kept) < len(items):
+            self._settle(pipe, now, done, settled, failed)
+        return kept
+
+    def _settle(
+        self,
+        pipe: redis.client.Pipeline,
+        now: float,
+        done: list[tuple[str, int | None]],
+        settled: list[Item],
+        failed: list[tuple[str, InferMessage]],
+    ) -> None:
+        """What was dealt with acked (whole messages ``done``; a bundle's requests
+        ``settled``, once its last is), with the failures' statistics, in one round trip."""
+        self._record_failures(pipe, now, failed)
+        tags = [tag for tag, _ in done] + self.ledger.settle(settled)
+        ack(pipe, self.drain.queue, tags)
+        pipe.execute()
+        self.inflight.discard(tags)
+        if self.sequencer is not None:
+            for _, ticket in done:
+                self.sequencer.finish(ticket)
 
     def _unbundle(self, pipe: redis.client.Pipeline, msgs: list[InferMessage]) -> None:
         """A bundle's requests for a model that preserves ordering, whose pops take one
@@ -184,6 +218,35 @@ class Admission:
         False once it is dealt with here (a request that failed here is added to
         ``failed``, with Triton's reason). ``lettered``: the tags of the messages
         dead-lettered already (a bundle's earlier request did)."""
+        if self._lapsed(pipe, now, item, failed):
+            return False
+        msg = item.msg
+        if popped.attempts > self.max_attempts:
+            reason = (
+                f"request for model '{self.model}' was dead-lettered after "
+                f"{popped.attempts - 1} attempts: each one ended with its worker dying"
+            )
+            with about(request_tag(msg)):
+                log.error("%s: %s", self.name, reason)
+            if popped.tag not in lettered:
+                lettered.add(popped.tag)
+                dead_letter(pipe, self.model, popped.tag, popped.raw, reason)
+            self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
+            failed.append((statistics.OTHER, msg))
+            return False
+        if self.batching and msg.inputs and msg.inputs[0][2]:
+            item.rows = max(1, msg.inputs[0][2][0])
+        return True
+
+    def _lapsed(
+        self,
+        pipe: redis.client.Pipeline,
+        now: float,
+        item: Item,
+        failed: list[tuple[str, InferMessage]],
+    ) -> bool:
+        """Whether ``item``'s time ran out in the queue (its deadline, or its queue
+        policy's timeout), dealt with here if so (a failure added to ``failed``)."""
         msg = item.msg
         if msg.deadline and now > msg.deadline:
             with about(request_tag(msg)):
@@ -195,7 +258,7 @@ class Admission:
                     f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
                 )
                 self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
-            return False
+            return True
         if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
             if msg.delay_on_timeout:
                 # Triton's DELAY: behind every request still in time, not dropped.
@@ -216,23 +279,8 @@ class Admission:
                 )
                 self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
                 failed.append((statistics.REJECTED, msg))
-            return False
-        if popped.attempts > self.max_attempts:
-            reason = (
-                f"request for model '{self.model}' was dead-lettered after "
-                f"{popped.attempts - 1} attempts: each one ended with its worker dying"
-            )
-            with about(request_tag(msg)):
-                log.error("%s: %s", self.name, reason)
-            if popped.tag not in lettered:
-                lettered.add(popped.tag)
-                dead_letter(pipe, self.model, popped.tag, popped.raw, reason)
-            self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
-            failed.append((statistics.OTHER, msg))
-            return False
-        if self.batching and msg.inputs and msg.inputs[0][2]:
-            item.rows = max(1, msg.inputs[0][2][0])
-        return True
+            return True
+        return False
 
     def _record_failures(
         self, pipe: redis.client.Pipeline, now: float, failed: list[tuple[str, InferMessage]]

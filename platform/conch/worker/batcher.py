@@ -3,7 +3,10 @@
 It follows Triton's ``dynamic_batching``: a batch is cut when it holds
 ``max_batch_size`` rows, or when the oldest request in it has waited
 ``max_queue_delay_microseconds`` since the gateway enqueued it; a batch that has
-reached a preferred size goes at once. Without ``dynamic_batching`` every request runs
+reached a preferred size goes at once, and so does its largest prefix of a preferred
+size (in Triton's queue order: priority first, requests its queue policy delayed last).
+A request held while its batch forms is checked again when its queue timeout or
+deadline passes, so that one that times out never holds the others back. Without ``dynamic_batching`` every request runs
 alone, as under Triton's default scheduler. Nothing is held in worker memory beyond
 the batch being formed (and the rows that overflowed it, which lead the next batch).
 
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 # replies and the next pop share one round trip.
 ALONE_BUDGET_S = 0.0005
 ALONE_MAX_POP = 16
+_NEVER = float("inf")
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,23 @@ class BatchPolicy:
             if acc in self.preferred:
                 best = k
         return best or n
+
+
+def _queue_order(item: Item) -> tuple[bool, int]:
+    return item.msg.delayed, item.msg.priority
+
+
+def _first_lapse(items: list[Item]) -> float:
+    """When the first of ``items`` runs out of time in the queue (its deadline, or its
+    queue policy's timeout unless it was delayed already); infinity when none can."""
+    first = _NEVER
+    for item in items:
+        msg = item.msg
+        if msg.deadline and msg.deadline < first:
+            first = msg.deadline
+        if msg.queue_deadline and not msg.delayed and msg.queue_deadline < first:
+            first = msg.queue_deadline
+    return first
 
 
 class Batcher(threading.Thread):
@@ -227,13 +248,21 @@ class Batcher(threading.Thread):
             self.execute(items, alone=True)
             return
         rows = sum(i.rows for i in items)
-        while rows < self.policy.max_batch_size and not self.policy.ready(rows):
-            left = min(i.msg.enqueued for i in items) + self.policy.max_queue_delay - time.time()
+        while self._forming(items, rows):
+            now = time.time()
+            lapses = _first_lapse(items)
+            if lapses < now:  # a held request timed out: it holds the others back no more
+                items = self.admission.expire(items)
+                if not items:
+                    return
+                rows = sum(i.rows for i in items)
+                continue
+            left = min(i.msg.enqueued for i in items) + self.policy.max_queue_delay - now
             try:
                 if self.drain.waiting == 0:  # nothing queued: wait for more, or for the delay
                     if left <= 0 or self.stopping.is_set():
                         break
-                    self.drain.wait(left)
+                    self.drain.wait(min(left, lapses - now))
                 more = self._take(self.policy.max_batch_size - rows)
             except redis.RedisError as exc:  # run what is held; its replies wait for Redis
                 log.warning("%s: Redis error while forming a batch (%s)", self.name, exc)
@@ -254,6 +283,31 @@ class Batcher(threading.Thread):
             self.offline_share.refund(sum(i.rows for i in offline))
         self._carry = [i for i in carry if i.msg.priority < broker.PRIORITY_OFFLINE]
         self.execute(batch, cut=cut)
+
+    def _forming(self, items: list[Item], rows: int) -> bool:
+        """Whether the batch held waits for more. As Triton's queue is, ``items`` is kept
+        in priority order (pop order within a level), with the requests its queue policy
+        delayed (DELAY) behind all the rest; the batch goes at once when it is full, or
+        when a prefix of it in that order makes a preferred size (``cut`` takes the
+        largest such prefix; the rest lead the next batch), a delayed request never
+        counting towards one."""
+        policy = self.policy
+        if len(items) > 1:
+            items.sort(key=_queue_order)  # stable, and cheap on a list in order already
+        if rows >= policy.max_batch_size or policy.ready(rows):
+            return False
+        if not policy.preferred:
+            return True
+        acc = 0
+        for item in items:
+            if item.msg.delayed:
+                break
+            acc += item.rows
+            if acc > policy.max_batch_size:
+                break
+            if acc in policy.preferred:
+                return False
+        return True
 
     # -- taking messages --------------------------------------------------------------
     def _count(self) -> int:
