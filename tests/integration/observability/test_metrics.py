@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from conch.devtools.redis_server import start_private
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until, waiting
-from models import add_inputs, add_model, python_model
+from models import add_inputs, add_model, ensemble, ensemble_step, python_model
 
 
 def sample(text: str, name: str, model: str) -> float:
@@ -33,6 +33,13 @@ def test_metrics_count_requests_and_queue(tmp_path: Path, redis_url: str, log_di
     repo = tmp_path / "models"
     add_model(repo / "add", max_batch_size=8, delay_us=20_000)
     add_model(repo / "idle")
+    io = (
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+    )
+    step = ensemble_step("idle", {"A": "A", "B": "B"}, {"OUT": "OUT"})
+    ensemble(repo, "idle_ensemble", io, [step])
     db = redis_url.rsplit("/", 1)[0] + "/13"
     redis.Redis.from_url(db).flushdb()
     worker = start_worker(repo, db, log_dir, "--models", "add")
@@ -80,7 +87,14 @@ def test_metrics_count_requests_and_queue(tmp_path: Path, redis_url: str, log_di
         # The pending gauge is the queue's depth: "idle" has no worker, so its request waits.
         with contextlib.suppress(Exception):
             client.infer("idle", inputs, timeout=200_000)
-        assert sample(scraped(), "nv_inference_pending_request_count", "idle") == 1
+        text = scraped()
+        assert sample(text, "nv_inference_pending_request_count", "idle") == 1
+        # An ensemble's requests wait in its steps' queues: its own gauge is 0, as Triton's.
+        assert re.search(
+            r'^nv_inference_pending_request_count\{model="idle_ensemble",version="1"\} 0$',
+            text,
+            re.M,
+        ), text
         # Only /metrics is served there, and the inference port does not serve it.
         assert requests.get(f"http://{gateway.metrics_url}/v2", timeout=10).status_code == 404
         assert requests.get(f"http://{url}/metrics", timeout=10).status_code == 404

@@ -196,9 +196,13 @@ def render(plane: DataPlane) -> bytes:
     _model_events(models, family, lines)
     queued = [(m, m.work) for m in models if m.work is not None]  # ensembles have no queue
     pending = [
-        # The newest version serving, else the newest counted (1 before any).
-        ({"model": m.name, "version": str(max(m.ready or m.counters or [1]))}, w.waiting)
-        for m, w in queued
+        # The newest version serving, else the newest counted (1 before any). An
+        # ensemble's requests wait in its steps' queues, so its own is 0, as in Triton.
+        (
+            {"model": m.name, "version": str(max(m.ready or m.counters or [1]))},
+            0 if m.work is None else m.work.waiting,
+        )
+        for m in models
     ]
     family(
         "nv_inference_pending_request_count",
