@@ -164,6 +164,41 @@ ensemble_scheduling { step [ {
 } ] }
 """
 
+# Triton's own BF16 example (L0_backend_python's bf16 test): as_numpy must refuse a BF16
+# tensor with Triton's words; torch takes it, and gives it back, through DLPack.
+BF16_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_BF16 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_BF16 dims: [ -1 ] } ]
+"""
+
+BF16_MODEL = """
+import torch.utils.dlpack
+import triton_python_backend_utils as pb_utils
+
+
+def refuses_numpy(tensor):
+    try:
+        tensor.as_numpy()
+    except pb_utils.TritonModelException as e:
+        return "tensor dtype is bf16 and cannot be converted to numpy" in str(e).lower()
+    return False
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0")
+            doubled = torch.utils.dlpack.from_dlpack(x.to_dlpack()) * 2
+            y = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(doubled))
+            if not (refuses_numpy(x) and refuses_numpy(y)):
+                raise RuntimeError("as_numpy() gave a BF16 tensor's array")
+            out.append(pb_utils.InferenceResponse([y]))
+        return out
+"""
+
 # The delay Triton waits out for a fuller batch, past redis-py 8's 5 s read timeout.
 LONG_DELAY_S = 6.5
 COMMA_NAME = "a,b"
@@ -180,6 +215,7 @@ MODELS = (
     "rejecting",
     "bounded",
     "busy",
+    "bf16",
 )
 
 
@@ -202,6 +238,7 @@ def build_repository(root: Path) -> Path:
     python_model(root, "rejecting", REJECTING_CONFIG, SLOW_MODEL.format(seconds=2.5))
     python_model(root, "bounded", BOUNDED_CONFIG, SLOW_MODEL.format(seconds=1.5))
     python_model(root, "busy", IDENTITY_CONFIG + ONE_INSTANCE, SLOW_MODEL.format(seconds=2))
+    python_model(root, "bf16", BF16_CONFIG, BF16_MODEL)
     return root
 
 
@@ -259,6 +296,17 @@ def test_a_queue_delay_longer_than_redis_pys_read_timeout_is_waited_out(url: str
     took = time.monotonic() - started
     np.testing.assert_array_equal(result.as_numpy("OUT"), 2 * a)
     assert LONG_DELAY_S - 0.3 <= took < LONG_DELAY_S + 10, took
+
+
+def test_a_python_models_bf16_tensors_are_tritons(url: str) -> None:
+    import ml_dtypes
+
+    x = np.array([1.0, -2.5, 3.0e5], dtype=ml_dtypes.bfloat16)
+    tensor = httpclient.InferInput("INPUT0", [3], "BF16")
+    tensor.set_data_from_numpy(x)
+    result = client(url).infer("bf16", [tensor])
+    assert result.get_output("OUTPUT0")["datatype"] == "BF16"
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * 2)
 
 
 def test_to_dlpack_on_a_request_input_shares_its_memory(url: str) -> None:

@@ -146,6 +146,32 @@ def test_a_read_only_input_exports_to_dlpack_and_shares_its_memory() -> None:
     assert torch.utils.dlpack.from_dlpack(strided.to_dlpack()).tolist() == [0, 2, 4, 6]
 
 
+def test_a_bf16_tensor_goes_through_dlpack_not_numpy() -> None:
+    """Triton's bf16 example: as_numpy refuses with Triton's words; torch's bfloat16
+    in and out through DLPack, sharing memory, as a raw capsule too."""
+    import ml_dtypes
+    import torch
+
+    values = np.array([1.0, -2.5, 3.0e5], dtype=ml_dtypes.bfloat16)
+    tensor = pb.Tensor._bfloat16("X", values.view(np.uint16))
+    with pytest.raises(pb.TritonModelException) as err:
+        tensor.as_numpy()
+    assert "tensor dtype is bf16 and cannot be converted to numpy" in str(err.value).lower()
+    assert tensor.triton_dtype() == 14 and tensor.shape() == [3]
+    shared = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    assert shared.dtype == torch.bfloat16
+    assert shared.float().tolist() == [1.0, -2.5, 299008.0]
+    shared.mul_(2)  # the same memory
+    assert tensor._array.view(ml_dtypes.bfloat16).astype(np.float32).tolist()[0] == 2.0
+    for source in (shared, torch.utils.dlpack.to_dlpack(shared), values):
+        back = pb.Tensor.from_dlpack("Y", source)
+        assert back.triton_dtype() == 14
+        with pytest.raises(pb.TritonModelException):
+            back.as_numpy()
+    assert pb.Tensor.from_dlpack("Y", shared)._array.tolist() == tensor._array.tolist()
+    assert pb.Tensor.from_dlpack("F", torch.ones(2)).triton_dtype() == 11  # FP32 stays numpy
+
+
 def test_from_dlpack_refuses_what_is_not_dlpack() -> None:
     with pytest.raises(pb.TritonModelException, match="DLPack"):
         pb.Tensor.from_dlpack("X", [1, 2, 3])

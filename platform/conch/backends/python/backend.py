@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from conch.backends.autocomplete import type_name
 from conch.backends.base import Backend, BackendRequest, BackendResult, InstanceSpec, ModelSpec
 from conch.backends.python import pb_utils as pb
 from conch.core import call_context
@@ -217,6 +218,10 @@ class PythonBackend(Backend):
         self._module: ModuleType | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._offered = False  # this instance offered its BLS port to the model's threads
+        # The inputs the model gets as BF16 tensors (their uint16 bits, as Triton's BF16).
+        self._bf16_inputs = frozenset(
+            i.name for i in spec.config.input if type_name(i.data_type) == "TYPE_BF16"
+        )
 
     # -- auto-complete --------------------------------------------------------------------
 
@@ -386,7 +391,12 @@ class PythonBackend(Backend):
         return pb.InferenceRequest(
             model_name=self.spec.name,
             requested_output_names=list(req.outputs),
-            inputs=[pb.Tensor(name, arr) for name, arr in req.inputs.items()],
+            inputs=[
+                pb.Tensor._bfloat16(name, arr)
+                if name in self._bf16_inputs
+                else pb.Tensor(name, arr)
+                for name, arr in req.inputs.items()
+            ],
             request_id=req.request_id,
             correlation_id=sequence.value if sequence is not None else 0,
             model_version=self.spec.version,

@@ -13,8 +13,11 @@ process rather than in a stub process with shared memory:
 
 - Tensors always live in CPU memory (``is_cpu()`` is True). ``Tensor.from_dlpack`` copies
   a GPU tensor to the CPU (through its ``cpu()`` method) or refuses it.
-- BF16 tensors reach the model as ``uint16`` arrays holding the bit patterns, the way
-  conch carries BF16 everywhere; ``triton_to_numpy_type`` has no numpy type for BF16.
+- BF16 tensors are Triton's: ``as_numpy()`` refuses them (numpy has no bfloat16) and
+  ``to_dlpack``/``from_dlpack`` carry them to and from torch's ``bfloat16`` (torch does
+  the conversion); ``triton_to_numpy_type`` has no numpy type for BF16. Inside, conch
+  holds their ``uint16`` bit patterns, as it carries BF16 everywhere, and a model may
+  still return a ``Tensor`` of such bits for a BF16 output.
 - Business logic scripting (``InferenceRequest(model_name=...).exec()`` and
   ``async_exec``) goes through the named model's queue, by the BLS port the worker hands
   the model (``ModelSpec.bls``, ``conch.frontend.bls``'s client), which the python backend
@@ -386,6 +389,8 @@ _CAPSULE_GET_NAME.restype = ctypes.c_char_p
 _CAPSULE_GET_NAME.argtypes = [ctypes.py_object]
 _DL_CPU = 1  # kDLCPU
 _DL_CPU_PINNED = 3  # kDLCUDAHost: host memory, readable as CPU memory
+_DL_BFLOAT = 4  # kDLBfloat, the dtype code of bfloat16 (16 bits)
+_BF16 = 14  # Triton's TYPE_BF16
 
 
 class _Capsule:
@@ -402,8 +407,9 @@ class _Capsule:
         return self._device
 
 
-def _capsule_device(capsule: Any) -> tuple[int, int]:
-    """The (device type, device id) written in a DLPack capsule, read with ctypes."""
+def _capsule_head(capsule: Any) -> tuple[int, int, int, int]:
+    """The (device type, device id, dtype code, dtype bits) written in a DLPack capsule,
+    read with ctypes."""
     name = _CAPSULE_GET_NAME(capsule)
     if name == b"dltensor":
         offset = 0  # DLManagedTensor starts with its DLTensor
@@ -415,13 +421,44 @@ def _capsule_device(capsule: Any) -> tuple[int, int]:
             "(it may have been consumed already)"
         )
     pointer = _CAPSULE_GET_POINTER(capsule, name)
-    # DLTensor: void* data, then DLDevice {int32 device_type, int32 device_id}.
-    device = (ctypes.c_int32 * 2).from_address(pointer + offset + ctypes.sizeof(ctypes.c_void_p))
-    return int(device[0]), int(device[1])
+    # DLTensor: void* data, DLDevice {int32 device_type, int32 device_id}, int32 ndim,
+    # then DLDataType {uint8 code, uint8 bits, uint16 lanes}.
+    start = pointer + offset + ctypes.sizeof(ctypes.c_void_p)
+    device = (ctypes.c_int32 * 2).from_address(start)
+    dtype = (ctypes.c_uint8 * 2).from_address(start + 12)
+    return int(device[0]), int(device[1]), int(dtype[0]), int(dtype[1])
+
+
+def _torch() -> Any:
+    try:
+        import torch
+        import torch.utils.dlpack
+    except ImportError:
+        raise TritonModelException(
+            "a BF16 tensor goes to and from DLPack through torch, which is not installed here"
+        ) from None
+    return torch
+
+
+def _bf16_bits(source: Any) -> np.ndarray | None:
+    """A bfloat16 tensor's bit patterns as ``uint16`` (None: ``source`` is not bfloat16):
+    a torch tensor, a numpy array of ml_dtypes' bfloat16, or a DLPack capsule of one."""
+    if type(source).__name__ == "PyCapsule":
+        if _capsule_head(source)[2:] != (_DL_BFLOAT, 16):
+            return None
+        source = _torch().utils.dlpack.from_dlpack(source)
+    dtype = str(getattr(source, "dtype", ""))
+    if dtype == "torch.bfloat16":
+        torch = _torch()
+        return source.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+    if dtype == "bfloat16" and isinstance(source, np.ndarray):
+        return np.ascontiguousarray(source).view(np.uint16)
+    return None
 
 
 class Tensor:
-    """A named tensor: ``Tensor(name, numpy_array)``. BYTES are object arrays of ``bytes``."""
+    """A named tensor: ``Tensor(name, numpy_array)``. BYTES are object arrays of ``bytes``.
+    A BF16 tensor (``_bf16``) holds its bit patterns as ``uint16``."""
 
     def __init__(self, name: str, numpy_array: Any) -> None:
         name = _text(name, "a tensor name")
@@ -429,13 +466,27 @@ class Tensor:
             numpy_array = np.asarray(numpy_array)
         self._name = name
         self._array = numpy_array
+        self._bf16 = False
+
+    @classmethod
+    def _bfloat16(cls, name: str, bits: np.ndarray) -> Tensor:
+        """A BF16 tensor of these ``uint16`` bit patterns."""
+        tensor = cls(name, bits)
+        tensor._bf16 = True
+        return tensor
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
         """The tensor's array. Arrays that arrived read-only are copied once, so a model may
-        change them in place as it can under Triton."""
+        change them in place as it can under Triton. A BF16 tensor has none (numpy has no
+        bfloat16): Triton's error, which says to use DLPack."""
+        if self._bf16:
+            raise TritonModelException(
+                f"tensor '{self._name}': tensor dtype is BF16 and cannot be converted to "
+                "numpy; use to_dlpack() (e.g. into torch.bfloat16) instead"
+            )
         if not self._array.flags.writeable:
             self._array = self._array.copy()
         return self._array
@@ -444,8 +495,8 @@ class Tensor:
         return list(self._array.shape)
 
     def triton_dtype(self) -> int | None:
-        """Triton's numeric data type, e.g. 11 for FP32 and 13 for BYTES."""
-        return numpy_to_triton_type(self._array.dtype)
+        """Triton's numeric data type, e.g. 11 for FP32, 13 for BYTES and 14 for BF16."""
+        return _BF16 if self._bf16 else numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
         return True
@@ -461,13 +512,20 @@ class Tensor:
             raise TritonModelException(
                 f"tensor '{self._name}' holds BYTES, which DLPack cannot describe"
             )
+        if self._bf16:  # numpy cannot say bfloat16: torch's view of the same bits can
+            if not self._array.flags.writeable or not self._array.flags.c_contiguous:
+                self._array = np.array(self._array, copy=True, order="C")
+            torch = _torch()
+            shared = torch.from_numpy(self._array.view(np.int16)).view(torch.bfloat16)
+            return torch.utils.dlpack.to_dlpack(shared)
         self._array = np.ascontiguousarray(self.as_numpy())
         return self._array.__dlpack__()
 
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
         """A tensor from a DLPack capsule or an object with ``__dlpack__`` (e.g. a torch
-        tensor). A GPU tensor is copied to the CPU through its ``cpu()`` method."""
+        tensor). A GPU tensor is copied to the CPU through its ``cpu()`` method. A
+        bfloat16 one becomes a BF16 tensor."""
         source = dlpack_tensor
         if hasattr(source, "__dlpack__"):
             device = source.__dlpack_device__() if hasattr(source, "__dlpack_device__") else None
@@ -479,23 +537,29 @@ class Tensor:
                     )
                 source = source.cpu()
         elif type(source).__name__ == "PyCapsule":
-            device = _capsule_device(source)
+            device = _capsule_head(source)
             if device[0] not in (_DL_CPU, _DL_CPU_PINNED):
                 raise TritonModelException(
                     f"tensor '{name}': the DLPack capsule holds device memory (device type "
                     f"{device[0]}); conch's python backend takes CPU tensors only, so move "
                     "it to the CPU first"
                 )
-            source = _Capsule(source, device)
+            if device[2:] == (_DL_BFLOAT, 16):
+                return Tensor._bfloat16(name, _bf16_bits(source))  # type: ignore[arg-type]
+            source = _Capsule(source, device[:2])
         else:
             raise TritonModelException(
                 f"Tensor.from_dlpack('{name}', ...) needs a DLPack capsule or an object with "
                 f"__dlpack__, got {type(dlpack_tensor).__name__}"
             )
+        bits = _bf16_bits(source)
+        if bits is not None:
+            return Tensor._bfloat16(name, bits)
         return Tensor(name, np.from_dlpack(source))
 
     def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+        dtype = "BF16" if self._bf16 else self._array.dtype
+        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={dtype})"
 
 
 def get_input_tensor_by_name(inference_request: Any, name: str) -> Tensor | None:
