@@ -70,7 +70,13 @@ def path_model(match: InferCall) -> str:
     return name if name.isascii() else name.encode("latin-1").decode("utf-8", "replace")
 
 
-def too_large(length: int, limit: int) -> InvalidArgument:
+def too_large(length: int, limit: int, *, raw: bool = False) -> InvalidArgument:
+    """A body over ``--http-max-input-size``; a raw binary request's in Triton's words."""
+    if raw:
+        return InvalidArgument(
+            f"Raw input has a byte_size ({length} bytes) that exceeds the maximum allowed "
+            f"value of {limit} bytes. Use --http-max-input-size to increase the limit."
+        )
     return InvalidArgument(
         f"request body of {length} bytes exceeds the {limit}-byte limit (--http-max-input-size)"
     )
@@ -95,13 +101,16 @@ def decode_call(
     errors about the model come first, whatever the body holds."""
     to = plane.target(model, version)
     limit = plane.settings.max_input_bytes
+    header_length = header(http_codec.HEADER_LENGTH)
     if len(body) > limit:
-        raise too_large(len(body), limit)
+        raise too_large(len(body), limit, raw=header_length == "0")
     request = http_codec.decode_request(
         body,
-        header(http_codec.HEADER_LENGTH),
+        header_length,
         header("Content-Encoding"),
         max_body_bytes=limit,
+        config=to.entry.config,  # a raw binary request's one input is the config's
+        model_name=to.entry.name,
     )
     return to, request
 
@@ -126,7 +135,7 @@ def serve_infer(
             refuse(plane.settings.http_restricted_api, ApiGroup.INFERENCE, header)
         limit = plane.settings.max_input_bytes
         if length > limit:
-            raise too_large(length, limit)
+            raise too_large(length, limit, raw=header(http_codec.HEADER_LENGTH) == "0")
         body = read(length) if length else read(limit + 1)
         to, request = decode_call(plane, path_model(call), call.group(2) or "", body, header)
         payload, headers = http_codec.encode_outcome(

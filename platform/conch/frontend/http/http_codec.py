@@ -6,6 +6,8 @@ own lives here:
 
 - the binary tensor extension: input tensors as raw bytes after the JSON, whose length
   the ``Inference-Header-Content-Length`` header gives, and outputs sent the same way;
+  and its one-input form, a *raw binary request* (that header 0: the whole body is the
+  one input's bytes, described by the model's config; ``raw_request``);
 - ``Content-Encoding`` of the request (gzip, deflate), bounded against zip bombs;
 - ``Accept-Encoding``: the response compressed when the client accepts it.
 
@@ -18,13 +20,19 @@ of the body and appended to the response as they are: never re-encoded.
 from __future__ import annotations
 
 import json
+import struct
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from conch.core.datatypes import ITEMSIZE
 from conch.core.errors import InvalidArgument
-from conch.core.inference import InferRequest, OutputTensor
+from conch.core.inference import InferRequest, InputTensor, OutputTensor
+from conch.core.model_config import wire_type
 from conch.frontend import v2_json
 from conch.frontend.dataplane import InferOutcome
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -72,11 +80,15 @@ def decode_request(
     content_encoding: str | None,
     *,
     max_body_bytes: int,
+    config: ModelConfig | None = None,
+    model_name: str = "",
 ) -> InferRequest:
     """Parse an infer request body into raw-tensor form, validating its structure.
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header as received; it
-    counts bytes of the *decompressed* body, as the clients compute it.
+    counts bytes of the *decompressed* body, as the clients compute it. As Triton reads
+    it, a JSON part of 0 bytes (the header 0, or no header and an empty body) is a raw
+    binary request: ``raw_request`` on the model's ``config`` (named ``model_name``).
     """
     if len(body) > max_body_bytes:
         raise InvalidArgument(
@@ -98,8 +110,10 @@ def decode_request(
             raise InvalidArgument(
                 f"{HEADER_LENGTH} {json_len} is out of range for a body of {size} bytes"
             )
-        if json_len == 0:
-            raise InvalidArgument(f"raw binary requests ({HEADER_LENGTH}: 0) are not supported")
+    if json_len == 0:
+        if config is None:  # a caller with no model to describe the tensor
+            raise InvalidArgument(f"raw binary requests ({HEADER_LENGTH}: 0) need a model")
+        return raw_request(body, config, model_name or config.name)
 
     view = memoryview(body)
     offset = json_len
@@ -122,6 +136,67 @@ def decode_request(
             f"unexpected additional input data: {size - offset} bytes after the last input"
         )
     return request
+
+
+def raw_request(data: bytes, config: ModelConfig, model_name: str) -> InferRequest:
+    """A raw binary request: ``data`` is the whole of the model's one input.
+
+    Triton's rules (its core's request normalization): the model has exactly one input,
+    whose name and datatype the config gives; its shape is the config's dims, behind a
+    batch dimension of 1 when the model batches; at most one dim is variable (-1), and
+    it takes what ``data``'s size leaves for it. A BYTES input must be one element (no
+    variable dim), and ``data`` is that element (its 4-byte length is put before it).
+    No id, no parameters; every output of the model is answered, in binary form.
+    """
+    if len(config.input) != 1:
+        raise InvalidArgument(
+            f"Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(config.input)} inputs in '{model_name}' model configuration"
+        )
+    spec = config.input[0]
+    name = spec.name
+    datatype = wire_type(spec.data_type)
+    shape = [1] if config.max_batch_size != 0 else []
+    variable = -1
+    fixed = 1  # elements of the fixed dims
+    for dim in spec.dims:
+        if dim == -1:
+            if variable != -1:
+                raise InvalidArgument(
+                    f"The shape of the raw input '{name}' can not be deduced because there "
+                    f"are more than one variable-sized dimension"
+                )
+            variable = len(shape)
+        else:
+            fixed *= int(dim)
+        shape.append(int(dim))
+    if datatype == "BYTES":
+        if variable != -1 or fixed != 1:
+            raise InvalidArgument(
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
+            )
+        return _raw_only(InputTensor(name, datatype, tuple(shape), _U32.pack(len(data)) + data))
+    itemsize = ITEMSIZE[datatype]
+    if variable != -1:
+        per_step = fixed * itemsize
+        shape[variable] = len(data) // per_step if per_step else 0
+    expected = fixed * itemsize * (shape[variable] if variable != -1 else 1)
+    if len(data) != expected:
+        raise InvalidArgument(
+            f"input byte size mismatch for input '{name}' for model '{model_name}'. "
+            f"Expected {expected}, got {len(data)}"
+        )
+    return _raw_only(InputTensor(name, datatype, tuple(shape), data))
+
+
+_U32 = struct.Struct("<I")  # a BYTES element's length, as Triton's raw bytes carry it
+
+
+def _raw_only(tensor: InputTensor) -> InferRequest:
+    """The request a raw body makes: its one input, every output, all binary."""
+    return InferRequest(
+        id="", inputs=[tensor], outputs=None, binary_data_output=True, parameters={}
+    )
 
 
 # -------------------------------------------------------------------------- response

@@ -302,7 +302,9 @@ def test_bad_header_length(value: str) -> None:
     expect_400(HEADER_LENGTH, body, value)
 
 
-def test_raw_binary_request_refused() -> None:
+def test_a_raw_binary_request_needs_a_model_config() -> None:
+    # Raw binary requests (header 0) are decoded against the model's config
+    # (tests/unit/frontend/http/test_raw_binary.py); a caller with none refuses them.
     expect_400("raw binary requests", b"\x00" * 8, "0")
 
 
