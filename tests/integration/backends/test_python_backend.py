@@ -577,7 +577,9 @@ def test_a_bls_error_can_fail_the_model(url: str) -> None:
     outcome = probe_outcome(url, -9.0, "probe_single")
     assert isinstance(outcome, InferenceServerException)
     assert outcome.status() == "500"
-    assert outcome.message().startswith("model 'probe_single' failed to execute: ")
+    assert outcome.message().startswith(
+        "Failed to process the request(s) for model instance 'probe_single_"
+    )
     assert "missing required input(s) ['INPUT0', 'INPUT1']" in outcome.message()
     assert "model 'add_sub'" in outcome.message()
 

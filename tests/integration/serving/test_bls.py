@@ -452,7 +452,8 @@ def test_async_exec_calls_run_concurrently(url: str) -> None:
         (
             {"target": "inner_py", "x": -7},
             1,  # INTERNAL
-            "model 'inner_py' failed to execute: RuntimeError: inner_py was asked to raise",
+            "Failed to process the request(s) for model instance 'inner_py_0', message: "
+            "RuntimeError: inner_py was asked to raise",
         ),
         ({"target": "inner_py", "x": -1}, 3, "BLS request to model 'inner_py' failed: refusing -1"),
         ({"target": "add", "inputs": "add", "mode": "decoupled"}, 5, "decoupled"),  # UNSUPPORTED
@@ -477,8 +478,11 @@ def test_the_caller_can_answer_with_the_callees_error(url: str) -> None:
     with pytest.raises(InferenceServerException) as info:
         call(url, x, target="inner_py", on_error="raise")
     assert info.value.status() == "500"
-    assert info.value.message().startswith(
-        "model 'caller' failed to execute: model 'inner_py' failed to execute: RuntimeError"
+    message = info.value.message()
+    assert message.startswith("Failed to process the request(s) for model instance 'caller_")
+    assert (
+        "Failed to process the request(s) for model instance 'inner_py_0', message: "
+        "RuntimeError: inner_py was asked to raise" in message
     )
 
 

@@ -119,6 +119,13 @@ class TritonPythonModel:
         ]
 """
 
+# Triton's L0_backend_python lifecycle "wrong_model": execute itself raises.
+RAISING_MODEL = """
+class TritonPythonModel:
+    def execute(self, requests):
+        raise ValueError("this model is wrong")
+"""
+
 # One instance that takes ``SECONDS`` a request: what waits behind it waits that long.
 SLOW_MODEL = """
 import time
@@ -216,6 +223,7 @@ MODELS = (
     "bounded",
     "busy",
     "bf16",
+    "raising",
 )
 
 
@@ -239,6 +247,7 @@ def build_repository(root: Path) -> Path:
     python_model(root, "bounded", BOUNDED_CONFIG, SLOW_MODEL.format(seconds=1.5))
     python_model(root, "busy", IDENTITY_CONFIG + ONE_INSTANCE, SLOW_MODEL.format(seconds=2))
     python_model(root, "bf16", BF16_CONFIG, BF16_MODEL)
+    python_model(root, "raising", IDENTITY_CONFIG, RAISING_MODEL)
     return root
 
 
@@ -307,6 +316,18 @@ def test_a_python_models_bf16_tensors_are_tritons(url: str) -> None:
     result = client(url).infer("bf16", [tensor])
     assert result.get_output("OUTPUT0")["datatype"] == "BF16"
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * 2)
+
+
+def test_a_python_model_that_raises_fails_as_in_triton(url: str, stack: tuple[str, str]) -> None:
+    """L0_backend_python's test_infer_pymodel_error: the failure series is there (at 0)
+    before any request, the error says Triton's words, and BACKEND counts it."""
+    metrics = stack[1]
+    assert failures(metrics, "raising") == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+    with pytest.raises(InferenceServerException) as err:
+        client(url).infer("raising", [fp32("X", np.ones(1, np.float32))])
+    assert err.value.message().startswith("Failed to process the request(s) for model ")
+    assert "this model is wrong" in err.value.message()
+    wait_until(lambda: failures(metrics, "raising").get("BACKEND") == 1, 20, "BACKEND counted once")
 
 
 def test_to_dlpack_on_a_request_input_shares_its_memory(url: str) -> None:

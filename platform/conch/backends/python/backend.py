@@ -370,8 +370,12 @@ class PythonBackend(Backend):
                 responses = self._await(self.model.execute(batch))
         except (Exception, SystemExit) as exc:
             log.warning("%s: execute raised", self._where(), exc_info=True)
+            # Triton's python backend's words, which clients and Triton's tests match.
             return [
-                Internal(f"model '{self.spec.name}' failed to execute: {_describe(exc)}")
+                Internal(
+                    "Failed to process the request(s) for model instance "
+                    f"'{self.instance.name}', message: {_describe(exc)}"
+                )
             ] * len(requests)
         problem = self._check(responses, len(requests))
         if problem is not None:
