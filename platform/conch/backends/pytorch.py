@@ -13,7 +13,16 @@ reach the model by Triton's naming rules:
 
 CPU instances run on the CPU; KIND_GPU instances need a CUDA build of torch and a visible
 NVIDIA GPU (``cuda:<device_id>``); KIND_MODEL instances leave the tensors where the model
-put them. BYTES (``TYPE_STRING``) has no TorchScript tensor type and is refused at load.
+put them.
+
+``TYPE_STRING`` (BYTES) tensors go as Triton's backend passes them (its
+``src/pt/model_instance_state.cc``): an input is one ``List[str]`` argument holding every
+element of the batch, row after row (each element's bytes as they came); a ``List[str]``
+output (the whole result, or an element of a returned tuple) comes back as a 1-D BYTES
+tensor, one string per element of the list, which for a model that batches is one string
+per batch row. So, as Triton requires at load, a string tensor has one dimension in all:
+``dims: [ N ]`` (or ``[ -1 ]``) without batching, and ``dims: [ 1 ]`` with
+``reshape: { shape: [ ] }`` with batching. Strings stay on the host on every device.
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ CONFIG_TO_TORCH: dict[str, str] = {
     "TYPE_FP64": "float64",
     "TYPE_BF16": "bfloat16",
 }
+
+STRING = "TYPE_STRING"  # a List[str] in TorchScript, not a tensor
 
 # Triton's pytorch backend parameter names.
 INTRA_OP_THREADS = "INTRA_OP_THREAD_COUNT"
@@ -111,9 +122,27 @@ def named_index(name: str) -> int | None:
 # --------------------------------------------------------------------------- config
 
 
+def _string_dims_error(model: str, what: str, entry: Any, batched: bool) -> str | None:
+    """Triton's load error for a ``TYPE_STRING`` tensor of more than one dimension in all
+    (the model's shape: ``reshape.shape`` where given, else ``dims``; plus the batch)."""
+    dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
+    if len(dims) + (1 if batched else 0) <= 1:
+        return None
+    hint = (
+        "a model that batches takes one string per row: dims: [ 1 ] with reshape: { shape: [ ] }"
+        if batched
+        else "use dims: [ N ] or [ -1 ]"
+    )
+    return (
+        f"Triton only supports 1 dimensional List of String as {what} for '{entry.name}' "
+        f"for model '{model}' (TorchScript takes strings as List[str]; {hint})"
+    )
+
+
 def check_config(config: ModelConfig) -> None:
     """What the pytorch backend needs from a config, without the model: listed I/O, types."""
     model = config.name
+    batched = config.max_batch_size > 0
     for what, entries in (("input", config.input), ("output", config.output)):
         if not entries:
             raise ModelLoadError(
@@ -125,13 +154,11 @@ def check_config(config: ModelConfig) -> None:
             if entry.data_type == 0:
                 continue  # the repository's own check names it
             dtype = type_name(entry.data_type)
-            if dtype == "TYPE_STRING":
-                raise ModelLoadError(
-                    f"model '{model}': {what} '{entry.name}' is TYPE_STRING, which a "
-                    "TorchScript tensor cannot hold; the pytorch backend serves numeric and "
-                    "BOOL tensors (serve text with a python model)"
-                )
-            if dtype not in CONFIG_TO_TORCH:
+            if dtype == STRING:
+                error = _string_dims_error(model, what, entry, batched)
+                if error is not None:
+                    raise ModelLoadError(error)
+            elif dtype not in CONFIG_TO_TORCH:
                 raise ModelLoadError(
                     f"model '{model}': {what} '{entry.name}' has data_type {dtype}, which the "
                     "pytorch backend does not support"
@@ -145,6 +172,7 @@ def check_config(config: ModelConfig) -> None:
     if spec is not None:
         for name, datatype in {**spec.input_types(), **spec.output_types()}.items():
             if wire_to_config(datatype) not in CONFIG_TO_TORCH:
+                # Triton's backend takes string states, but conch does not feed them yet.
                 raise ModelLoadError(
                     f"model '{model}': sequence input or state '{name}' type "
                     f"'{wire_to_config(datatype)}' is not supported by PyTorch."
@@ -199,10 +227,11 @@ def plan_io(
         inputs = {name: i for i, name in enumerate(config_inputs)}
     else:
         for a in arguments:
-            if a.kind != "TensorType":
+            # Triton's rule: each argument a Tensor or a list (List[str] for TYPE_STRING).
+            if a.kind not in ("TensorType", "ListType"):
                 raise ModelLoadError(
                     f"model '{model}': {signature} takes '{a.name}' as {a.type}; the pytorch "
-                    "backend passes tensors only (or a single Dict[str, Tensor])"
+                    "backend passes tensors and List[str] only (or a single Dict[str, Tensor])"
                 )
         if len(config_inputs) != len(arguments):
             raise ModelLoadError(
@@ -300,23 +329,35 @@ def describe_forward(module: Any, model: str) -> tuple[list[Argument], int | Non
     if len(schema.returns) == 1:
         ret = schema.returns[0].type
         kind = ret.kind()
-        if kind == "TensorType":
+        if kind == "TensorType" or _is_string_list(ret):
             returns = 1
         elif kind == "TupleType":
             elements = ret.elements()
-            bad = [str(e) for e in elements if e.kind() != "TensorType"]
+            bad = [str(e) for e in elements if e.kind() != "TensorType" and not _is_string_list(e)]
             if bad:
                 raise ModelLoadError(
                     f"model '{model}': forward() returns {ret}; the pytorch backend takes "
-                    "a tensor, or a tuple or list of tensors"
+                    "a tensor, a List[str], or a tuple of those, or a list of tensors"
                 )
             returns = len(elements)
         elif kind != "ListType":
             raise ModelLoadError(
                 f"model '{model}': forward() returns {ret}; the pytorch backend takes a "
-                "tensor, or a tuple or list of tensors"
+                "tensor, a List[str], or a tuple of those, or a list of tensors"
             )
     return args, returns
+
+
+def _is_string_list(torch_type: Any) -> bool:
+    """Whether a TorchScript type is ``List[str]``."""
+    return torch_type.kind() == "ListType" and torch_type.getElementType().kind() == "StringType"
+
+
+def returns_string_list(module: Any) -> bool:
+    """Whether ``forward()`` returns a bare ``List[str]``: one string output, not a list of
+    outputs (what a returned list of tensors is)."""
+    returns = module.forward.schema.returns
+    return len(returns) == 1 and _is_string_list(returns[0].type)
 
 
 def _bool_parameter(config: ModelConfig, key: str, default: bool) -> bool:
@@ -382,6 +423,53 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
     return tensor.numpy()
 
 
+def strings_to_numpy(items: list[Any]) -> np.ndarray:
+    """A ``List[str]`` result as a 1-D BYTES array (object array of UTF-8 ``bytes``)."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = [s.encode("utf-8") if isinstance(s, str) else s for s in items]
+    return out
+
+
+def _result_type(value: Any) -> str:
+    if isinstance(value, list):
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"a list of {'/'.join(kinds)}" if kinds else "an empty list"
+    return type(value).__name__
+
+
+def _warn_string_mismatches(
+    model: str, plan: IOPlan, arguments: list[Argument], input_types: dict[str, str]
+) -> None:
+    """Log the inputs whose config type cannot fit their ``forward()`` argument: Triton
+    loads such a model too, and every request then fails in torch."""
+    if plan.input_mode == "dict":
+        bad = [n for n, t in input_types.items() if t == STRING]
+        if bad:
+            log.warning(
+                "model '%s': TYPE_STRING input(s) %s cannot go into forward()'s single "
+                "Dict[str, Tensor]; every request will fail",
+                model,
+                bad,
+            )
+        return
+    for name, position in plan.inputs.items():
+        if position >= len(arguments) or name not in input_types:
+            continue
+        arg = arguments[position]
+        is_string = input_types[name] == STRING
+        if is_string != (arg.type == "List[str]"):
+            log.warning(
+                "model '%s': input '%s' is %s but goes to forward() argument '%s' of type %s "
+                "(TYPE_STRING goes as List[str], other types as Tensor); every request "
+                "will fail",
+                model,
+                name,
+                input_types[name],
+                arg.name,
+                arg.type,
+            )
+
+
 # --------------------------------------------------------------------------- backend
 
 
@@ -400,6 +488,11 @@ class PyTorchBackend(TensorBackend):
         self._clean_cache = False
         self._input_types: dict[str, str] = {}
         self._output_types: dict[str, str] = {}
+        # Each input's torch dtype name, None for TYPE_STRING (a List[str] argument).
+        self._input_torch: dict[str, str | None] = {}
+        # Each output's torch dtype, None for TYPE_STRING (a List[str] result).
+        self._output_torch: dict[str, Any] = {}
+        self._string_result = False  # forward() returns a bare List[str]
         self._outputs: list[str] = []
 
     @classmethod
@@ -475,6 +568,13 @@ class PyTorchBackend(TensorBackend):
         self._input_types.update({n: wire_to_config(t) for n, t in extra_inputs.items()})
         self._output_types = {e.name: type_name(e.data_type) for e in config.output}
         self._output_types.update({n: wire_to_config(t) for n, t in extra_outputs.items()})
+        self._input_torch = {n: CONFIG_TO_TORCH.get(t) for n, t in self._input_types.items()}
+        self._output_torch = {
+            n: None if t == STRING else getattr(torch, CONFIG_TO_TORCH[t])
+            for n, t in self._output_types.items()
+        }
+        self._string_result = returns_string_list(module)
+        _warn_string_mismatches(name, self.plan, arguments, self._input_types)
         if device is not None and device.type == "cuda":
             self._stream = torch.cuda.Stream(device=device)
         self.device = device
@@ -506,7 +606,15 @@ class PyTorchBackend(TensorBackend):
             scope.enter_context(grad)
             scope.enter_context(torch.jit.optimized_execution(self._optimized))
             call_args = self._arguments(inputs)
-            result = self.module(*call_args)
+            try:
+                result = self.module(*call_args)
+            except UnicodeDecodeError as exc:
+                # torch hands a List[str] result to Python as str, which must be UTF-8.
+                raise Internal(
+                    f"model '{self.spec.name}': forward() returned a string that is not UTF-8 "
+                    f"text ({exc}); conch takes TorchScript strings back through Python, "
+                    "which holds UTF-8 text only"
+                ) from None
             host = self._collect(result, outputs, batch)
         if self._stream is not None and self._clean_cache:
             torch.cuda.empty_cache()
@@ -517,15 +625,30 @@ class PyTorchBackend(TensorBackend):
         plan = self.plan
         assert plan is not None
         tensors: dict[str, Any] = {}
+        strings = False
         for name, arr in inputs.items():
-            config_type = self._input_types.get(name)
-            if config_type is None:
+            if name not in self._input_torch:
                 raise InvalidArgument(f"unexpected input '{name}' for model '{self.spec.name}'")
-            tensor = numpy_to_torch(arr, CONFIG_TO_TORCH[config_type])
+            dtype_name = self._input_torch[name]
+            if dtype_name is None:
+                # TYPE_STRING: one List[str] for the whole batch, every element in row order,
+                # each element's bytes as they came (torch takes bytes for str, as Triton
+                # hands its std::string the request's bytes).
+                tensors[name] = arr.ravel().tolist()
+                strings = True
+                continue
+            tensor = numpy_to_torch(arr, dtype_name)
             if self.device is not None and self.device.type != "cpu":
                 tensor = tensor.to(self.device)
             tensors[name] = tensor
         if plan.input_mode == "dict":
+            if strings:
+                named = sorted(n for n in inputs if self._input_torch.get(n, "") is None)
+                raise Internal(
+                    f"model '{self.spec.name}': input(s) {named} are TYPE_STRING, but "
+                    "forward() takes a single Dict[str, Tensor], which holds tensors only "
+                    "(strings reach a TorchScript model as List[str] arguments)"
+                )
             return [tensors]
         call_args: list[Any] = [None] * len(plan.arguments)
         for name, tensor in tensors.items():
@@ -542,7 +665,7 @@ class PyTorchBackend(TensorBackend):
         plan = self.plan
         assert plan is not None
         model = self.spec.name
-        if isinstance(result, torch.Tensor):
+        if isinstance(result, torch.Tensor) or self._string_result:
             produced: list[Any] = [result]
         elif isinstance(result, tuple | list):
             produced = list(result)
@@ -562,18 +685,25 @@ class PyTorchBackend(TensorBackend):
                     f"result, which has {len(produced)} element(s)"
                 )
             tensor = produced[index]
+            expected = self._output_torch[name]
             if not isinstance(tensor, torch.Tensor):
+                if isinstance(tensor, list) and expected is None:
+                    arr = strings_to_numpy(tensor)
+                else:
+                    raise Internal(
+                        f"model '{model}': output '{name}' (element {index} of forward()'s "
+                        f"result) is {_result_type(tensor)}, but the config declares it "
+                        f"{self._output_types[name]}"
+                        + (", which the model gives as List[str]" if expected is None else "")
+                    )
+            elif tensor.dtype != expected:
                 raise Internal(
-                    f"model '{model}': output '{name}' (element {index} of forward()'s result) "
-                    f"is {type(tensor).__name__}, not a tensor"
-                )
-            config_type = self._output_types[name]
-            if tensor.dtype != getattr(torch, CONFIG_TO_TORCH[config_type]):
-                raise Internal(
-                    f"model '{model}': output '{name}' is {config_type} in the "
+                    f"model '{model}': output '{name}' is {self._output_types[name]} in the "
                     f"config but the model produced {tensor.dtype}"
+                    + (" (a tensor; strings come back as List[str])" if expected is None else "")
                 )
-            arr = torch_to_numpy(tensor)
+            else:
+                arr = torch_to_numpy(tensor)
             if batch is not None and (arr.ndim == 0 or arr.shape[0] != batch):
                 raise Internal(
                     f"model '{model}': output '{name}' has shape {list(arr.shape)}, but the "
@@ -601,4 +731,6 @@ __all__ = [
     "gpu_available",
     "named_index",
     "plan_io",
+    "returns_string_list",
+    "strings_to_numpy",
 ]

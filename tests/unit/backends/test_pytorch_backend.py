@@ -334,7 +334,10 @@ def test_missing_config_entirely(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["input", "output"])
-def test_type_string_is_refused_with_model_and_tensor(tmp_path, where):
+def test_type_string_of_two_dimensions_is_refused_as_triton_does(tmp_path, where):
+    # Triton's rule: a string tensor has one dimension in all, batch included, so a model
+    # that batches needs reshape: { shape: [ ] } (tests/unit/backends/test_pytorch_strings.py
+    # serves those).
     ins = [
         tensor(
             "TEXT__0" if where == "input" else "INPUT__0",
@@ -353,24 +356,29 @@ def test_type_string_is_refused_with_model_and_tensor(tmp_path, where):
     entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["m"]
     name = "TEXT__0" if where == "input" else "LABEL__0"
     assert entry.error is not None
-    assert f"model 'm': {where} '{name}' is TYPE_STRING" in entry.error
-    assert "TorchScript" in entry.error
+    assert (
+        f"Triton only supports 1 dimensional List of String as {where} for '{name}' for model 'm'"
+    ) in entry.error
+    assert "reshape: { shape: [ ] }" in entry.error
 
 
-def test_type_string_is_refused_at_load_without_auto_complete(tmp_path):
+def test_type_string_of_two_dimensions_is_refused_at_load_without_auto_complete(tmp_path):
     write(
         tmp_path,
         "m",
         Identity(),
-        [tensor("TEXT__0", "TYPE_STRING", [1])],
+        [tensor("TEXT__0", "TYPE_STRING", [2, 3])],
         [tensor("OUTPUT__0", "TYPE_FP32", [1])],
+        max_batch_size=0,
     )
     entry = ModelRepository(tmp_path, complete=complete, gpu_count=0, auto_complete=False).scan()[
         "m"
     ]
     assert entry.error is None  # the repository alone does not know the backend's limits
     backend = PyTorchBackend(entry.spec(1), InstanceSpec("m_0", "CPU"))
-    with pytest.raises(ModelLoadError, match=r"input 'TEXT__0' is TYPE_STRING"):
+    with pytest.raises(
+        ModelLoadError, match=r"1 dimensional List of String as input for 'TEXT__0'"
+    ):
         backend.load()
 
 
