@@ -16,6 +16,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 from typing import Any
 
 from flask import Blueprint, Response, current_app, request
@@ -123,9 +124,7 @@ def _parse(body: bytes) -> Any:
     try:
         doc = json.loads(body)
     except RecursionError:
-        raise InvalidArgument(
-            f"failed to parse the request JSON buffer: nesting depth exceeds {v2_json.MAX_JSON_DEPTH}"
-        ) from None
+        raise InvalidArgument(v2_json.DEPTH_ERROR) from None
     except ValueError as exc:
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
     v2_json.check_depth(doc)
@@ -138,18 +137,33 @@ def repository_index() -> Response:
     body = request.get_data(cache=False)
     ready_only = False
     if body.strip():
-        parsed = _parse(body)
+        try:
+            parsed = _parse(body)
+        except InvalidArgument:
+            # Nested too deep to read, but plainly no boolean: Triton answers as it does
+            # for any 'ready' that is not one.
+            if _READY_NESTS.match(body):
+                raise InvalidArgument(_not_a_boolean("ready")) from None
+            raise
         if not isinstance(parsed, dict):
             raise InvalidArgument("the repository index request must be a JSON object")
         ready_only = _flag(parsed, "ready")
     return _json(plane().index(ready_only))
 
 
+# A body whose 'ready' opens an array or an object: no boolean, however deep it goes.
+_READY_NESTS = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
+
+
+def _not_a_boolean(key: str) -> str:
+    return f"Invalid value for '{key}': expected a boolean"  # Triton's words
+
+
 def _flag(params: dict[str, Any], key: str) -> bool:
     """An optional boolean of a request body: false when absent, a 400 when no boolean."""
     value = params.get(key, False)
     if not isinstance(value, bool):
-        raise InvalidArgument(f"'{key}' must be true or false")
+        raise InvalidArgument(_not_a_boolean(key))
     return value
 
 

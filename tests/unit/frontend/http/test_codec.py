@@ -258,8 +258,13 @@ def test_json_depth_limit() -> None:
     deep: Any = "x"
     for _ in range(120):
         deep = [deep]
-    expect_400("nesting depth exceeds 100", json_doc({"inputs": [simple_input(data=deep)]}))
-    expect_400("nesting depth exceeds 100", b"[" * 100000 + b"]" * 100000)
+    expect_400(
+        r"JSON nesting depth exceeds maximum allowed limit \(100\)",
+        json_doc({"inputs": [simple_input(data=deep)]}),
+    )
+    expect_400(
+        r"JSON nesting depth exceeds maximum allowed limit \(100\)", b"[" * 100000 + b"]" * 100000
+    )
     nested_ok = np.arange(16).reshape(2, 2, 2, 2).tolist()
     req = decode(json_doc({"inputs": [simple_input(shape=[2, 2, 2, 2], data=nested_ok)]}))
     assert to_numpy("INT32", (2, 2, 2, 2), req.inputs[0].raw).ravel().tolist() == list(range(16))
@@ -273,7 +278,7 @@ def test_json_depth_limit() -> None:
         at_limit = [at_limit]
     decode(json_doc({"inputs": [simple_input(shape=[1] * 97, data=at_limit)]}))
     expect_400(
-        "nesting depth exceeds 100",
+        r"JSON nesting depth exceeds maximum allowed limit \(100\)",
         json_doc({"inputs": [simple_input(shape=[1] * 98, data=[at_limit])]}),
     )
     # A document that is one scalar has no depth to refuse (its caller refuses a non-object).
