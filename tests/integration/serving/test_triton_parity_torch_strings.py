@@ -21,6 +21,7 @@ import requests
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from torch_string_models import Label, Mixed, Upper
 
 from harness import (
     Service,
@@ -42,29 +43,6 @@ class AddSubStrings(torch.nn.Module):
         a = torch.tensor([int(i) for i in INPUT0])
         b = torch.tensor([int(i) for i in INPUT1])
         return [str(int(i)) for i in a + b], [str(int(i)) for i in a - b]
-
-
-class Upper(torch.nn.Module):
-    """Each string upper-cased (ASCII, as TorchScript does), with its length in bytes."""
-
-    def forward(self, TEXT__0: list[str]) -> list[str]:
-        return [s.upper() + ":" + str(len(s)) for s in TEXT__0]
-
-
-class Mixed(torch.nn.Module):
-    """A string and a numeric input; a string and a numeric output."""
-
-    def forward(self, words: list[str], scale: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-        lengths = torch.tensor([len(w) for w in words], dtype=torch.float32)
-        return [w + "!" for w in words], lengths * scale
-
-
-class Label(torch.nn.Module):
-    """A numeric input; each row's argmax, as a number and as a label string."""
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
-        best = torch.argmax(x, dim=1)
-        return best, ["label" + str(int(i)) for i in best]
 
 
 HEAD = 'platform: "pytorch_libtorch"\n'

@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_string_models import Label, Mixed, Upper  # noqa: E402
+
 from conch.backends import BackendRequest  # noqa: E402
 from conch.backends.completion import complete  # noqa: E402
 from conch.backends.pytorch import (  # noqa: E402
@@ -35,29 +37,6 @@ from tests.unit.backends.test_pytorch_backend import (  # noqa: E402
 )
 
 # ------------------------------------------------------------------ TorchScript models
-
-
-class Upper(torch.nn.Module):
-    """List[str] -> List[str]: each string upper-cased, with its length in bytes."""
-
-    def forward(self, TEXT__0: list[str]) -> list[str]:
-        return [s.upper() + ":" + str(len(s)) for s in TEXT__0]
-
-
-class Mixed(torch.nn.Module):
-    """A string and a numeric input; a string and a numeric output (a tuple)."""
-
-    def forward(self, words: list[str], scale: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-        lengths = torch.tensor([len(w) for w in words], dtype=torch.float32)
-        return [w + "!" for w in words], lengths * scale
-
-
-class Label(torch.nn.Module):
-    """A numeric input, a string output: each row's argmax as a label."""
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
-        best = torch.argmax(x, dim=1)
-        return best, ["label" + str(int(i)) for i in best]
 
 
 class AddStrings(torch.nn.Module):
