@@ -12,19 +12,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conch.core.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from conch.core.model_config import ModelConfig
 
 
 @dataclass(frozen=True)
 class BackendFacts:
     platforms: tuple[str, ...]  # Triton platform names that select this backend; first = default
     default_filename: str  # Triton's default model file name
+    # Whether Triton writes ``default_model_filename`` into the config of a model whose
+    # platform is known (given, or found from its model file). Triton's server-side
+    # auto-complete (``AutoCompleteBackendFields`` in triton-inference-server/core
+    # src/model_config_utils.cc) does for every backend but PyTorch, which gets the field
+    # only when the config names ``backend: "pytorch"`` and no platform; the PyTorch
+    # backend then falls back to ``model.pt`` itself. The file looked for is the same.
+    filename_with_platform: bool = True
 
 
 BACKENDS: dict[str, BackendFacts] = {
     "onnxruntime": BackendFacts(("onnxruntime_onnx",), "model.onnx"),
-    "pytorch": BackendFacts(("pytorch_libtorch", "libtorch"), "model.pt"),
+    "pytorch": BackendFacts(
+        ("pytorch_libtorch", "libtorch"), "model.pt", filename_with_platform=False
+    ),
     "tensorrt": BackendFacts(("tensorrt_plan",), "model.plan"),
     "python": BackendFacts((), "model.py"),
 }
@@ -43,6 +56,15 @@ def backend_name_for(platform: str, backend: str) -> str:
         f"unknown platform '{platform}'; conch serves "
         f"{sorted(p for f in BACKENDS.values() for p in f.platforms)}"
     )
+
+
+def model_filename(config: ModelConfig) -> str:
+    """The file a version folder must hold: the config's ``default_model_filename``, else
+    its backend's default (the config may leave it out, as Triton's PyTorch configs do)."""
+    if config.default_model_filename:
+        return config.default_model_filename
+    facts = BACKENDS.get(config.backend)
+    return facts.default_filename if facts is not None else ""
 
 
 def backend_for_filename(filename: str) -> str | None:
@@ -68,4 +90,5 @@ __all__ = [
     "backend_for_filename",
     "backend_for_suffix",
     "backend_name_for",
+    "model_filename",
 ]

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from conch.core.backend_table import model_filename
+
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
 
@@ -78,7 +80,7 @@ class ModelSpec:
 
     @property
     def model_file(self) -> Path:
-        return self.version_dir / self.config.default_model_filename
+        return self.version_dir / model_filename(self.config)
 
 
 __all__ = ["BlsPort", "BlsRequest", "InstanceSpec", "ModelSpec"]

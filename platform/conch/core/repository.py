@@ -21,6 +21,7 @@ from conch.core.backend_table import (
     backend_for_filename,
     backend_for_suffix,
     backend_name_for,
+    model_filename,
 )
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, NotFound, Unavailable
@@ -41,11 +42,15 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.pbtxt"
 
-# Instances per group when the config gives no count. Triton uses 2 for onnxruntime
-# KIND_CPU groups; conch uses 1 because a worker has few cores and runs one drain loop
-# per instance, and every onnxruntime session already has its own thread pool. Scale
-# out with more workers (queue-depth autoscaling) instead.
+# Instances a worker runs for a group whose config gives no count. The config reports
+# Triton's count (``triton_instance_count``: 2 for an onnxruntime KIND_CPU group), but
+# conch runs 1 because a worker has few cores and runs one drain loop per instance, and
+# every onnxruntime session already has its own thread pool. Scale out with more workers
+# (queue-depth autoscaling) instead. ``unsupported.NORMALIZED`` lists the difference.
 DEFAULT_INSTANCE_COUNT = 1
+# Triton's default count for a KIND_CPU group of these backends (the others get 1);
+# ``SetDefaultInstanceCount`` in triton-inference-server/core src/model_config_utils.cc.
+_TWO_CPU_INSTANCES = frozenset({"onnxruntime", "tensorflow"})
 # Triton's default-max-batch-size when --backend-config gives none.
 DEFAULT_MAX_BATCH_SIZE = 4
 
@@ -93,6 +98,9 @@ class ModelEntry:
     backend: str = ""
     # output name -> class labels, from the output's label_filename (classification)
     output_labels: dict[str, list[str]] = field(default_factory=dict)
+    # instance group name -> the instances a worker runs, where that is not the count the
+    # config reports (a count Triton's default filled in: DEFAULT_INSTANCE_COUNT)
+    run_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def available(self) -> bool:
@@ -133,7 +141,9 @@ class ModelEntry:
         return ModelSpec(name=self.name, version=version, path=self.path, config=self.config)
 
     def instances(self) -> list[InstanceSpec]:
-        """The instances the config's instance groups ask for, named ``<group>_<i>``."""
+        """The instances a worker runs for the config's instance groups, named
+        ``<group>_<i>``: each group's count, or conch's own where the count was Triton's
+        default (``run_counts``)."""
         self._check_available()
         kinds = {"KIND_CPU": "CPU", "KIND_GPU": "GPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "CPU"}
         out = []
@@ -142,7 +152,7 @@ class ModelEntry:
             devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
             i = 0
             for device in devices:
-                for _ in range(max(group.count, 1)):
+                for _ in range(max(self.run_counts.get(group.name, group.count), 1)):
                     out.append(InstanceSpec(f"{group.name}_{i}", kind, device))
                     i += 1
         return out
@@ -325,27 +335,30 @@ class ModelRepository:
             return
         entry.backend = self._backend(cfg, path, on_disk, where)
         registered = BACKENDS[entry.backend]
+        platform_known = bool(cfg.platform) or not cfg.backend
         if not cfg.backend:
             cfg.backend = entry.backend
         if not cfg.platform and registered.platforms:
             cfg.platform = registered.platforms[0]
-        if not cfg.default_model_filename:
+        if not cfg.default_model_filename and (
+            registered.filename_with_platform or not platform_known
+        ):
             cfg.default_model_filename = registered.default_filename
 
         if not cfg.HasField("version_policy"):
             cfg.version_policy.latest.num_versions = 1
         entry.versions = self._versions(cfg, on_disk, where, path)
+        filename = model_filename(cfg)
         for v in entry.versions:
-            if not (path / str(v) / cfg.default_model_filename).exists():
+            if not (path / str(v) / filename).exists():
                 raise ModelLoadError(
-                    f"model '{name}' version {v}: model file "
-                    f"{path / str(v) / cfg.default_model_filename} not found"
+                    f"model '{name}' version {v}: model file {path / str(v) / filename} not found"
                 )
 
-        self._instance_groups(cfg, where, entry.backend)
+        entry.run_counts = self._instance_groups(cfg, where, entry.backend)
 
         if self.auto_complete:
-            model_file = path / str(max(entry.versions)) / cfg.default_model_filename
+            model_file = path / str(max(entry.versions)) / model_filename(cfg)
             if self.complete is None:
                 raise ModelLoadError(
                     f"{where}: its config is to be auto-completed, but this repository was "
@@ -451,10 +464,14 @@ class ModelRepository:
             )
         return chosen
 
-    def _instance_groups(self, cfg: ModelConfig, where: str, backend: str) -> None:
+    def _instance_groups(self, cfg: ModelConfig, where: str, backend: str) -> dict[str, int]:
+        """Triton's instance groups (``NormalizeInstanceGroup``): a name, a kind, a count
+        and GPUs for each. Returns the groups whose instances conch runs differently from
+        the count reported (a count left to Triton's default)."""
         pb2_group = cfg.DESCRIPTOR.fields_by_name["instance_group"].message_type
         kind_enum = pb2_group.fields_by_name["kind"].enum_type.values_by_name
         gpus = self.gpu_count(backend)
+        run_counts: dict[str, int] = {}
         if not cfg.instance_group:
             # Triton's default: one group named after the model; its instances are
             # then "<model>_0", "<model>_1", ...
@@ -466,23 +483,44 @@ class ModelRepository:
                 raise ModelLoadError(
                     f"{where}: instance_group '{group.name}' field count must be positive"
                 )
-            if group.count == 0:
-                group.count = DEFAULT_INSTANCE_COUNT
             if group.kind == kind_enum["KIND_AUTO"].number:
                 group.kind = kind_enum["KIND_GPU" if gpus else "KIND_CPU"].number
+            if group.count == 0:
+                # The kind is known now, and Triton's default count depends on it.
+                kind = _enum_name(group, "kind", group.kind)
+                group.count = triton_instance_count(kind, backend)
+                if group.count != DEFAULT_INSTANCE_COUNT:
+                    run_counts[group.name] = DEFAULT_INSTANCE_COUNT
             if group.kind == kind_enum["KIND_GPU"].number and not group.gpus and gpus:
                 group.gpus.extend(range(gpus))
             if group.kind != kind_enum["KIND_GPU"].number and group.gpus:
                 raise ModelLoadError(
                     f"{where}: instance_group '{group.name}' sets field gpus but is not KIND_GPU"
                 )
+        return run_counts
+
+
+def triton_instance_count(kind: str, backend: str) -> int:
+    """Triton's count for an instance group that gives none (per GPU for KIND_GPU): 2 for a
+    KIND_CPU group of onnxruntime (and tensorflow), else 1."""
+    return 2 if kind == "KIND_CPU" and backend in _TWO_CPU_INSTANCES else 1
 
 
 def _normalize(cfg: ModelConfig) -> None:
-    """What Triton fills in after any auto-complete (on or off): a dynamic batcher with no
-    ``preferred_batch_size`` prefers full batches. The scheduler itself is the backend's
-    to add (``Backend.auto_complete``); a config with none runs on the default scheduler,
-    each request on its own."""
+    """What Triton fills in after any auto-complete (on or off; ``NormalizeModelConfig``
+    in triton-inference-server/core src/model_config_utils.cc): a dynamic batcher with no
+    ``preferred_batch_size`` prefers full batches, and a model (not an ensemble) that
+    says nothing of pinned memory has it on for inputs and outputs. conch stages nothing
+    in pinned memory; the config says what Triton's would (``unsupported.NORMALIZED``),
+    and only a config that asks for it itself is warned about (``unsupported.check`` runs
+    on the config as written). The scheduler itself is the backend's to add
+    (``Backend.auto_complete``); a config with none runs on the default scheduler, each
+    request on its own."""
+    optimization = cfg.optimization
+    if not optimization.HasField("input_pinned_memory"):
+        optimization.input_pinned_memory.enable = True
+    if not optimization.HasField("output_pinned_memory"):
+        optimization.output_pinned_memory.enable = True
     batcher = cfg.dynamic_batching
     if (
         cfg.HasField("dynamic_batching")
@@ -556,4 +594,5 @@ __all__ = [
     "Completer",
     "ModelEntry",
     "ModelRepository",
+    "triton_instance_count",
 ]

@@ -11,6 +11,12 @@ field Triton reads and conch does not is listed here once, with what conch does 
   the model serves, and each load logs a warning that names the field.
 
 When conch builds one of these, its row goes away.
+
+``NORMALIZED`` is the other side: what the completed config (``GET
+/v2/models/<m>/config``, gRPC ``ModelConfig``) reports as Triton's normalized config
+does, though conch does otherwise. Users diff these configs and tools read them, so they
+read as Triton's; only a config that sets one of these fields itself is warned about
+(``check`` sees the config as written, before completion adds anything).
 """
 
 from __future__ import annotations
@@ -151,6 +157,48 @@ FEATURES: tuple[Feature, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Difference:
+    """A field of the completed config where what it says and what conch does differ from
+    Triton's config, or from Triton's behaviour."""
+
+    field: str
+    reported: str  # what the config says, as Triton's would
+    conch: str  # what conch does instead
+
+
+# What the completed config reports, as Triton's would, while conch does otherwise; the
+# last row is a config conch completes unlike Triton, and reports as it runs.
+NORMALIZED: tuple[Difference, ...] = (
+    Difference(
+        "optimization.input_pinned_memory",
+        "enable: true, when the config says nothing of it (not for ensembles)",
+        "inputs are not staged in pinned memory; results are the same",
+    ),
+    Difference(
+        "optimization.output_pinned_memory",
+        "enable: true, when the config says nothing of it (not for ensembles)",
+        "outputs are not staged in pinned memory; results are the same",
+    ),
+    Difference(
+        "instance_group.count",
+        "Triton's default for a group that gives no count: 2 for an onnxruntime KIND_CPU "
+        "group, else 1 (per GPU for KIND_GPU)",
+        "a worker runs 1 instance of such a group (conch scales out with workers, and "
+        "each onnxruntime session has its own thread pool); give a count to run more",
+    ),
+    Difference(
+        "dynamic_batching",
+        "present with preferred_batch_size [max_batch_size], for an ONNX model that can "
+        "batch (max_batch_size > 1) and names no scheduler, even when its config lists its "
+        "inputs and outputs",
+        "conch's onnxruntime backend adds this dynamic batcher and runs it; Triton's adds "
+        "it only when it completes the config's inputs or outputs itself (a config listing "
+        "both runs on Triton's default scheduler): name a scheduler to choose",
+    ),
+)
+
+
 def check(cfg: ModelConfig, where: str) -> list[Feature]:
     """Refuse ``cfg`` (``ModelLoadError`` naming every refused field) or log each ignored one.
 
@@ -168,4 +216,4 @@ def check(cfg: ModelConfig, where: str) -> list[Feature]:
     return found
 
 
-__all__ = ["FEATURES", "Action", "Feature", "check"]
+__all__ = ["FEATURES", "NORMALIZED", "Action", "Difference", "Feature", "check"]

@@ -143,7 +143,8 @@ def test_metadata_and_config(client) -> None:
     assert meta["outputs"] == [{"name": "OUTPUT__0", "datatype": "FP32", "shape": [-1, 10]}]
     cfg = client.get_model_config("tiny_cnn")
     assert cfg["backend"] == "pytorch"
-    assert cfg["default_model_filename"] == "model.pt"
+    # platform given: Triton writes no default_model_filename (model.pt is still loaded)
+    assert cfg["default_model_filename"] == ""
     assert cfg["parameters"]["INTRA_OP_THREAD_COUNT"]["string_value"] == "1"
 
 

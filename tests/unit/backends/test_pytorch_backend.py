@@ -184,7 +184,10 @@ def test_backend_filled_from_model_pt_without_platform(tmp_path):
     entry = ModelRepository(tmp_path, complete=complete, gpu_count=0).scan()["affine"]
     assert entry.error is None, entry.error
     assert (entry.backend, entry.config.platform) == ("pytorch", "pytorch_libtorch")
-    assert entry.config.default_model_filename == "model.pt"
+    # Triton writes no default_model_filename once it knows the platform (its
+    # pytorch/no_name_platform case); the backend still loads model.pt.
+    assert entry.config.default_model_filename == ""
+    assert entry.spec(1).model_file == tmp_path / "affine" / "1" / "model.pt"
 
 
 # ------------------------------------------------------------------ naming rules

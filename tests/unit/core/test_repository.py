@@ -47,7 +47,9 @@ def test_no_config_file_is_auto_completed(tmp_path):
     assert "dynamic_batching" in j
     assert "sequence_batching" not in j
     [group] = j["instance_group"]
-    assert (group["name"], group["kind"], group["count"]) == ("mlp", "KIND_CPU", 1)
+    # Triton's count for an onnxruntime KIND_CPU group that gives none; a worker runs one
+    # (unsupported.NORMALIZED)
+    assert (group["name"], group["kind"], group["count"]) == ("mlp", "KIND_CPU", 2)
     assert [i.name for i in e.instances()] == ["mlp_0"]
 
 
@@ -513,7 +515,7 @@ def test_instance_groups_named_and_defaulted(tmp_path):
     assert e.error is None, e.error
     groups = e.to_json()["instance_group"]
     assert [(g["name"], g["kind"], g["count"]) for g in groups] == [
-        ("m_0", "KIND_CPU", 1),
+        ("m_0", "KIND_CPU", 2),  # Triton's default for onnxruntime on CPU; one runs
         ("named", "KIND_CPU", 3),
         ("m_2", "KIND_GPU", 1),  # kept; the backend decides at load
     ]
