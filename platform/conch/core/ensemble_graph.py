@@ -4,13 +4,20 @@
 broken ensemble is reported unavailable with the reason instead of failing requests) and
 completes what Triton derives from them: class labels, the transaction policy. Running
 the graph is a frontend's business (``conch.frontend.ensemble_runner``); the rules it runs
-by are here, on configs and shapes: which steps a request needs (``needed``) and how a
+by are here, on configs and shapes: which steps a request needs (``needed``), how a
 tensor's batch dimension is added or stripped between batching and non-batching models
-(``fit_batch``).
+(``fit_batch``), and how the ensemble's own ``reshape`` turns its inputs and outputs
+into the shapes its steps see (``inner_shape``, ``outer_shape``).
+
+Shapes, as Triton counts them: inside the graph an ensemble input or output has its
+``reshape.shape`` where it declares one (else its ``dims``), and a step's input or output
+has the step model's ``dims`` (its own ``reshape`` is the step model's business). Each
+tensor is checked against the first place that names it (``check``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +93,59 @@ def fit_batch(dims: Any, batching: bool, batch: int, shape: tuple[int, ...]) -> 
     return shape
 
 
+def _reshaped(source: Any, target: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape``, which fits the dims ``source``, in the dims ``target``: each -1 of
+    ``target`` takes the size of the next -1 of ``source``, in order (Triton's rule for a
+    ``reshape`` with variable dimensions). A shape that does not fit ``source``, or
+    whose elements would not add up, is left as it is, for a step's own checks to judge.
+    """
+    src, dst = [int(d) for d in source], [int(d) for d in target]
+    if not _compatible(src, list(shape)):
+        return shape
+    variable = iter(n for n, d in zip(shape, src, strict=True) if d == -1)
+    out = tuple(next(variable, -1) if d == -1 else d for d in dst)
+    if -1 in out or next(variable, None) is not None or math.prod(out) != math.prod(shape):
+        return shape
+    return out
+
+
+def _split(batching: bool, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return (shape[:1], shape[1:]) if batching and shape else ((), shape)
+
+
+def inner_shape(config: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An ensemble input of ``shape`` (its ``dims``, checked) as the graph holds it: in
+    its ``reshape.shape`` where it declares one, behind the ensemble's batch dimension."""
+    entry = next((i for i in config.input if i.name == name), None)
+    if entry is None or not entry.HasField("reshape"):
+        return shape
+    lead, rest = _split(config.max_batch_size > 0, shape)
+    return (*lead, *_reshaped(entry.dims, entry.reshape.shape, rest))
+
+
+def _own(io: Any) -> Any:
+    """An ensemble input's or output's dims inside its graph: its reshape, if any."""
+    return io.reshape.shape if io.HasField("reshape") else io.dims
+
+
+def output_dims(config: ModelConfig, name: str) -> list[int]:
+    """The dims an ensemble output has inside the graph: its ``reshape.shape``, if any."""
+    entry = next((o for o in config.output if o.name == name), None)
+    if entry is None:
+        return []
+    return [int(d) for d in _own(entry)]
+
+
+def outer_shape(config: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An ensemble output of ``shape`` (already fitted to its ``output_dims`` by
+    ``fit_batch``) as the response gives it: in its ``dims``."""
+    entry = next((o for o in config.output if o.name == name), None)
+    if entry is None or not entry.HasField("reshape"):
+        return shape
+    lead, rest = _split(config.max_batch_size > 0, shape)
+    return (*lead, *_reshaped(entry.reshape.shape, entry.dims, rest))
+
+
 def batch_of(config: ModelConfig, shape: tuple[int, ...]) -> int:
     """The batch a tensor of ``shape`` carries into or out of a model with ``config``."""
     return shape[0] if config.max_batch_size > 0 and shape else 0
@@ -113,19 +173,42 @@ def _shape(config: ModelConfig, dims: Any) -> _Shape:
     return [int(d) for d in dims], _full_shape(config, dims)
 
 
+# Where a tensor is named, and what it is there: (label, datatype, shape).
+_Node = tuple[str, str, _Shape]
+
+
 def check(entry: ModelEntry, entries: dict[str, ModelEntry]) -> str | None:
-    """Why this ensemble cannot serve, or None. Step models must have been read."""
+    """Why this ensemble cannot serve, or None. Step models must have been read.
+
+    Each tensor is taken as the first place that names it has it (the ensemble's inputs,
+    then its outputs, then each step's inputs and outputs in order), and every other place
+    must agree: same datatype, and dims that match (-1 matching anything), or full shapes
+    that match once the batch dimension of a batching model is counted in. The ensemble's
+    own inputs and outputs count by their ``reshape`` where they declare one; a step's by
+    its model's ``dims``.
+    """
     cfg = entry.config
     where = f"ensemble '{entry.name}'"
     graph = steps(cfg)
     if not graph:
         return f"{where}: ensemble_scheduling has no step"
-    # tensor -> (producer label, datatype, shape)
-    produced: dict[str, tuple[str, str, _Shape]] = {
-        i.name: ("the ensemble's input", wire_type(i.data_type), _shape(cfg, i.dims))
-        for i in cfg.input
-    }
-    consumers: list[tuple[Step, str, str, _Shape, str]] = []  # step, tensor, type, shape, input
+    first: dict[str, _Node] = {}
+
+    def agree(tensor: str, node: _Node) -> str | None:
+        seen = first.setdefault(tensor, node)
+        if seen is node or (seen[1] == node[1] and _consistent(seen[2], node[2])):
+            return None
+        return (
+            f"{where}: tensor '{tensor}' is {seen[1]} {seen[2][1]} as {seen[0]} but "
+            f"{node[1]} {node[2][1]} as {node[0]}"
+        )
+
+    for kind, ios in (("input", cfg.input), ("output", cfg.output)):
+        for io in ios:
+            label = f"the ensemble's {kind}" + (" (its reshape)" if io.HasField("reshape") else "")
+            first.setdefault(io.name, (label, wire_type(io.data_type), _shape(cfg, _own(io))))
+    producer: dict[str, str] = {i.name: "the ensemble's input" for i in cfg.input}
+    consumed: list[tuple[Step, str, str]] = []  # step, tensor, step model input
     for step in graph:
         target = entries.get(step.model)
         if target is None:
@@ -143,45 +226,41 @@ def check(entry: ModelEntry, entries: dict[str, ModelEntry]) -> str | None:
                 f"{where}: max_batch_size {cfg.max_batch_size} but {step.label} batches at most "
                 f"{tcfg.max_batch_size}"
             )
-        t_inputs = {i.name: i for i in tcfg.input}
         t_outputs = {o.name: o for o in tcfg.output}
+        names = {i.name for i in tcfg.input}
         for name in step.inputs:
-            if name not in t_inputs:
+            if name not in names:
                 return f"{where}: {step.label} maps input '{name}', which model '{step.model}' does not have"
-        for name, inp in t_inputs.items():
-            if name not in step.inputs and not inp.optional:
+        for i in tcfg.input:  # in the model's order, as Triton meets them
+            if i.name not in step.inputs:
+                if i.optional:
+                    continue
                 return (
-                    f"{where}: {step.label}: input '{name}' of model '{step.model}' is not mapped"
+                    f"{where}: {step.label}: input '{i.name}' of model '{step.model}' is not mapped"
                 )
-        for name, tensor in step.inputs.items():
-            i = t_inputs[name]
-            consumers.append((step, tensor, wire_type(i.data_type), _shape(tcfg, i.dims), name))
+            tensor = step.inputs[i.name]
+            label = f"input '{i.name}' of {step.label}"
+            problem = agree(tensor, (label, wire_type(i.data_type), _shape(tcfg, i.dims)))
+            if problem:
+                return problem
+            consumed.append((step, tensor, i.name))
         for name, tensor in step.outputs.items():
             if name not in t_outputs:
                 return f"{where}: {step.label} maps output '{name}', which model '{step.model}' does not have"
-            if tensor in produced:
-                return f"{where}: tensor '{tensor}' is produced twice: by {produced[tensor][0]} and by {step.label}"
+            if tensor in producer:
+                return f"{where}: tensor '{tensor}' is produced twice: by {producer[tensor]} and by {step.label}"
+            producer[tensor] = step.label
             o = t_outputs[name]
-            produced[tensor] = (step.label, wire_type(o.data_type), _shape(tcfg, o.dims))
-    for step, tensor, dtype, shape, name in consumers:
-        if tensor not in produced:
+            label = f"output '{name}' of {step.label}"
+            problem = agree(tensor, (label, wire_type(o.data_type), _shape(tcfg, o.dims)))
+            if problem:
+                return problem
+    for step, tensor, name in consumed:
+        if tensor not in producer:
             return f"{where}: tensor '{tensor}' (input '{name}' of {step.label}) is produced by nothing"
-        source, p_type, p_shape = produced[tensor]
-        if p_type != dtype or not _consistent(p_shape, shape):
-            return (
-                f"{where}: tensor '{tensor}' is {p_type} {p_shape[1]} from {source} but input "
-                f"'{name}' of {step.label} takes {dtype} {shape[1]}"
-            )
     for o in cfg.output:
-        if o.name not in produced:
+        if o.name not in producer:
             return f"{where}: output '{o.name}' is produced by no step"
-        source, p_type, p_shape = produced[o.name]
-        want = (wire_type(o.data_type), _shape(cfg, o.dims))
-        if p_type != want[0] or not _consistent(p_shape, want[1]):
-            return (
-                f"{where}: output '{o.name}' is declared {want[0]} {want[1][1]} but {source} "
-                f"produces {p_type} {p_shape[1]}"
-            )
     cycle = _cycle(graph, cfg)
     if cycle:
         return f"{where}: its steps form a cycle: {cycle}"

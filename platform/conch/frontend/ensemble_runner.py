@@ -22,7 +22,10 @@ from conch.core.ensemble_graph import (
     Tensor,
     batch_of,
     fit_batch,
+    inner_shape,
     needed,
+    outer_shape,
+    output_dims,
     steps,
 )
 from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument, Unsupported
@@ -119,13 +122,17 @@ def run(
 
     ``config_of`` gives a step model's config, or raises why the step may not be sent;
     each input is fitted to that config (``ensemble_graph.fit_batch``), so batching and
-    non-batching models mix as in Triton.
+    non-batching models mix as in Triton. As in Triton, the ensemble's inputs enter the
+    graph in their ``reshape`` shape where they declare one, and its outputs leave it in
+    their ``dims`` (the bytes never change, only the shape they are read in).
     """
     cfg = entry.config
     # None: a tensor that exists in the graph but holds nothing, as in Triton: an optional
     # ensemble input the request left out, or an output a step did not return. A step
     # is sent without it (its model must take it as optional, or refuse the request).
-    tensors: dict[str, Tensor | None] = dict(inputs)
+    tensors: dict[str, Tensor | None] = {
+        name: (dt, inner_shape(cfg, name, shape), raw) for name, (dt, shape, raw) in inputs.items()
+    }
     batch = {name: batch_of(cfg, shape) for name, (_, shape, _) in inputs.items()}
     for absent in (i.name for i in cfg.input if i.optional and i.name not in inputs):
         tensors[absent], batch[absent] = None, 0
@@ -165,15 +172,14 @@ def run(
             raise
         done = {s.index for s in ready}
         remaining = [s for s in remaining if s.index not in done]
-    declared = {o.name: o.dims for o in cfg.output}
     result: dict[str, Tensor] = {}
     for name in wanted:  # as the ensemble declares them: its own batch dimension or none
         tensor = tensors[name]
         if tensor is None:  # nothing produced it: the response leaves it out, as Triton's
             continue
         dt, shape, raw = tensor
-        fitted = fit_batch(declared.get(name, ()), cfg.max_batch_size > 0, batch[name], shape)
-        result[name] = (dt, fitted, raw)
+        fitted = fit_batch(output_dims(cfg, name), cfg.max_batch_size > 0, batch[name], shape)
+        result[name] = (dt, outer_shape(cfg, name, fitted), raw)
     return result
 
 

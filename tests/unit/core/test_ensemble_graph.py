@@ -11,6 +11,7 @@ import pytest
 from conch.backends.completion import complete
 from conch.core import ensemble_graph
 from conch.core.ensemble_graph import Step, fit_batch, needed
+from conch.core.model_config import parse_config
 from conch.core.repository import ModelRepository
 
 MODEL_PY = """
@@ -136,7 +137,143 @@ def test_batching_and_non_batching_steps_mix(tmp_path: Path) -> None:
     assert entries["mixed"].error is None
     assert entries["unbatched"].error is None
     assert "max_batch_size 8 but step 0 ('small') batches at most 2" in entries["too_big"].error
-    assert "declared FP32 [-1, 5]" in entries["wrong_dims"].error
+    assert (
+        "tensor 'OUT' is FP32 [-1, 5] as the ensemble's output but FP32 [4] as output 'Y' "
+        "of step 0 ('flat')" in entries["wrong_dims"].error
+    )
+
+
+# -- reshape: the ensemble's inputs and outputs inside its graph (Triton's L0_infer_reshape) --
+
+
+def with_reshape(name: str, dims: str, reshape: str) -> str:
+    return (
+        f'{{ name: "{name}" data_type: TYPE_FP32 dims: [ {dims} ] '
+        f"reshape: {{ shape: [ {reshape} ] }} }}"
+    )
+
+
+def test_an_ensembles_reshape_is_what_its_steps_are_checked_against(tmp_path: Path) -> None:
+    """As gen_qa_reshape_models.py builds them for test_ff2-ff4: the ensemble's tensors
+    have their ``reshape`` inside the graph, a step's have its model's ``dims``, and
+    batching and non-batching models mix (full shapes, with the batch dimension)."""
+    python_model(tmp_path, "nop_412", io(8, fp32("X", "4, 1, 2"), fp32("Y", "4, 1, 2")))
+    python_model(tmp_path, "nop_16", io(8, fp32("X", "16"), fp32("Y", "16")))
+    python_model(tmp_path, "flat_16", io(0, fp32("X", "-1, 16"), fp32("Y", "-1, 16")))
+    # The step's own reshape is its own business: the ensemble hands it its dims.
+    python_model(tmp_path, "tunnel_in", io(8, with_reshape("X", "3, 2, 2", "12"), fp32("Y", "12")))
+    # ff2's simple_reshape: INPUT1 [8] reshaped to [4, 1, 2], the step's dims.
+    ensemble(
+        tmp_path,
+        "ff2",
+        io(8, with_reshape("IN", "8", "4, 1, 2"), with_reshape("OUT", "8", "4, 1, 2")),
+        [step("nop_412", {"X": "IN"}, {"Y": "OUT"})],
+    )
+    # ff3's *_nobatch: a non-batching ensemble over a batching step, by reshape.
+    ensemble(
+        tmp_path,
+        "ff3_nobatch",
+        io(0, with_reshape("IN", "4, 4", "16"), with_reshape("OUT", "4, 4", "16")),
+        [step("nop_16", {"X": "IN"}, {"Y": "OUT"})],
+    )
+    # A batching ensemble through a batching step, then a non-batching one.
+    ensemble(
+        tmp_path,
+        "mixed",
+        io(8, with_reshape("IN", "4, 4", "16"), with_reshape("OUT", "4, 4", "16")),
+        [step("nop_16", {"X": "IN"}, {"Y": "t"}), step("flat_16", {"X": "t"}, {"Y": "OUT"})],
+    )
+    ensemble(
+        tmp_path,
+        "tunnel",
+        io(8, with_reshape("IN", "2, 2, 3", "3, 2, 2"), fp32("OUT", "12")),
+        [step("tunnel_in", {"X": "IN"}, {"Y": "OUT"})],
+    )
+    # Refused as Triton refuses them.
+    ensemble(  # no reshape: [8] is not [4, 1, 2]
+        tmp_path,
+        "no_reshape",
+        io(8, fp32("IN", "8"), fp32("OUT", "4, 1, 2")),
+        [step("nop_412", {"X": "IN"}, {"Y": "OUT"})],
+    )
+    ensemble(  # an output is checked by its reshape, not its dims
+        tmp_path,
+        "output_by_dims",
+        io(8, with_reshape("IN", "8", "4, 1, 2"), with_reshape("OUT", "4, 1, 2", "8")),
+        [step("nop_412", {"X": "IN"}, {"Y": "OUT"})],
+    )
+    ensemble(  # the step's reshape is not its dims
+        tmp_path,
+        "step_reshape",
+        io(8, fp32("IN", "12"), fp32("OUT", "12")),
+        [step("tunnel_in", {"X": "IN"}, {"Y": "OUT"})],
+    )
+    entries = scan(tmp_path)
+    for name in ("ff2", "ff3_nobatch", "mixed", "tunnel"):
+        assert entries[name].error is None, entries[name].error
+    assert entries["no_reshape"].error == (
+        "ensemble 'no_reshape': tensor 'IN' is FP32 [-1, 8] as the ensemble's input but "
+        "FP32 [-1, 4, 1, 2] as input 'X' of step 0 ('nop_412')"
+    )
+    assert entries["output_by_dims"].error == (
+        "ensemble 'output_by_dims': tensor 'OUT' is FP32 [-1, 8] as the ensemble's output "
+        "(its reshape) but FP32 [-1, 4, 1, 2] as output 'Y' of step 0 ('nop_412')"
+    )
+    assert entries["step_reshape"].error == (
+        "ensemble 'step_reshape': tensor 'IN' is FP32 [-1, 12] as the ensemble's input but "
+        "FP32 [-1, 3, 2, 2] as input 'X' of step 0 ('tunnel_in')"
+    )
+
+
+def test_a_tensor_is_checked_against_the_first_place_that_names_it(tmp_path: Path) -> None:
+    """Triton's order: step 0 takes ``t`` as [4] before step 1 makes it as [-1], so step
+    2's [5] disagrees, though it would agree with the [-1] it is made as."""
+    python_model(tmp_path, "four", io(8, fp32("X", "4"), fp32("Y", "4")))
+    python_model(tmp_path, "five", io(8, fp32("X", "5"), fp32("Y", "5")))
+    python_model(tmp_path, "any", io(8, fp32("X", "-1"), fp32("Y", "-1")))
+    graph = [
+        step("four", {"X": "t"}, {"Y": "A"}),
+        step("any", {"X": "IN"}, {"Y": "t"}),
+        step("five", {"X": "t"}, {"Y": "B"}),
+    ]
+    ensemble(tmp_path, "ordered", io(8, fp32("IN", "-1"), f"{fp32('A')}, {fp32('B', '5')}"), graph)
+    assert scan(tmp_path)["ordered"].error == (
+        "ensemble 'ordered': tensor 't' is FP32 [-1, 4] as input 'X' of step 0 ('four') but "
+        "FP32 [-1, 5] as input 'X' of step 2 ('five')"
+    )
+
+
+RESHAPED = """
+max_batch_size: {batch}
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ {dims} ] reshape: {{ shape: [ {reshape} ] }} }},
+        {{ name: "PLAIN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ {dims} ] reshape: {{ shape: [ {reshape} ] }} }},
+         {{ name: "PLAIN_OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+"""
+
+
+@pytest.mark.parametrize(
+    ("batch", "dims", "reshape", "outer", "inner"),
+    [
+        (8, "8", "4, 1, 2", (3, 8), (3, 4, 1, 2)),  # ff2: behind the batch dimension
+        (0, "4, 4", "16", (4, 4), (16,)),  # ff3's non-batching ensemble
+        (0, "2, 2, 3", "3, 2, 2", (2, 2, 3), (3, 2, 2)),
+        (8, "1", "", (5, 1), (5,)),  # a scalar per row
+        (0, "-1, 4", "4, -1", (3, 4), (4, 3)),  # each -1 takes the next -1's size
+        (8, "2, -1, -1", "-1, 2, -1", (1, 2, 5, 7), (1, 5, 2, 7)),
+    ],
+)
+def test_reshape_in_and_out_of_the_graph(batch, dims, reshape, outer, inner) -> None:
+    cfg = parse_config(
+        RESHAPED.format(batch=batch, dims=dims, reshape=reshape), model="e", source="t"
+    )
+    assert ensemble_graph.inner_shape(cfg, "IN", outer) == inner
+    assert ensemble_graph.output_dims(cfg, "OUT") == [int(d) for d in reshape.split(",") if d]
+    assert ensemble_graph.outer_shape(cfg, "OUT", inner) == outer
+    # Tensors without a reshape, and shapes that do not fit, are left to the steps' checks.
+    assert ensemble_graph.inner_shape(cfg, "PLAIN", (2, 9)) == (2, 9)
+    assert ensemble_graph.outer_shape(cfg, "PLAIN_OUT", (2, 9)) == (2, 9)
+    assert ensemble_graph.inner_shape(cfg, "IN", (*outer, 1, 1)) == (*outer, 1, 1)
 
 
 def test_outputs_take_their_step_models_labels(tmp_path: Path) -> None:
