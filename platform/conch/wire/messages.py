@@ -154,12 +154,20 @@ class InferMessage:
 
 @dataclass
 class Reply:
+    """One response to request ``id``. A request gets one (``final``), except on a
+    decoupled model, whose requests get any number, in order (``seq`` counts them from
+    0), the last one ``final``; that last one may be empty (no outputs: the model only
+    said it was done, Triton's empty final response), and an error ends the request
+    whatever its flag."""
+
     id: str
     outputs: list[WireTensor] | None = None
     error: ConchError | None = None
     timing: dict[str, int] = field(default_factory=dict)  # ns: queue, compute
     batch_size: int = 0
     version: int = 0  # the model version that answered
+    final: bool = True  # the request's last response
+    seq: int = 0  # its place among the request's responses (a decoupled model's)
 
     def pack(self) -> bytes:
         body: dict[str, Any] = {
@@ -168,6 +176,10 @@ class Reply:
             "bs": self.batch_size,
             "v": self.version,
         }
+        if not self.final:  # the common case (one final reply) carries neither field
+            body["fin"] = False
+        if self.seq:
+            body["seq"] = self.seq
         if self.error is not None:
             body["err"] = [self.error.code, self.error.status, self.error.message]
         else:
@@ -181,10 +193,13 @@ class Reply:
             raise BadMessage("reply is not a map")
         rid = _str(m.get("id"))
         timing = m.get("t") or {}
+        seq = _int(m.get("seq", 0))
+        if seq < 0:
+            raise BadMessage("negative reply seq")
         if "err" in m:
             code, status, message = m["err"]
             error = from_code(_str(code), _str(message), _int(status))
-            return cls(rid, error=error, timing=timing)
+            return cls(rid, error=error, timing=timing, seq=seq)
         outputs = [read_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
         return cls(
             rid,
@@ -192,6 +207,8 @@ class Reply:
             timing=timing,
             batch_size=_int(m.get("bs", 0)),
             version=_int(m.get("v", 0)),
+            final=m.get("fin", True) is not False,
+            seq=seq,
         )
 
 
