@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -50,6 +50,19 @@ def to_config_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> n
         ) from None
 
 
+class Responder(Protocol):
+    """Where a decoupled model's backend sends one request's responses itself, as they
+    come: from ``execute`` or from any thread the model starts, even after ``execute``
+    returned. The worker's runner sets one on each request of a decoupled model
+    (``BackendRequest.responder``); the worker implements it (``conch.worker.streams``),
+    so a backend never imports the worker."""
+
+    def send(self, result: BackendResult | None, final: bool) -> None:
+        """Send one response at once: outputs, or the error that ends the request; None
+        sends no outputs (only with ``final``: the model said it was done). ``final``: the
+        request's last response. Never raises for a request already ended: it logs."""
+
+
 @dataclass
 class BackendRequest:
     """One request inside a batch: its tensors by name and the outputs it wants."""
@@ -62,6 +75,8 @@ class BackendRequest:
     deadline: float = 0.0  # epoch seconds the caller waits until; 0 = none (BLS inherits it)
     chain: tuple[str, ...] = ()  # models waiting on this request, for BLS (conch.frontend.bls)
     priority: int = 0  # the queue priority step it came from (BLS calls inherit it)
+    # A decoupled model's request: where its responses go (``Responder``); None otherwise.
+    responder: Responder | None = None
 
 
 # A backend answers each request with its output tensors or with the error for it.
@@ -88,9 +103,17 @@ class Backend(ABC):
     def load(self) -> None:
         """Load the model; raise ``ModelLoadError`` with the reason when it cannot be."""
 
+    @property
+    def decoupled(self) -> bool:
+        """Whether the model is decoupled (``model_transaction_policy { decoupled: true }``):
+        its requests carry a ``responder``, and ``execute`` may answer one with None,
+        meaning it answers (or answered) through that responder."""
+        return self.spec.config.model_transaction_policy.decoupled
+
     @abstractmethod
-    def execute(self, requests: list[BackendRequest]) -> list[BackendResult]:
-        """Run a batch; one result per request, in order."""
+    def execute(self, requests: list[BackendRequest]) -> list[BackendResult | None]:
+        """Run a batch; one result per request, in order (None: a decoupled model's
+        request, answered through its ``responder``)."""
 
     def unload(self) -> None:
         """Release what ``load`` took."""
@@ -196,6 +219,7 @@ __all__ = [
     "BlsPort",
     "InstanceSpec",
     "ModelSpec",
+    "Responder",
     "TensorBackend",
     "to_config_shape",
     "to_model_shape",

@@ -209,6 +209,7 @@ class Batcher(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
+                self.runner.streams.reap()  # a decoupled model's requests left without an end
                 self._once()
                 self._redis_away = False
             except redis.RedisError as exc:
@@ -224,6 +225,7 @@ class Batcher(threading.Thread):
         self._prefetched = None
         self._hand_back(self._carry)
         self._carry = []
+        self.runner.streams.stop()  # a decoupled model's requests still streaming
 
     def stop(self) -> None:
         self.stopping.set()

@@ -5,6 +5,10 @@ request for a model without dynamic batching) and gives each request its reply a
 execution its statistics. ``Runner.reply`` sends them in one round trip: the statistics,
 the replies, the acks and, when the drain loop asks, the pop of its next batch. With
 ``preserve_ordering`` each reply waits for its turn (``Sequencer``).
+
+A decoupled model's requests are the exception: each gets a ``streams.Stream`` that its
+backend sends every response through as it comes, and is acked with its final response,
+not with the batch (``conch.worker.streams``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import redis
 
 from conch.backends import Backend, BackendRequest, TensorBackend
 from conch.core import tensors, tracing
-from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound
+from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unsupported
 from conch.core.model_config import output_types
 from conch.wire import outage, statistics
 from conch.wire.messages import Reply
@@ -32,6 +36,7 @@ from conch.worker.drain import Drain, Popped, ack
 from conch.worker.in_flight import InFlight
 from conch.worker.replies import ReplySink
 from conch.worker.reply_order import Sequencer
+from conch.worker.streams import StreamGroup, Streams
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +44,12 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class BatchResult:
     """What running a batch gave: each request's reply (by ``Item.key``), and the
-    statistics of each execution that ran."""
+    statistics of each execution that ran. ``streamed``: the keys of a decoupled model's
+    requests, answered through their streams (their replies here are placeholders)."""
 
     replies: dict[str, Reply]
     runs: list[statistics.Execution]
+    streamed: set[str] = field(default_factory=set)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -72,10 +79,23 @@ class Runner:
     name: str  # the drain loop's, for its log lines
     # Outputs go out as the config declares them, whatever width the backend used.
     output_types: dict[str, str] = field(init=False)
+    # A decoupled model's requests still streaming (conch.worker.streams).
+    streams: Streams = field(init=False)
 
     def __post_init__(self) -> None:
         first = next(iter(self.backends.values()), None)
         self.output_types = output_types(first.spec.config) if first is not None else {}
+        self.streams = Streams(
+            model=self.model,
+            sink=self.sink,
+            drain=self.drain,
+            inflight=self.inflight,
+            ledger=self.ledger,
+            stopping=self.stopping,
+            samples=self.samples,
+            output_types=self.output_types,
+            name=self.name,
+        )
 
     # -- running a batch --------------------------------------------------------------
     def run(self, batch: list[Item], *, alone: bool = False, cut: str = "") -> BatchResult:
@@ -114,6 +134,12 @@ class Runner:
                 continue
             refused: set[str] = set()
             traced = [(i.msg.traceparent, i.msg.enqueued) for i in items]
+            if backend.spec.config.model_transaction_policy.decoupled:  # Backend.decoupled
+                with tracing.batch_span(self.model, traced):
+                    self._run_streamed(backend, used, items, result, started)
+                for item in items:
+                    replies[item.key].version = used
+                continue
             with tracing.batch_span(self.model, traced):
                 phases = self._run(backend, items, replies, started, refused)
             for item in items:
@@ -174,33 +200,12 @@ class Runner:
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
         for item in items:
-            try:
-                inputs = {
-                    name: tensors.to_numpy(dt, shape, raw)
-                    for name, dt, shape, raw in item.msg.inputs
-                }
-            except ConchError as exc:
-                replies[item.key] = Reply(item.msg.id, error=exc)
+            request = _request(item)
+            if isinstance(request, ConchError):
+                replies[item.key] = Reply(item.msg.id, error=request)
                 refused.add(item.key)
                 continue
-            except Exception as exc:
-                replies[item.key] = Reply(
-                    item.msg.id, error=InvalidArgument(f"bad input tensor: {exc}")
-                )
-                refused.add(item.key)
-                continue
-            requests.append(
-                BackendRequest(
-                    inputs,
-                    item.msg.outputs,
-                    item.msg.client_id,
-                    item.msg.params,
-                    item.msg.timeout_us,
-                    item.msg.deadline,
-                    tuple(item.msg.chain),
-                    item.msg.priority,
-                )
-            )
+            requests.append(request)
             runnable.append(item)
         if not runnable:
             return None
@@ -230,6 +235,57 @@ class Runner:
                 continue
             replies[item.key] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
+
+    def _run_streamed(
+        self, backend: Backend, version: int, items: list[Item], result: BatchResult, started: float
+    ) -> None:
+        """One execution of a decoupled model: each request runnable gets a stream (its
+        responses go as the model sends them) and a placeholder reply (``streamed``);
+        those refused before the model ran get their error reply with the batch. The
+        execution's statistics go with its last request's final response, or with the
+        batch's replies if every request ended before ``execute`` returned."""
+        replies = result.replies
+        t_in = time.perf_counter_ns()
+        run = statistics.Execution(version, batch_size=sum(i.rows for i in items))
+        requests: list[BackendRequest] = []
+        runnable: list[Item] = []
+        for item in items:
+            request = _request(item)
+            if item.msg.job_ttl:  # a job keeps one result, not a stream of them
+                request = Unsupported(
+                    f"model '{self.model}' is decoupled: async jobs on decoupled models are "
+                    "not supported"
+                )
+            if isinstance(request, ConchError):
+                replies[item.key] = Reply(item.msg.id, error=request)
+                run.failed(statistics.OTHER, max(0, int((time.time() - item.msg.enqueued) * 1e9)))
+                continue
+            requests.append(request)
+            runnable.append(item)
+        if not runnable:
+            return
+        group = StreamGroup(run, open=len(runnable))
+        streams = [self.streams.open(item, version, started, group) for item in runnable]
+        for request, stream in zip(requests, streams, strict=True):
+            request.responder = stream
+        t0 = time.perf_counter_ns()
+        try:
+            results: list[Any] = backend.execute(requests)
+        except ConchError as exc:
+            results = [exc] * len(requests)
+        except Exception as exc:
+            log.exception("%s: backend failed", self.name)
+            results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
+        t_out = time.perf_counter_ns()
+        for item, stream, answer in zip(runnable, streams, results, strict=True):
+            replies[item.key] = Reply(item.msg.id)
+            result.streamed.add(item.key)
+            if isinstance(answer, ConchError):
+                stream.fail(answer)
+            elif answer is not None:  # a backend that answered at once: its one response
+                stream.send(answer, True)
+        if group.execute_returned((t0 - t_in, t_out - t0, time.perf_counter_ns() - t_out)):
+            result.runs.append(run)
 
     # -- replying ---------------------------------------------------------------------
     def _run_stacked(
@@ -296,13 +352,16 @@ class Runner:
         offline (``held``: as ``Drain.pop``), and handed to ``prefetched``. With a
         ``sequencer``, each reply goes once every request popped before it has its own.
         """
+        streamed = result.streamed  # a decoupled model's: answered through their streams
         if self.sequencer is None:
-            self._send(batch, result.replies, result.runs, prefetch, offline, held)
+            sent = [i for i in batch if i.key not in streamed] if streamed else batch
+            self._send(sent, result.replies, result.runs, prefetch, offline, held)
             return
         ordered = sorted(batch, key=lambda i: i.ticket)
         for k, item in enumerate(ordered):
             self.sequencer.wait_turn(item.ticket)
-            self._send([item], result.replies, result.runs if k == len(ordered) - 1 else [])
+            sent = [] if item.key in streamed else [item]
+            self._send(sent, result.replies, result.runs if k == len(ordered) - 1 else [])
             self.sequencer.finish(item.ticket)
 
     def _send(
@@ -371,6 +430,27 @@ class Runner:
                     time.monotonic() - away_since,
                 )
             return results
+
+
+def _request(item: Item) -> BackendRequest | ConchError:
+    """``item``'s request as backends take it, or the error its inputs make."""
+    msg = item.msg
+    try:
+        inputs = {name: tensors.to_numpy(dt, shape, raw) for name, dt, shape, raw in msg.inputs}
+    except ConchError as exc:
+        return exc
+    except Exception as exc:
+        return InvalidArgument(f"bad input tensor: {exc}")
+    return BackendRequest(
+        inputs,
+        msg.outputs,
+        msg.client_id,
+        msg.params,
+        msg.timeout_us,
+        msg.deadline,
+        tuple(msg.chain),
+        msg.priority,
+    )
 
 
 def telemetry(batch: list[Item], replies: dict[str, Reply], executions: int) -> dict[str, int]:

@@ -39,7 +39,7 @@ SHARED_MODELS = (
     "decoupled",
     "bad_init",
 )
-READY_MODELS = SHARED_MODELS[:-2]
+READY_MODELS = SHARED_MODELS[:-1]
 
 # -- the test models ----------------------------------------------------------------------
 
@@ -653,11 +653,11 @@ def _index_row(url: str, model: str) -> dict:
     return rows[0]
 
 
-def test_decoupled_models_are_unavailable_with_the_reason(url: str) -> None:
+def test_decoupled_models_load(url: str) -> None:
+    # Their responses, from the worker's side: tests/integration/backends/test_python_decoupled.py
     row = _index_row(url, "decoupled")
-    assert row["state"] == "UNAVAILABLE"
-    assert "decoupled models are not supported over HTTP yet" in row["reason"]
-    assert not client(url).is_model_ready("decoupled")
+    assert row["state"] == "READY"
+    assert client(url).is_model_ready("decoupled")
 
 
 def test_initialize_raising_makes_the_model_unavailable_with_its_message(url: str) -> None:

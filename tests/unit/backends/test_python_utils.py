@@ -260,8 +260,8 @@ def test_bls_and_model_control_outside_a_worker_say_they_need_one() -> None:
         assert "needs a conch worker" in resp.error().message()
     with pytest.raises(pb.TritonModelException, match="needs a conch worker"):
         pb.is_model_ready("other")
-    with pytest.raises(pb.TritonModelException, match="decoupled"):
-        req.get_response_sender()
+    with pytest.raises(pb.TritonModelException, match="response sender"):
+        req.get_response_sender()  # a request a model builds has none
     with pytest.raises(pb.TritonModelException, match="needs a conch worker"):
         pb.load_model("other")
     with pytest.raises(pb.TritonModelException, match="needs a conch worker"):
@@ -459,3 +459,116 @@ def test_installed_under_tritons_module_name() -> None:
 
     assert imported is pb
     assert sys.modules[UTILS_MODULE] is pb
+
+
+# -- the response sender (Triton's rules, src/response_sender.cc) ---------------------------
+
+
+def _sender(decoupled: bool, ends_on_error: bool = True) -> tuple[pb.InferenceResponseSender, list]:
+    """A sender whose deliveries are recorded as (response, final)."""
+    got: list[tuple[pb.InferenceResponse | None, bool]] = []
+
+    def deliver(response: pb.InferenceResponse | None, final: bool) -> bool:
+        got.append((response, final))
+        return final or (ends_on_error and response is not None and response.has_error())
+
+    return pb.InferenceResponseSender(deliver, decoupled=decoupled, about="model 'm'"), got
+
+
+def _response(value: float = 1.0) -> pb.InferenceResponse:
+    return pb.InferenceResponse(output_tensors=[pb.Tensor("OUT", np.array([value]))])
+
+
+def test_a_decoupled_sender_sends_many_responses_then_the_final_flag_alone() -> None:
+    sender, got = _sender(decoupled=True)
+    first, second = _response(1), _response(2)
+    sender.send(first)
+    sender.send(second)
+    sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert got == [(first, False), (second, False), (None, True)]
+    assert pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL == 1
+    assert not sender.is_cancelled()
+
+
+def test_a_send_after_the_final_flag_raises_tritons_error_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sender, got = _sender(decoupled=True)
+    sender.send(_response(), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with caplog.at_level(logging.ERROR, logger="conch.python_model"):
+        with pytest.raises(pb.TritonModelException, match="Response sender has been closed"):
+            sender.send(_response())
+        with pytest.raises(pb.TritonModelException, match="Response sender has been closed"):
+            sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert len(got) == 1
+    assert "after the final one" in caplog.text and "model 'm'" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "text"),
+    [
+        ({"flags": 0}, pb.TritonModelException, "must be provided when the response flags"),
+        ({}, pb.TritonModelException, "must be provided when the response flags"),
+        ({"response": _response(), "flags": 2}, pb.TritonModelException, "Unsupported flag"),
+        ({"response": "not a response"}, TypeError, "InferenceResponse"),
+        ({"response": [_response()]}, TypeError, "InferenceResponse"),
+    ],
+    ids=["no-response-no-flag", "nothing", "bad-flag", "a-string", "a-list"],
+)
+def test_a_sender_refuses_what_triton_refuses(args: dict, error: type, text: str) -> None:
+    sender, got = _sender(decoupled=True)
+    with pytest.raises(error, match=text):
+        sender.send(**args)
+    assert got == []
+    sender.send(_response())  # a refused send does not close the sender
+    assert len(got) == 1
+
+
+def test_a_sender_that_is_not_decoupled_sends_one_response_then_the_final_flag() -> None:
+    sender, got = _sender(decoupled=False)
+    with pytest.raises(pb.TritonModelException, match="cannot send complete final before"):
+        sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    one = _response()
+    sender.send(one)
+    with pytest.raises(pb.TritonModelException, match="cannot send more than one response"):
+        sender.send(_response())
+    sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert got == [(one, False), (None, True)]
+    with pytest.raises(pb.TritonModelException, match="has been closed"):
+        sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def test_a_sender_whose_request_ended_on_an_error_response_is_closed() -> None:
+    sender, got = _sender(decoupled=True)
+    sender.send(pb.InferenceResponse(error=pb.TritonError("bad")))
+    with pytest.raises(pb.TritonModelException, match="has been closed"):
+        sender.send(_response())
+    assert len(got) == 1
+
+
+def test_sends_from_many_threads_go_one_at_a_time_in_the_order_taken() -> None:
+    import threading
+
+    order: list[int] = []
+    busy = threading.Lock()
+
+    def deliver(response: pb.InferenceResponse | None, final: bool) -> bool:
+        assert busy.acquire(blocking=False), "two deliveries at once"
+        try:
+            if response is not None:
+                order.append(int(response.output_tensors()[0].as_numpy()[0]))
+        finally:
+            busy.release()
+        return final
+
+    sender = pb.InferenceResponseSender(deliver, decoupled=True)
+    threads = [
+        threading.Thread(target=lambda k=k: [sender.send(_response(k)) for _ in range(50)])
+        for k in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert len(order) == 200

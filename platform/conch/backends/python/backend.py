@@ -10,6 +10,14 @@ config. Completing a config imports the file only when its ``TritonPythonModel``
 define ``auto_complete_config`` (read from the source first), so the gateway, which
 completes configs too, does not run model code it does not need.
 
+A decoupled model (``model_transaction_policy { decoupled: true }``) answers through each
+request's response sender (``pb_utils.InferenceResponseSender``), whose responses go at
+once to the request's ``BackendRequest.responder`` (the worker's), from ``execute`` or
+from the threads the model starts; its ``execute`` returns None, and an ``async def``
+execute runs in the background on the instance's event loop thread, as in Triton, while
+the instance takes its next batch. Any other model may use the sender too: it must send
+its one response and the final flag before ``execute`` returns.
+
 The model's BLS calls (``pb_utils.InferenceRequest(...).exec()``, ``load_model``, ...) go
 through the port the worker put on the spec (``ModelSpec.bls``): it is made current
 (``pb_utils.BLS_PORT``) while ``initialize``, ``execute`` and ``finalize`` run, beside the
@@ -47,7 +55,14 @@ from conch.backends.autocomplete import type_name
 from conch.backends.base import Backend, BackendRequest, BackendResult, InstanceSpec, ModelSpec
 from conch.backends.python import pb_utils as pb
 from conch.core import call_context
-from conch.core.errors import ConchError, Internal, ModelLoadError, Unavailable, from_code
+from conch.core.errors import (
+    ConchError,
+    Internal,
+    ModelLoadError,
+    Unavailable,
+    Unsupported,
+    from_code,
+)
 from conch.core.model_config import config_to_json, json_to_config
 from conch.core.sequence import SEQUENCE_PARAMETERS, sequence_params
 
@@ -197,14 +212,6 @@ def _binds(node: ast.stmt, name: str) -> bool:
     return False
 
 
-def _check_not_decoupled(config: ModelConfig, model: str) -> None:
-    if config.HasField("model_transaction_policy") and config.model_transaction_policy.decoupled:
-        raise ModelLoadError(
-            f"model '{model}' is decoupled (model_transaction_policy {{ decoupled: true }}): "
-            "decoupled models are not supported over HTTP yet"
-        )
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, pb.TritonModelException | pb.TritonError):
         return str(exc)
@@ -217,6 +224,7 @@ class PythonBackend(Backend):
         self.model: Any = None
         self._module: ModuleType | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None  # a decoupled model's loop runs here
         self._offered = False  # this instance offered its BLS port to the model's threads
         # The inputs the model gets as BF16 tensors (their uint16 bits, as Triton's BF16).
         self._bf16_inputs = frozenset(
@@ -235,7 +243,6 @@ class PythonBackend(Backend):
         if not _may_define_auto_complete(model_file, model):
             # Nothing to call: the model's code is not run here (the gateway completes
             # configs too, and has no business importing the model's libraries).
-            _check_not_decoupled(config, model)
             return
         module = import_model_file(model_file, model, model_file.parent.name)
         try:
@@ -256,7 +263,6 @@ class PythonBackend(Backend):
                 completed = json_to_config(result.as_dict(), model=model)
                 completed.name = model
                 config.CopyFrom(completed)
-            _check_not_decoupled(config, model)
         finally:
             release_model_file(module, model_file)
 
@@ -280,9 +286,7 @@ class PythonBackend(Backend):
         }
 
     def load(self) -> None:
-        config = self.spec.config
         model_file = self.spec.model_file
-        _check_not_decoupled(config, self.spec.name)
         if not model_file.is_file():
             raise ModelLoadError(f"model '{self.spec.name}': model file {model_file} not found")
         pb.offer_port_to_threads(self.spec.bls)  # for threads the model starts itself
@@ -330,11 +334,17 @@ class PythonBackend(Backend):
             pb.withdraw_port_from_threads(self.spec.bls)
         if self._loop is not None:
             loop, self._loop = self._loop, None
+            thread, self._loop_thread = self._loop_thread, None
+            if thread is not None:  # a decoupled model's loop, running on its own thread
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(timeout=10)
             try:
-                loop.run_until_complete(loop.shutdown_asyncgens())
+                if not loop.is_running():
+                    loop.run_until_complete(loop.shutdown_asyncgens())
             except Exception:
                 log.debug("%s: closing the event loop", self._where(), exc_info=True)
-            loop.close()
+            if not loop.is_running():
+                loop.close()
         module, self._module = self._module, None
         release_model_file(module, self.spec.model_file)
 
@@ -354,33 +364,179 @@ class PythonBackend(Backend):
         """Run a coroutine on this instance's own event loop; pass anything else through."""
         if not inspect.isawaitable(value):
             return value
+        if self.decoupled:
+            return asyncio.run_coroutine_threadsafe(
+                _as_coroutine(value), self._running_loop()
+            ).result()
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(_as_coroutine(value))
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """A decoupled model's event loop, running on a thread of its own (as Triton's stub
+        runs it), so an ``async def`` execute goes on after ``execute`` returned."""
+        if self._loop is None or self._loop_thread is None:
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(
+                target=self._loop.run_forever, name=f"python-loop-{self.instance.name}", daemon=True
+            )
+            self._loop_thread.start()
+        return self._loop
+
     # -- execute --------------------------------------------------------------------------
 
-    def execute(self, requests: list[BackendRequest]) -> list[BackendResult]:
+    def execute(self, requests: list[BackendRequest]) -> list[BackendResult | None]:
         if self.model is None:
             return [Unavailable(f"{self._where()} is not loaded")] * len(requests)
+        if self.decoupled and any(r.responder is None for r in requests):
+            # Only the drain loop's runner streams: not warmup, nor the sequence batcher.
+            return [
+                Unsupported(
+                    f"{self._where()} is decoupled, and this request has no responder to send "
+                    "its responses through (warmup and sequence batching of decoupled models "
+                    "are not supported)"
+                )
+            ] * len(requests)
         batch = [self._request(r) for r in requests]
+        kept: list[list[pb.InferenceResponse]] = [[] for _ in requests]
+        senders = [
+            self._give_sender(req, pbr, kept[i])
+            for i, (req, pbr) in enumerate(zip(requests, batch, strict=True))
+        ]
         # BLS calls made by this execute inherit the batch's deadline and call chain.
         try:
             with self._calls(call_context.batch_context(self.spec.name, requests)):
-                responses = self._await(self.model.execute(batch))
+                returned = self.model.execute(batch)
+                if self.decoupled and inspect.isawaitable(returned):
+                    self._in_background(returned, requests, senders)
+                    returned = None
+                else:
+                    returned = self._await(returned)
         except (Exception, SystemExit) as exc:
             log.warning("%s: execute raised", self._where(), exc_info=True)
             # Triton's python backend's words, which clients and Triton's tests match.
-            return [
-                Internal(
-                    "Failed to process the request(s) for model instance "
-                    f"'{self.instance.name}', message: {_describe(exc)}"
+            return self._failed(
+                senders,
+                "Failed to process the request(s) for model instance "
+                f"'{self.instance.name}', message: {_describe(exc)}",
+            )
+        if self.decoupled:
+            if returned is not None:
+                return self._failed(
+                    senders,
+                    f"Python model '{self.spec.name}' is using the decoupled mode and the "
+                    "execute function must return None.",
                 )
-            ] * len(requests)
-        problem = self._check(responses, len(requests))
+            return [None] * len(requests)
+        return self._results(requests, returned, senders, kept)
+
+    def _give_sender(
+        self, req: BackendRequest, request: pb.InferenceRequest, kept: list[pb.InferenceResponse]
+    ) -> pb.InferenceResponseSender:
+        """``request``'s response sender: a decoupled model's sends each response to
+        ``req.responder`` at once; another model's keeps its one response in ``kept``, for
+        ``execute``'s results (``_results``)."""
+        about = f"{self._where()} request '{req.request_id}'"
+        if not self.decoupled:
+
+            def keep(response: pb.InferenceResponse | None, final: bool) -> bool:
+                if response is not None:
+                    kept.append(response)
+                return final
+
+            sender = pb.InferenceResponseSender(keep, decoupled=False, about=about)
+        else:
+            responder = req.responder
+
+            def deliver(response: pb.InferenceResponse | None, final: bool) -> bool:
+                if responder is None:
+                    raise pb.TritonModelException(
+                        f"{about}: this request has no responder (a decoupled model's "
+                        "requests get one from a conch worker's batcher)"
+                    )
+                result = None if response is None else self._streamed(req, response)
+                ends = final or isinstance(result, ConchError)
+                responder.send(result, ends)
+                return ends
+
+            sender = pb.InferenceResponseSender(deliver, decoupled=True, about=about)
+        request._sender = sender
+        return sender
+
+    def _in_background(
+        self,
+        coroutine: Any,
+        requests: list[BackendRequest],
+        senders: list[pb.InferenceResponseSender],
+    ) -> None:
+        """A decoupled model's ``async def`` execute, left running on its loop's thread; if
+        it raises, the requests it left open end with the error (Triton only logs it)."""
+        future = asyncio.run_coroutine_threadsafe(_as_coroutine(coroutine), self._running_loop())
+
+        def done(f: Any) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if f.cancelled() or exc is not None:
+                log.error("%s: async execute failed: %s", self._where(), exc or "cancelled")
+                message = (
+                    "Failed to process the request(s) for model instance "
+                    f"'{self.instance.name}', message: {_describe(exc) if exc else 'cancelled'}"
+                )
+                for req, sender in zip(requests, senders, strict=True):
+                    if sender._close() and req.responder is not None:
+                        req.responder.send(Internal(message), True)
+                return
+            if f.result() is not None:
+                log.error(
+                    "%s: async execute returned %s; a decoupled model's execute must return None",
+                    self._where(),
+                    type(f.result()).__name__,
+                )
+
+        future.add_done_callback(done)
+
+    def _failed(
+        self, senders: list[pb.InferenceResponseSender], message: str
+    ) -> list[BackendResult | None]:
+        """``execute`` failed: every sender closes, and each request it left open gets the
+        error (a decoupled model's finished ones get None: they are answered)."""
+        error = Internal(message)
+        return [error if s._close() or not self.decoupled else None for s in senders]
+
+    def _results(
+        self,
+        requests: list[BackendRequest],
+        returned: Any,
+        senders: list[pb.InferenceResponseSender],
+        kept: list[list[pb.InferenceResponse]],
+    ) -> list[BackendResult | None]:
+        """A model that is not decoupled: each request's response, returned by ``execute``
+        or sent with its sender (Triton's: None in the list, or None for the list)."""
+        problem = self._check(returned, len(requests))
         if problem is not None:
-            return [Internal(f"model '{self.spec.name}': {problem}")] * len(requests)
-        return [self._result(req, resp) for req, resp in zip(requests, responses, strict=True)]
+            return self._failed(senders, f"model '{self.spec.name}': {problem}")
+        responses = [None] * len(requests) if returned is None else list(returned)
+        out: list[BackendResult | None] = []
+        for i, (req, resp, sender) in enumerate(zip(requests, responses, senders, strict=True)):
+            if resp is not None:
+                try:
+                    sender._count(resp, True)  # Triton's check: not sent already
+                except pb.TritonModelException as exc:
+                    return self._failed(senders, f"model '{self.spec.name}': {exc}")
+                out.append(self._result(req, resp))
+                continue
+            if not sender._done or not kept[i]:
+                out.append(
+                    Internal(
+                        f"model '{self.spec.name}': no response for request {i}: execute must "
+                        "return one pb_utils.InferenceResponse per request, or send it with "
+                        "the request's response sender and TRITONSERVER_RESPONSE_COMPLETE_FINAL "
+                        "before it returns (a model that answers later must be decoupled)"
+                    )
+                )
+                sender._close()
+                continue
+            out.append(self._result(req, kept[i][0]))
+        return out
 
     def _request(self, req: BackendRequest) -> pb.InferenceRequest:
         """The request a Python model sees. The sequence parameters become its
@@ -411,12 +567,10 @@ class PythonBackend(Backend):
 
     @staticmethod
     def _check(responses: Any, count: int) -> str | None:
-        """Why the list ``execute`` returned is not one response per request, or None."""
+        """Why what ``execute`` returned is not None or a list of one response (or None,
+        for one sent with its sender) per request; None when it is."""
         if responses is None:
-            return (
-                "execute returned None; it must return a list with one pb_utils.InferenceResponse "
-                "per request (decoupled models are not supported over HTTP yet)"
-            )
+            return None
         if not isinstance(responses, list | tuple):
             return (
                 "execute must return a list of pb_utils.InferenceResponse, not "
@@ -428,14 +582,19 @@ class PythonBackend(Backend):
                 "it must return exactly one per request"
             )
         for i, resp in enumerate(responses):
-            if resp is None:
-                return f"execute returned None for request {i}; every request needs a response"
-            if not isinstance(resp, pb.InferenceResponse):
+            if resp is not None and not isinstance(resp, pb.InferenceResponse):
                 return (
                     f"execute returned a {type(resp).__name__} for request {i}, not a "
                     "pb_utils.InferenceResponse"
                 )
         return None
+
+    def _streamed(self, req: BackendRequest, resp: pb.InferenceResponse) -> BackendResult:
+        """One of a decoupled model's responses: as ``_result``, except that a response
+        with no outputs (and no error) goes as one (an empty response, as Triton sends)."""
+        if not resp.has_error() and not resp.output_tensors():
+            return {}
+        return self._result(req, resp)
 
     def _result(self, req: BackendRequest, resp: pb.InferenceResponse) -> BackendResult:
         if resp.has_error():

@@ -24,13 +24,17 @@ process rather than in a stub process with shared memory:
   makes current (``BLS_PORT``) while ``initialize``, ``execute`` and ``finalize`` run. It
   answers every failure with an error response, as
   Triton does; a call to a model already waiting on the caller (itself, or A -> B -> A)
-  is refused at once instead of deadlocking. ``exec(decoupled=True)`` and decoupled
-  responses are not available yet: the first answers an error response, the second
-  raises ``TritonModelException``. ``is_model_ready`` reads the workers' registry;
+  is refused at once instead of deadlocking. ``exec(decoupled=True)`` is not available
+  yet: it answers an error response. ``is_model_ready`` reads the workers' registry;
   ``load_model`` and ``unload_model`` do what the model control API does (explicit mode
   only, as in Triton) and raise ``TritonModelException`` when it fails.
 - Response ``parameters`` are accepted and kept on the object; the HTTP reply does not
   carry them.
+- The response sender (``request.get_response_sender()``) follows Triton's rules and
+  errors, with two differences. A decoupled model's request ends at its first error
+  response, whatever its flags (conch's replies carry no error in mid-stream), and the
+  sender is closed from then on. A model that is not decoupled must send its response
+  and the final flag before ``execute`` returns.
 - Custom metrics live in the worker process (``conch.core.custom_metrics``), which
   publishes them for the gateways' metrics port; ``Metric.value()`` is that worker's part
   of the sum ``/metrics`` shows when several workers serve the model.
@@ -70,6 +74,7 @@ __all__ = [
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "LogLevel",
     "Logger",
     "Metric",
@@ -617,6 +622,84 @@ class InferenceResponse:
         return self._parameters
 
 
+# Hands one response on (None: only the final flag) and says whether the request ended.
+Deliver = Callable[[InferenceResponse | None, bool], bool]
+
+
+class InferenceResponseSender:
+    """Sends one request's responses as the model makes them (Triton's
+    ``InferenceResponseSender``), from ``execute`` or from any thread, even after
+    ``execute`` returned (decoupled models).
+
+    The python backend makes one per request and hands each response to ``deliver``
+    (``Deliver``), in order: sends from several threads go one at a time. A decoupled
+    model sends any number of responses, the last with
+    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; any other model sends exactly one, with
+    the final flag or followed by it. The errors are Triton's, raised as
+    ``TritonModelException``.
+    """
+
+    def __init__(self, deliver: Deliver, *, decoupled: bool, about: str = "") -> None:
+        self._deliver = deliver
+        self._decoupled = decoupled
+        self._about = about  # which model and request, for the log
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TypeError(
+                "send(): incompatible function arguments: response must be a "
+                f"pb_utils.InferenceResponse or None, not {type(response).__name__}"
+            )
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            self._count(response, final)
+            if self._deliver(response, final):
+                self._closed = True
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def _count(self, response: InferenceResponse | None, final: bool) -> None:
+        """Triton's checks before a response goes, and its counts (the caller holds the
+        lock, or is the backend checking what ``execute`` returned)."""
+        if not self._decoupled:
+            if response is not None and self._sent > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than "
+                    "one response."
+                )
+            if response is None and final and self._sent == 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete "
+                    "final before sending a response."
+                )
+        if self._closed:
+            _log.error("%s: a response sent after the final one", self._about or "a model")
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if final:
+            self._closed = True
+        self._sent += 1
+
+    def _close(self) -> bool:
+        """Close the sender (``execute`` failed); whether it was still open."""
+        with self._lock:
+            was_open, self._closed = not self._closed, True
+            return was_open
+
+    @property
+    def _done(self) -> bool:
+        return self._closed
+
+
 class InferenceRequest:
     """A request: the ones ``execute`` receives, or (for BLS) one a model builds itself.
 
@@ -655,6 +738,7 @@ class InferenceRequest:
         self._trace = trace
         self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._sender: InferenceResponseSender | None = None  # set by the python backend
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -691,11 +775,15 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "get_response_sender() is for decoupled models, which conch does not serve over "
-            "HTTP yet"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The sender of this request's responses (``InferenceResponseSender``): only for
+        the requests ``execute`` receives, not for one a model builds itself."""
+        if self._sender is None:
+            raise TritonModelException(
+                "Unable to get the response sender: this request was not given to execute "
+                "by a conch worker (a request a model builds for BLS has none)"
+            )
+        return self._sender
 
     def set_release_flags(self, flags: int) -> None:
         if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:

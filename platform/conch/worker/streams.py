@@ -1,0 +1,275 @@
+"""A decoupled model's responses, each sent as the model makes it, and its requests that
+are still streaming after their batch returned.
+
+A decoupled model (``model_transaction_policy { decoupled: true }``) answers a request
+with any number of responses, from ``execute`` or from threads it starts, until one comes
+with the final flag. The runner gives each of its requests a ``Stream`` (the backend's
+``Responder``): every ``send`` pushes one ``Reply`` to the request's reply list at once,
+from whatever thread calls it, numbered from 0 (``seq``), the last one ``final``; an
+error ends the request. The request's message is acked, and let go of by the heartbeat,
+only with its final response, so a worker that dies mid-stream leaves it in flight for
+the visibility timeout to bring back.
+
+``Streams`` holds one drain loop's requests still streaming. A request that never gets
+its final response is ended with an error (and the error logged) once its deadline
+passes, or, for a request without one, after ``IDLE_S`` with no response; requests still
+open when the drain loop stops get ``STOP_GRACE_S`` to end before the same. A response
+sent after the final one is logged and dropped. An execution's statistics are recorded
+once, when its last request ends (``StreamGroup``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from conch.backends import BackendResult
+from conch.core import tensors
+from conch.core.errors import ConchError, Internal, Unavailable
+from conch.wire import outage, statistics
+from conch.wire.messages import Reply
+from conch.wire.redis_link import Commands
+from conch.worker.admission import Item
+from conch.worker.bundle_ledger import BundleLedger
+from conch.worker.drain import Drain, ack
+from conch.worker.in_flight import InFlight
+from conch.worker.replies import ReplySink
+
+log = logging.getLogger(__name__)
+
+IDLE_S = 300.0  # a request without a deadline ends this long after its last response
+STOP_GRACE_S = 10.0  # how long a stopping drain loop waits for its streams to end
+
+
+@dataclass(eq=False)
+class StreamGroup:
+    """One execution of a decoupled model, and its statistics: recorded once, with the
+    final response of the last of its requests to end (or with the batch's replies, if
+    they all ended before ``execute`` returned)."""
+
+    run: statistics.Execution
+    open: int  # its requests not ended yet
+    returned: bool = False  # execute returned: the phases are in ``run``
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ended(self, item: Item, took_ns: int, first_ns: int, queue_ns: int, failed: bool) -> bool:
+        """Count a request that ended; whether the execution is now ready to record."""
+        with self.lock:
+            run = self.run
+            if failed:
+                run.failed(statistics.BACKEND, took_ns)
+            else:
+                run.success += 1
+                run.rows += item.rows
+                run.success_ns += took_ns
+                run.queue_ns += queue_ns
+                run.responses_ns.append(first_ns)  # the time to its first response
+                run.queues_ns.append(queue_ns)
+            self.open -= 1
+            return self.open == 0 and self.returned
+
+    def execute_returned(self, phases: tuple[int, int, int]) -> bool:
+        """``execute`` returned after ``phases``; whether every request had ended by then
+        (the runner records the execution with the batch's replies)."""
+        with self.lock:
+            self.run.input_ns, self.run.infer_ns, self.run.output_ns = phases
+            self.returned = True
+            return self.open == 0
+
+
+class Stream:
+    """One request of a decoupled model: the ``Responder`` its backend sends through."""
+
+    def __init__(
+        self, streams: Streams, item: Item, version: int, started: float, group: StreamGroup
+    ) -> None:
+        self.streams = streams
+        self.item = item
+        self.version = version
+        self.group = group
+        self.queue_ns = max(0, int((started - item.msg.enqueued) * 1e9))
+        self.seq = 0
+        self.ended = False
+        self.first_ns = 0
+        self.last_sent = time.monotonic()
+        self.lock = threading.Lock()  # one send at a time, so replies leave in order
+
+    def send(self, result: BackendResult | None, final: bool) -> None:
+        with self.lock:
+            if self.ended:
+                log.error(
+                    "%s: model '%s' sent a response for request '%s' after its final one; dropped",
+                    self.streams.name,
+                    self.streams.model,
+                    self.item.msg.id,
+                )
+                return
+            self._send(self._reply(result, final))
+
+    def fail(self, error: ConchError) -> None:
+        """End the request with ``error``, unless it ended already."""
+        with self.lock:
+            if not self.ended:
+                self._send(self._reply(error, True))
+
+    def _reply(self, result: BackendResult | None, final: bool) -> Reply:
+        msg = self.item.msg
+        if isinstance(result, ConchError):
+            return Reply(msg.id, error=result, seq=self.seq, version=self.version)
+        try:
+            outputs = (
+                tensors.named_outputs(result, msg.outputs, self.streams.output_types)
+                if result
+                else []
+            )
+        except Exception as exc:
+            bad = Internal(f"model '{self.streams.model}' returned a bad output: {exc}")
+            return Reply(msg.id, error=bad, seq=self.seq, version=self.version)
+        return Reply(
+            msg.id,
+            outputs=outputs,
+            timing={"queue": self.queue_ns},
+            batch_size=self.group.run.batch_size,
+            version=self.version,
+            final=final,
+            seq=self.seq,
+        )
+
+    def _send(self, reply: Reply) -> None:
+        took = max(0, int((time.time() - self.item.msg.enqueued) * 1e9))
+        if self.seq == 0:
+            self.first_ns = took
+        self.seq += 1
+        self.last_sent = time.monotonic()
+        final = reply.final or reply.error is not None
+        self.ended = final
+        streams = self.streams
+        pipe = Commands()
+        streams.sink.deliver(pipe, self.item.msg, reply)
+        tags: list[str] = []
+        if final:
+            ready = self.group.ended(
+                self.item, took, self.first_ns, self.queue_ns, reply.error is not None
+            )
+            if ready:
+                now_ms = int(time.time() * 1000)
+                statistics.record(
+                    pipe, streams.model, self.group.run, now_ms, samples=streams.samples
+                )
+            tags = streams.settle(self.item)
+            ack(pipe, streams.drain.queue, tags)
+        try:
+            streams.push(pipe)
+        except redis.RedisError as exc:
+            log.error(
+                "%s: a response of request '%s' was not sent: %s",
+                streams.name,
+                self.item.msg.id,
+                exc,
+            )
+        finally:
+            if final:  # sent, or given up (left for the visibility timeout to bring back)
+                streams.inflight.discard(tags)
+                streams.closed(self)
+
+
+class Streams:
+    """One drain loop's decoupled requests: opened by its runner, ended by their final
+    responses (from any thread), by ``reap`` or by ``stop``."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        sink: ReplySink,
+        drain: Drain,
+        inflight: InFlight,
+        ledger: BundleLedger,
+        stopping: threading.Event,
+        samples: bool,
+        output_types: dict[str, str],
+        name: str,
+    ) -> None:
+        self.model = model
+        self.sink = sink
+        self.drain = drain
+        self.inflight = inflight
+        self.ledger = ledger
+        self.stopping = stopping
+        self.samples = samples
+        self.output_types = output_types
+        self.name = name
+        self._open: dict[int, Stream] = {}
+        self._changed = threading.Condition()
+
+    def open(self, item: Item, version: int, started: float, group: StreamGroup) -> Stream:
+        stream = Stream(self, item, version, started, group)
+        with self._changed:
+            self._open[id(stream)] = stream
+        return stream
+
+    def closed(self, stream: Stream) -> None:
+        with self._changed:
+            self._open.pop(id(stream), None)
+            self._changed.notify_all()
+
+    def settle(self, item: Item) -> list[str]:
+        """The tags to ack now that ``item`` ended (a bundle's once its last one has)."""
+        return self.ledger.settle([item])
+
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._open)
+
+    def reap(self, now: float | None = None) -> None:
+        """End, with an error, the requests whose model sent no final response in time:
+        by their deadline, or for one without, ``IDLE_S`` after their last response."""
+        if not self._open:
+            return
+        now = time.time() if now is None else now
+        idle_since = time.monotonic() - IDLE_S
+        with self._changed:
+            streams = list(self._open.values())
+        for stream in streams:
+            deadline = stream.item.msg.deadline
+            if (deadline and now > deadline) or (not deadline and stream.last_sent < idle_since):
+                why = "before its deadline" if deadline else f"within {IDLE_S:.0f} s of its last"
+                self._abandon(stream, why, Internal)
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """Wait up to ``grace`` for the open requests to end; end the rest with an error."""
+        until = time.monotonic() + grace
+        with self._changed:
+            while self._open and time.monotonic() < until:
+                self._changed.wait(until - time.monotonic())
+            streams = list(self._open.values())
+        for stream in streams:
+            self._abandon(stream, "before the model stopped serving", Unavailable)
+
+    def _abandon(self, stream: Stream, why: str, kind: type[ConchError]) -> None:
+        message = (
+            f"model '{self.model}' sent no final response (TRITONSERVER_RESPONSE_COMPLETE_FINAL) "
+            f"for request '{stream.item.msg.id}' {why}"
+        )
+        log.error("%s: %s; ending it with an error", self.name, message)
+        stream.fail(kind(message))
+
+    def push(self, commands: Commands) -> None:
+        """Send ``commands`` in one round trip (from any thread: on the sink's client),
+        through a Redis outage, until Redis answers or the loop stops (as the runner sends
+        a batch's replies)."""
+        while True:
+            pipe = self.sink.client.pipeline(transaction=False)
+            for args in commands.queued:
+                pipe.execute_command(*args)
+            try:
+                pipe.execute()
+                return
+            except redis.RedisError as exc:
+                if not outage.is_outage(exc) or self.stopping.is_set():
+                    raise
+                time.sleep(outage.RECONNECT_S)
