@@ -61,6 +61,12 @@ class Target:
     def wire_version(self) -> int:
         return LATEST if self.latest else self.version
 
+    @property
+    def decoupled(self) -> bool:
+        """The model may send any number of responses to a request (Triton's
+        ``model_transaction_policy { decoupled: true }``; an ensemble with such a step)."""
+        return self.entry.config.model_transaction_policy.decoupled
+
 
 def target(entry: ModelEntry, asked: str | int | None) -> Target:
     """Resolve the version ``asked`` ("", "-1", -1 or None: the latest) of ``entry``;

@@ -14,10 +14,17 @@ protocol once. A Redis outage is one too: every operation raises ``BrokerUnavail
 An infer call is two calls, ``target`` then ``infer``, so that an adapter can ask about
 the model and version before it decodes the request: a call to an unknown model says
 so whatever its body holds, as Triton answers.
+
+A decoupled model (``model_transaction_policy { decoupled: true }``) answers a request
+with any number of responses: ``infer_stream`` hands them out as they come
+(``InferStream``), for the adapters that can send many (gRPC's ``ModelStreamInfer``).
+An adapter that answers once names itself to ``target`` (``endpoint``), which refuses
+such a model in Triton's words.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +38,7 @@ from conch.core.errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
+    Unsupported,
 )
 from conch.core.inference import InferRequest, OutputTensor, RequestedOutput
 from conch.core.repository import ModelEntry
@@ -39,7 +47,7 @@ from conch.core.request_scope import RequestTag, about
 from conch.frontend import calls, ensemble_runner, model_control
 from conch.frontend.jobs import batch_job, ensemble_job
 from conch.frontend.model_view import ModelView
-from conch.frontend.producer import Abandonment, Dispatcher
+from conch.frontend.producer import Abandonment, Dispatcher, ResponseStream
 from conch.frontend.response_cache import ResponseCache
 from conch.frontend.sequence_route import SequenceRoute
 from conch.settings import Settings
@@ -53,7 +61,7 @@ from conch.wire import (
     trace_control,
     worker_reports,
 )
-from conch.wire.messages import InferMessage, WireTensor
+from conch.wire.messages import InferMessage, Reply, WireTensor
 from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, work_owed
 
 if TYPE_CHECKING:
@@ -89,6 +97,74 @@ class InferOutcome:
     outputs: list[OutputTensor]  # raw tensors, with the datatypes the config declares
     labels: dict[str, list[str]] | None  # class labels by output, when classes were asked
     batched: bool  # the first dimension is the batch (classification ranks per row)
+    final: bool = True  # the request's last response (a decoupled model sends many)
+
+    @property
+    def flag_only(self) -> bool:
+        """A decoupled model's last response that only says it is done, with no outputs
+        (Triton's empty final response, which an adapter may leave unsent)."""
+        return self.final and not self.outputs
+
+
+class InferStream:
+    """A request's responses, each an ``InferOutcome`` as it comes (``DataPlane.
+    infer_stream``), the last one ``final``. Iteration raises what ends the request
+    early: a reply's error, the deadline (``Unavailable``), an outage, the caller gone
+    (``Cancelled``). Iterate to the end or ``close()``: either forgets the request, and
+    the replies still to come are dropped."""
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        to: calls.Target,
+        request: InferRequest,
+        call: calls.Call,
+        replies: ResponseStream,
+        abandonment: Abandonment | None,
+    ) -> None:
+        self._plane = plane
+        self._to = to
+        self._request = request
+        self._call = call
+        self._replies = replies
+        self._abandonment = abandonment
+
+    @property
+    def message_id(self) -> str:
+        return self._call.msg.id
+
+    def __iter__(self) -> InferStream:
+        return self
+
+    def __next__(self) -> InferOutcome:
+        try:
+            reply = next(self._replies)
+        except BaseException:
+            self.close()
+            raise
+        if reply.final:
+            self.close()
+        version = reply.version if reply.version > 0 else self._call.version
+        request = _narrowed(self._request, reply)
+        outcome = self._plane._outcome(self._to.entry, request, version, list(reply.outputs or ()))
+        outcome.final = reply.final
+        return outcome
+
+    def close(self) -> None:
+        self._replies.cancel()
+        if self._abandonment is not None:
+            self._abandonment.done(self._replies)
+
+
+def _narrowed(request: InferRequest, reply: Reply) -> InferRequest:
+    """``request`` asking only for the outputs ``reply`` holds: a decoupled model's
+    response need not hold every output asked for (a last one may hold none)."""
+    if request.outputs is None:
+        return request
+    held = {name for name, *_ in reply.outputs or ()}
+    if all(o.name in held for o in request.outputs):
+        return request
+    return dataclasses.replace(request, outputs=[o for o in request.outputs if o.name in held])
 
 
 @dataclass
@@ -358,9 +434,16 @@ class DataPlane:
 
     # -- inference ---------------------------------------------------------------------
 
-    def target(self, model: str, version: str = "") -> calls.Target:
-        """The model and version a call names ("" = the latest): every error about them."""
-        return calls.target(self.view.serving(model), version)
+    def target(self, model: str, version: str = "", *, endpoint: str = "") -> calls.Target:
+        """The model and version a call names ("" = the latest): every error about them.
+
+        ``endpoint`` names an adapter's call that answers once (Triton's name for it:
+        "HTTP end point", "ModelInfer RPC"): it refuses a decoupled model, as Triton does.
+        """
+        to = calls.target(self.view.serving(model), version)
+        if endpoint and to.decoupled:
+            raise _refuse_decoupled(endpoint)
+        return to
 
     def infer(
         self,
@@ -379,9 +462,55 @@ class DataPlane:
         ``abandonment`` the caller's transport may say it went away (a model's request
         still queued is then never run, nor is an ensemble's next step). A W3C
         ``traceparent`` from the client is continued by the call's ``infer`` span.
+        A decoupled model is refused (``infer_stream`` is its call).
         """
+        if to.decoupled:
+            raise _refuse_decoupled("this endpoint")
         with tracing.span("infer", traceparent, model=to.entry.name, request_id=request.id) as span:
             return self._infer(to, request, deadline, abandonment, span)
+
+    def infer_stream(
+        self,
+        to: calls.Target,
+        request: InferRequest,
+        *,
+        deadline: float = 0.0,
+        abandonment: Abandonment | None = None,
+        traceparent: str = "",
+    ) -> InferStream:
+        """Check ``request``, queue it, and return its responses to iterate as they come:
+        a decoupled model's many (``InferStream``), or any other model's one. The
+        arguments are ``infer``'s; the ``deadline`` bounds the whole stream.
+
+        Every error about the request (a 4xx, a full queue) is raised here, before
+        anything is queued; what ends it later is raised by the iteration. The response
+        cache does not apply (Triton refuses it for decoupled models), and an ensemble
+        is refused: conch does not stream an ensemble's steps.
+        """
+        entry = to.entry
+        if entry.backend == ensemble_graph.ENSEMBLE:
+            raise Unsupported(
+                f"ensemble '{entry.name}' has a decoupled step: conch does not stream "
+                "an ensemble's responses"
+            )
+        caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
+        with tracing.span("infer", traceparent, model=entry.name, request_id=request.id) as span:
+            with about(RequestTag(request.id)):
+                call = self._prepare(to, request, calls.Lane.ONLINE, caller)
+            msg = call.msg
+            span.set_attribute("conch.id", msg.id)
+            with about(RequestTag(request.id, msg.id, tracing.trace_id(msg.traceparent))):
+                log.debug("infer stream: model '%s' version %s", entry.name, call.version)
+                spec = self.sequences.spec(entry.config) if msg.sequence is not None else None
+                replies = self.dispatcher.stream(
+                    msg,
+                    max_queue_size=call.max_queue_size,
+                    version=call.version,
+                    route=None if spec is None else self.sequences.route(spec),
+                )
+        if abandonment is not None:
+            abandonment.watch(replies)
+        return InferStream(self, to, request, call, replies, abandonment)
 
     def _infer(
         self,
@@ -439,6 +568,8 @@ class DataPlane:
         of requests on one instance anyway, and does not preserve ordering (its worker
         takes one ticket a message)."""
         if not self.settings.bundle_requests or msg.job_ttl or msg.priority >= broker.ONLINE_STEPS:
+            return None
+        if config.model_transaction_policy.decoupled:  # never: its replies are a stream's
             return None
         if config.max_batch_size <= 0 or not config.HasField("dynamic_batching"):
             return None
@@ -545,6 +676,8 @@ class DataPlane:
             return self._submit_job(to, request)
 
     def _submit_job(self, to: calls.Target, request: InferRequest) -> JobState:
+        if to.decoupled:  # a job's result is one reply
+            raise _refuse_decoupled("an async job")
         call = self._prepare(to, request, calls.Lane.ASYNC)
         model = to.entry.name
         msg = call.msg
@@ -601,6 +734,8 @@ class DataPlane:
             entry.resolve_version(version)
         if self.sequences.spec(entry.config) is not None:
             raise self.sequences.refuse_job(model)
+        if entry.config.model_transaction_policy.decoupled:
+            raise _refuse_decoupled("a batch job")
         record = batch_job.submit(
             self._client, entry, version, source, target, self.settings.job_ttl_s
         )
@@ -659,4 +794,17 @@ class DataPlane:
         return record
 
 
-__all__ = ["EXTENSIONS", "DataPlane", "InferOutcome", "JobState", "ModelMetrics"]
+def _refuse_decoupled(endpoint: str) -> Unsupported:
+    """Triton's answer where a decoupled model cannot be served (its HTTP and ModelInfer
+    words, with the endpoint's name)."""
+    return Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
+
+
+__all__ = [
+    "EXTENSIONS",
+    "DataPlane",
+    "InferOutcome",
+    "InferStream",
+    "JobState",
+    "ModelMetrics",
+]

@@ -16,6 +16,20 @@ within ``OUTAGE_GRACE_S``, every waiting request gets a 503 with ``Retry-After``
 not at its deadline. A 503 does not take the message back: a worker may still run it
 once Redis returns, and its reply is dropped. New requests get their 503 at once, from
 the publish that fails.
+
+A request to a decoupled model (``Dispatcher.stream``) gets any number of replies, each
+its own message on the reply list, numbered by ``Reply.seq`` and ended by a ``final``
+one or an error. ``ResponseStream`` hands them out one by one in ``seq`` order:
+
+- a reply that comes before its turn (a gap) is held until the ones before it come;
+  at most ``MAX_EARLY_REPLIES`` are held, past that the stream fails (``Internal``);
+- a reply whose place was taken already is a duplicate (a request redelivered and run
+  twice) and is dropped, as are replies after the final one;
+- an error reply ends the stream where it stands (after the replies released before
+  it); one numbered past a gap waits for its turn like any other reply.
+
+Its deadline, an outage and ``abandon`` end it as they end ``Pending.wait``, after the
+replies already in order (``abandon`` drops those too: nobody will read them).
 """
 
 from __future__ import annotations
@@ -26,27 +40,123 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 
 import redis
 
-from conch.core.errors import BrokerUnavailable, Cancelled, ConchError, Unavailable
+from conch.core.errors import BrokerUnavailable, Cancelled, ConchError, Internal, Unavailable
 from conch.wire import broker, outage, statistics
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 from conch.wire.redis_link import RedisLink
 
 log = logging.getLogger(__name__)
 
+
 OUTAGE_GRACE_S = 2.0  # how long a waiting request outlives the loss of Redis
+MAX_EARLY_REPLIES = 1024  # a stream's replies held ahead of a gap (module docstring)
 
 
 class _Slot:
+    """Where the listener leaves a request's one reply."""
+
     __slots__ = ("error", "event", "reply")
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.reply: Reply | None = None
         self.error: ConchError | None = None  # the answer instead of a reply (an outage)
+
+    def deliver(self, reply: Reply) -> None:
+        # The first reply wins: a duplicate (a redelivered request run twice) or a late
+        # one changes nothing.
+        if self.reply is None and self.error is None:
+            self.reply = reply
+            self.event.set()
+
+    def fail(self, error: ConchError) -> None:
+        """Answer with ``error`` unless answered already (an outage)."""
+        if self.reply is None and self.error is None:
+            self.error = error
+            self.event.set()
+
+    def abandon(self, error: ConchError) -> None:
+        """Answer with ``error`` whatever came (the caller went away)."""
+        self.error = error
+        self.event.set()
+
+
+class _Replies:
+    """Where the listener leaves a decoupled request's replies: released in ``seq``
+    order, duplicates dropped, the ones ahead of a gap held (the module docstring)."""
+
+    __slots__ = ("_closed", "_cond", "_early", "_error", "_next", "_ready")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ready: deque[Reply] = deque()  # in order, not yet taken
+        self._early: dict[int, Reply] = {}  # seq -> a reply that came before its turn
+        self._next = 0  # the seq of the next reply in order
+        self._closed = False  # the final reply or an error is in order: nothing follows
+        self._error: ConchError | None = None  # the end instead of more replies
+
+    def deliver(self, reply: Reply) -> None:
+        with self._cond:
+            if self._closed or self._error is not None:
+                return  # after the end: late, or a duplicate of the end
+            if reply.error is not None and reply.seq <= self._next:
+                self._release(reply)  # an error ends the request where it stands
+            elif reply.seq < self._next or reply.seq in self._early:
+                return  # its place is taken: a duplicate
+            elif reply.seq > self._next:
+                if len(self._early) >= MAX_EARLY_REPLIES:
+                    self._error = Internal(
+                        f"request '{reply.id}': reply {self._next} never came while "
+                        f"{len(self._early)} replies after it did"
+                    )
+                else:
+                    self._early[reply.seq] = reply
+                    return
+            else:
+                self._release(reply)
+                while not self._closed and self._next in self._early:
+                    self._release(self._early.pop(self._next))
+            self._cond.notify_all()
+
+    def _release(self, reply: Reply) -> None:
+        self._ready.append(reply)
+        self._next = reply.seq + 1
+        if reply.final or reply.error is not None:
+            self._closed = True
+            self._early.clear()
+
+    def fail(self, error: ConchError) -> None:
+        """End with ``error`` after the replies in order, unless ended already."""
+        with self._cond:
+            if not self._closed and self._error is None:
+                self._error = error
+                self._cond.notify_all()
+
+    def abandon(self, error: ConchError) -> None:
+        """End with ``error`` now, dropping what was not taken (the caller went away)."""
+        with self._cond:
+            self._ready.clear()
+            self._early.clear()
+            self._closed, self._error = True, error
+            self._cond.notify_all()
+
+    def take(self, deadline: float) -> Reply | ConchError | None:
+        """The next reply in order, or the error that ends the stream; None once
+        ``deadline`` (epoch seconds, 0: none) passes first."""
+        with self._cond:
+            while not self._ready and self._error is None:
+                timeout = None
+                if deadline:
+                    timeout = deadline - time.time()
+                    if timeout <= 0:
+                        return None
+                self._cond.wait(timeout)
+            return self._ready.popleft() if self._ready else self._error
 
 
 class Pending:
@@ -101,12 +211,73 @@ class Pending:
         as Triton counts a request cancelled before it ran), and end ``wait()`` at once
         with ``Cancelled(reason)``. True when the message was still queued."""
         msg, client = self.msg, self._dispatcher.client
-        withdrawn = bool(self._raw) and broker.withdraw(client, msg.model, msg.priority, self._raw)
-        if withdrawn:
-            took_ns = max(0, int((time.time() - msg.enqueued) * 1e9))
-            statistics.record_failure(client, msg.model, self.version, statistics.CANCELED, took_ns)
-        self._slot.error = Cancelled(reason)
-        self._slot.event.set()
+        withdrawn = _withdraw(client, msg, self._raw, self.version)
+        self._slot.abandon(Cancelled(reason))
+        return withdrawn
+
+
+def _withdraw(client: redis.Redis, msg: InferMessage, raw: bytes, version: int) -> bool:
+    """Take ``msg`` (queued as ``raw``; empty: it cannot be) back out of its queue if no
+    worker took it yet, counted as ``CANCELED``. True when it was still queued."""
+    withdrawn = bool(raw) and broker.withdraw(client, msg.model, msg.priority, raw)
+    if withdrawn:
+        took_ns = max(0, int((time.time() - msg.enqueued) * 1e9))
+        statistics.record_failure(client, msg.model, version, statistics.CANCELED, took_ns)
+    return withdrawn
+
+
+class ResponseStream:
+    """A published request to a decoupled model: iterate for its replies, in ``seq``
+    order, up to the ``final`` one. A reply's error is raised, and so are the deadline
+    (``Unavailable``), an outage and ``abandon`` (``Cancelled``), as ``Pending.wait``
+    raises them; each ends the stream. A caller that stops early says ``cancel()``, so
+    that the replies still to come are dropped by the listener."""
+
+    __slots__ = ("_dispatcher", "_over", "_raw", "_slot", "msg", "version")
+
+    def __init__(
+        self, dispatcher: Dispatcher, msg: InferMessage, slot: _Replies, raw: bytes, version: int
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._slot = slot
+        self._raw = raw  # the message as queued; empty when it cannot be withdrawn
+        self._over = False
+        self.msg = msg
+        self.version = version or msg.version
+
+    def __iter__(self) -> Iterator[Reply]:
+        return self
+
+    def __next__(self) -> Reply:
+        if self._over:
+            raise StopIteration
+        msg = self.msg
+        got = self._slot.take(msg.deadline)
+        if isinstance(got, Reply) and got.error is None:
+            if got.final:
+                self.cancel()
+            return got
+        self.cancel()
+        if got is None:
+            raise Unavailable(
+                f"Request timeout expired for model '{msg.model}': its responses did not "
+                f"end within {(msg.deadline - msg.enqueued) * 1000:.0f} ms"
+            )
+        if isinstance(got, Reply):
+            assert got.error is not None
+            raise got.error
+        raise got
+
+    def cancel(self) -> None:
+        """The caller will read no more: later replies are dropped."""
+        self._over = True
+        self._dispatcher._pending.pop(self.msg.id, None)
+
+    def abandon(self, reason: str) -> bool:
+        """``Pending.abandon``: withdrawn if still queued, and the stream ends with
+        ``Cancelled(reason)`` at once, dropping the replies not yet read."""
+        withdrawn = _withdraw(self._dispatcher.client, self.msg, self._raw, self.version)
+        self._slot.abandon(Cancelled(reason))
         return withdrawn
 
 
@@ -121,7 +292,7 @@ class Abandonment:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: set[Pending] = set()
+        self._pending: set[Pending | ResponseStream] = set()
         self._gone: str | None = None
 
     @property
@@ -129,14 +300,14 @@ class Abandonment:
         """Why the caller went away; None while it is there."""
         return self._gone
 
-    def watch(self, pending: Pending) -> None:
+    def watch(self, pending: Pending | ResponseStream) -> None:
         with self._lock:
             if self._gone is None:
                 self._pending.add(pending)
                 return
         pending.abandon(self._gone)  # gone before the message was even queued
 
-    def done(self, pending: Pending) -> None:
+    def done(self, pending: Pending | ResponseStream) -> None:
         with self._lock:
             self._pending.discard(pending)
 
@@ -156,7 +327,7 @@ class Dispatcher:
         self.client = client
         self.publisher = broker.Publisher(client)
         self._lock = threading.Lock()
-        self._pending: dict[str, _Slot] = {}
+        self._pending: dict[str, _Slot | _Replies] = {}
         self._pid: int | None = None
         self.reply_key = ""
 
@@ -206,8 +377,37 @@ class Dispatcher:
         With ``bundling`` it may share its message with others (``broker.Bundling``); it
         cannot then be withdrawn (``Pending.abandon``).
         """
-        self._ensure_listener()
         slot = _Slot()
+        raw = self._enqueue(msg, slot, max_queue_size, version, route, bundling)
+        return Pending(self, msg, slot, raw, version)
+
+    def stream(
+        self,
+        msg: InferMessage,
+        *,
+        max_queue_size: int = 0,
+        version: int = 0,
+        route: Callable[[InferMessage], None] | None = None,
+    ) -> ResponseStream:
+        """Enqueue ``msg``, a request to a decoupled model, now; iterate the returned
+        ``ResponseStream`` for its replies (the module docstring). As ``submit``, but
+        never bundled: a stream can always be withdrawn while it is queued."""
+        slot = _Replies()
+        raw = self._enqueue(msg, slot, max_queue_size, version, route, None)
+        return ResponseStream(self, msg, slot, raw, version)
+
+    def _enqueue(
+        self,
+        msg: InferMessage,
+        slot: _Slot | _Replies,
+        max_queue_size: int,
+        version: int,
+        route: Callable[[InferMessage], None] | None,
+        bundling: broker.Bundling | None,
+    ) -> bytes:
+        """Publish ``msg`` with its replies to ``slot``: the message as queued (empty
+        when routed, or when it cannot be withdrawn)."""
+        self._ensure_listener()
         self._pending[msg.id] = slot
         msg.reply_to = self.reply_key
         if route is not None:
@@ -216,7 +416,7 @@ class Dispatcher:
             except BaseException:
                 self._pending.pop(msg.id, None)
                 raise
-            return Pending(self, msg, slot, b"", version)
+            return b""
         try:
             queued = self.publisher.publish(
                 msg.model,
@@ -239,7 +439,7 @@ class Dispatcher:
                 f"Exceeds maximum queue size: model '{msg.model}' already has "
                 f"{max_queue_size} requests waiting at this priority"
             )
-        return Pending(self, msg, slot, queued, version)
+        return queued
 
     # The listener is per process: gunicorn forks after the app is built, so it is
     # started lazily, and again in a child that inherited a parent's dispatcher.
@@ -297,11 +497,8 @@ class Dispatcher:
                     log.warning("dropping an unreadable reply: %s", exc)
                     continue
                 slot = self._pending.get(reply.id)
-                # The first reply wins: a duplicate (a redelivered request run twice) or a
-                # late one (its caller gave up) changes nothing.
-                if slot is not None and slot.reply is None and slot.error is None:
-                    slot.reply = reply
-                    slot.event.set()
+                if slot is not None:  # else a late reply: its caller gave up
+                    slot.deliver(reply)
 
     def _rejoin(self, before: outage.Dataset | None) -> outage.Dataset:
         """Reach Redis (again): if it lost what it held, fail the requests waiting."""
@@ -317,6 +514,4 @@ class Dispatcher:
     def _fail_waiting(self, error: ConchError) -> None:
         """Answer every request waiting now with ``error``."""
         for slot in list(self._pending.values()):
-            if slot.reply is None and slot.error is None:
-                slot.error = error
-                slot.event.set()
+            slot.fail(error)

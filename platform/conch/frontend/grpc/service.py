@@ -30,6 +30,7 @@ from google.protobuf import json_format
 
 from conch.core.errors import ConchError, InvalidArgument, NotFound, Unsupported
 from conch.core.restricted_apis import ApiGroup, RestrictedApis
+from conch.frontend import calls
 from conch.frontend.composition import build_dataplane
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.grpc import codec, transport
@@ -46,6 +47,10 @@ pb = triton_messages()
 
 # grpcio reports a call without a deadline as this far off or more.
 _NO_DEADLINE_S = 365 * 86_400.0
+# Triton's stream parameters: on each response, whether it is its request's last; on a
+# request, whether a decoupled model's "done" with no response is sent (empty) or not.
+FINAL_PARAMETER = "triton_final_response"
+EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
 
 # Triton's error codes (``ConchError.code``) as gRPC status codes, as Triton maps them.
 STATUS: dict[str, Status] = {
@@ -236,54 +241,108 @@ class InferenceService:
 
     def _infer(
         self,
+        to: calls.Target,
         request: Any,
         context: ServicerContext,
         abandonment: Abandonment | None = None,
     ) -> Any:
-        """One infer call: the model's errors first, then the body's, as over HTTP. The
-        call's gRPC deadline is the request's deadline in the queue too: a request still
-        queued when its caller has given up is dropped by the worker, never run."""
-        to = self.plane.target(request.model_name, _version(request.model_version))
-        remaining = context.time_remaining()  # huge, not None, when the call has none
-        deadline = 0.0
-        if remaining is not None and remaining < _NO_DEADLINE_S:
-            deadline = time.time() + remaining
-        traceparent = dict(context.invocation_metadata()).get("traceparent", "")
+        """One infer call to ``to`` (its errors came first), then the body's, as over
+        HTTP. The call's gRPC deadline is the request's deadline in the queue too: a
+        request still queued when its caller has given up is dropped by the worker,
+        never run."""
         outcome = self.plane.infer(
             to,
             codec.decode_request(request),
-            deadline=deadline,
+            deadline=_deadline(context),
             abandonment=abandonment,
-            traceparent=traceparent if isinstance(traceparent, str) else "",
+            traceparent=_traceparent(context),
         )
         return codec.encode_outcome(outcome)
 
     @rpc(ApiGroup.INFERENCE)
     def ModelInfer(self, request: Any, context: ServicerContext) -> Any:
         """A call its client cancels stops waiting, and its request, if still queued,
-        is taken back out and never runs."""
+        is taken back out and never runs. A decoupled model is refused, as by Triton
+        (``ModelStreamInfer`` serves it)."""
         context.set_compression(self.compression)
         abandonment = Abandonment()
         context.add_callback(lambda: abandonment.abandon("the client cancelled the call"))
-        return self._infer(request, context, abandonment)
+        to = self.plane.target(
+            request.model_name, _version(request.model_version), endpoint="ModelInfer RPC"
+        )
+        return self._infer(to, request, context, abandonment)
+
+    def _stream_answers(
+        self, request: Any, context: ServicerContext, abandonment: Abandonment
+    ) -> Iterator[Any]:
+        """One stream request's answers, never an exception. A decoupled model's
+        responses go as they come, each with ``triton_final_response`` (false but for
+        the last), as Triton's stream sends them; any other model's one answer is
+        final too. A request that fails before it is queued gets its error with its id
+        (Triton's request error); one that fails later gets it as a final response."""
+        try:
+            to = self.plane.target(request.model_name, _version(request.model_version))
+            if not to.decoupled:
+                answer = self._infer(to, request, context, abandonment)
+                yield _final(pb.ModelStreamInferResponse(infer_response=answer), True)
+                return
+            decoded = codec.decode_request(request)
+            responses = self.plane.infer_stream(
+                to,
+                decoded,
+                deadline=_deadline(context),
+                abandonment=abandonment,
+                traceparent=_traceparent(context),
+            )
+        except ConchError as exc:
+            yield _stream_error(request, exc.message)
+            return
+        except Exception as exc:
+            log.exception("stream infer failed")
+            yield _stream_error(request, f"internal error: {exc}")
+            return
+        # Triton's opt-in: a model's "done" with no response is sent as an empty response.
+        empty_final = decoded.parameters.get(EMPTY_FINAL_PARAMETER) is True
+        try:
+            for outcome in responses:
+                if not outcome.flag_only:
+                    answer = pb.ModelStreamInferResponse(
+                        infer_response=codec.encode_outcome(outcome)
+                    )
+                    yield _final(answer, outcome.final)
+                elif empty_final:
+                    yield _final(_stream_error(request, ""), True)  # no error: empty
+        except ConchError as exc:
+            yield _final(_stream_error(request, exc.message), True)
+        except Exception as exc:
+            log.exception("stream infer failed")
+            yield _final(_stream_error(request, f"internal error: {exc}"), True)
+        finally:
+            responses.close()
 
     def ModelStreamInfer(
         self, request_iterator: Iterator[Any], context: ServicerContext
     ) -> Iterator[Any]:
         """Each request's response (or its error, with its id) on the stream, as each
-        finishes; an error never closes the stream. Every request takes the stream's
-        deadline. A client that half-closes the stream still gets every answer; one that
-        cancels it (or goes away, or lets its deadline pass) gets none: its requests
-        still queued are withdrawn and never run, those not yet sent are not sent.
+        finishes; an error never closes the stream. A decoupled model's request gets its
+        responses one by one as they come (``_stream_answers``). Every request takes the
+        stream's deadline. A client that half-closes the stream still gets every answer;
+        one that cancels it (or goes away, or lets its deadline pass) gets none: its
+        requests still queued are withdrawn and never run, those not yet sent are not
+        sent.
 
         A stream holds at most as many requests read and not yet answered on the wire as
         the service has stream threads; past that it reads no more, so a client that
         sends faster than the model runs, or reads its answers slower, is held back by
-        the transport's flow control instead of growing the server's queues."""
+        the transport's flow control instead of growing the server's queues. A request
+        counts until its last answer is on the wire (a decoupled model's final one, or
+        its end when no answer is sent for it). A decoupled request's responses are not
+        held back: its worker pushes them to Redis whatever the client reads, so they
+        wait here, in order, for the writer."""
         self.check_restriction(ApiGroup.INFERENCE, context)
         context.set_compression(self.compression)
         answers: queue.Queue[Any] = queue.Queue()
-        read_all, ended = object(), object()  # markers on ``answers``
+        read_all, ended, finished = object(), object(), object()  # markers on ``answers``
         abandonment = Abandonment()
         room = threading.Semaphore(self._stream_threads)  # requests read, not yet answered
 
@@ -296,17 +355,10 @@ class InferenceService:
 
         def run(request: Any) -> None:
             if abandonment.gone:
-                return  # nobody will read its answer
-            try:
-                answer = pb.ModelStreamInferResponse(
-                    infer_response=self._infer(request, context, abandonment)
-                )
-            except ConchError as exc:
-                answer = _stream_error(request, exc.message)
-            except Exception as exc:
-                log.exception("stream infer failed")
-                answer = _stream_error(request, f"internal error: {exc}")
-            answers.put(answer)
+                return  # nobody will read its answers
+            for answer in self._stream_answers(request, context, abandonment):
+                answers.put(answer)
+            answers.put(finished)  # after its answers: the request's room is free
 
         lanes = SequenceLanes(self._stream_pool, run)  # a sequence's requests in order
 
@@ -327,17 +379,18 @@ class InferenceService:
                 answers.put((read_all, count))
 
         threading.Thread(target=read, name="grpc-stream-reader", daemon=True).start()
-        sent, total = 0, None
-        while total is None or sent < total:
+        done, total = 0, None
+        while total is None or done < total:
             answer = answers.get()
             if answer is ended:
                 return
             if isinstance(answer, tuple) and answer[0] is read_all:
                 total = answer[1]
-                continue
-            sent += 1
-            yield answer
-            room.release()  # sent: the reader may take one more
+            elif answer is finished:
+                done += 1
+                room.release()  # a request answered: the reader may take one more
+            else:
+                yield answer
 
     # -- logging ---------------------------------------------------------------------------
 
@@ -377,13 +430,34 @@ def _setting_value(key: str, value: Any) -> Any:
 
 
 def _stream_error(request: Any, message: str) -> Any:
-    """A failed stream request's answer: the error, with the request's id to match it."""
+    """A failed stream request's answer: the error, with the request's id to match it.
+    With no message it is a decoupled model's empty final response, named the same way."""
     return pb.ModelStreamInferResponse(
         error_message=message,
         infer_response=pb.ModelInferResponse(
             id=request.id, model_name=request.model_name, model_version=request.model_version
         ),
     )
+
+
+def _final(answer: Any, final: bool) -> Any:
+    """``answer`` with Triton's ``triton_final_response`` parameter: whether it is its
+    request's last (Triton's stream sets it on every response of a request it issued)."""
+    answer.infer_response.parameters[FINAL_PARAMETER].bool_param = final
+    return answer
+
+
+def _deadline(context: ServicerContext) -> float:
+    """The call's gRPC deadline (epoch seconds; 0: none)."""
+    remaining = context.time_remaining()  # huge, not None, when the call has none
+    if remaining is not None and remaining < _NO_DEADLINE_S:
+        return time.time() + remaining
+    return 0.0
+
+
+def _traceparent(context: ServicerContext) -> str:
+    traceparent = dict(context.invocation_metadata()).get("traceparent", "")
+    return traceparent if isinstance(traceparent, str) else ""
 
 
 def _one_repository(name: str) -> None:

@@ -60,7 +60,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read() -> None:
 
 
 def _raises(exc: Exception) -> Any:
-    def target(model: str, version: str) -> Any:
+    def target(model: str, version: str, *, endpoint: str = "") -> Any:
         raise exc
 
     return target

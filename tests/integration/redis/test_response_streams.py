@@ -1,0 +1,250 @@
+"""A decoupled model's responses through the gateway's dispatcher (``Dispatcher.stream``),
+against a real Redis: the test plays the worker, pushing ``Reply`` messages onto the
+gateway's reply list itself, and checks what the stream hands out."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from conch.core.errors import BrokerUnavailable, Cancelled, Internal, Unavailable
+from conch.frontend import producer
+from conch.frontend.producer import Abandonment, Dispatcher, ResponseStream
+from conch.wire import broker, statistics
+from conch.wire.messages import InferMessage, Reply
+from conch.wire.work_owed import work_owed
+
+_models = itertools.count()
+
+
+@pytest.fixture()
+def client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)  # left open: the dispatchers' listeners use it
+
+
+@pytest.fixture()
+def model(client: redis.Redis) -> Iterator[str]:
+    """A model name of this test's own, its queue emptied after it."""
+    name = f"decoupled{next(_models)}"
+    yield name
+    client.delete(*broker.priority_keys(broker.queue_name(name)))
+
+
+def message(model: str, deadline_s: float = 5.0) -> InferMessage:
+    now = time.time()
+    return InferMessage(
+        id=broker.new_id(),
+        model=model,
+        version=1,
+        inputs=[("X", "FP32", (1,), b"\0\0\0\0")],
+        outputs=["Y"],
+        reply_to=None,
+        enqueued=now,
+        deadline=now + deadline_s,
+    )
+
+
+def reply(stream: ResponseStream, seq: int, *, final: bool = False, empty: bool = False) -> Reply:
+    outputs = [] if empty else [("Y", "FP32", (1,), bytes([seq, 0, 0, 0]))]
+    return Reply(stream.msg.id, outputs=outputs, version=1, final=final, seq=seq)
+
+
+def push(client: redis.Redis, stream: ResponseStream, *replies: Reply) -> None:
+    assert stream.msg.reply_to
+    client.rpush(stream.msg.reply_to, *(r.pack() for r in replies))
+
+
+def cancelled(client: redis.Redis, model: str) -> int:
+    counters = statistics.read(client, model).get(1, {})
+    return statistics.failures_by_reason(counters).get(statistics.CANCELED, 0)
+
+
+def seqs(stream: ResponseStream) -> list[int]:
+    return [r.seq for r in stream]
+
+
+def test_responses_come_in_order_up_to_the_final_one(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 0), reply(stream, 1), reply(stream, 2, final=True))
+    got = list(stream)
+    assert [r.seq for r in got] == [0, 1, 2]
+    assert [r.final for r in got] == [False, False, True]
+    assert [r.outputs[0][3][0] for r in got if r.outputs] == [0, 1, 2]
+    assert d._pending == {}  # forgotten at the final reply
+
+
+def test_a_reply_ahead_of_a_gap_waits_for_its_turn(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 2), reply(stream, 3, final=True), reply(stream, 1))
+    time.sleep(0.1)  # all three read by the listener, held: reply 0 has not come
+    push(client, stream, reply(stream, 0))
+    assert seqs(stream) == [0, 1, 2, 3]
+
+
+def test_duplicates_and_replies_after_the_final_one_are_dropped(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(
+        client,
+        stream,
+        reply(stream, 0),
+        reply(stream, 0),  # a redelivered request run twice
+        reply(stream, 2),
+        reply(stream, 2),  # a duplicate of one held ahead of the gap
+        reply(stream, 1),
+        reply(stream, 1),
+        reply(stream, 3, final=True),
+        reply(stream, 4),  # past the end
+    )
+    assert seqs(stream) == [0, 1, 2, 3]
+    # What came late found nobody waiting; the next stream is untouched by it.
+    push(client, stream, reply(stream, 5, final=True))
+    again = d.stream(message(model))
+    push(client, again, reply(again, 0, final=True))
+    assert seqs(again) == [0]
+
+
+def test_an_empty_final_response(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 0), reply(stream, 1, final=True, empty=True))
+    got = list(stream)
+    assert [(r.seq, r.final, r.outputs) for r in got[1:]] == [(1, True, [])]
+
+
+def test_a_request_with_no_response_but_the_final_flag(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 0, final=True, empty=True))
+    assert [(r.final, r.outputs) for r in stream] == [(True, [])]
+
+
+def test_an_error_mid_stream_ends_it(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    failed = Reply(stream.msg.id, error=Internal("the model failed"), seq=2)
+    push(client, stream, reply(stream, 0), reply(stream, 1), failed, reply(stream, 3))
+    assert next(stream).seq == 0
+    assert next(stream).seq == 1
+    with pytest.raises(Internal, match="the model failed"):
+        next(stream)
+    with pytest.raises(StopIteration):
+        next(stream)
+    assert d._pending == {}
+
+
+def test_an_error_that_counts_nothing_ends_the_stream_where_it_stands(client, model) -> None:
+    """An error reply numbered 0 after responses (a worker path that does not count
+    them) is the end, not a duplicate."""
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 0), reply(stream, 1))
+    assert [next(stream).seq, next(stream).seq] == [0, 1]
+    push(client, stream, Reply(stream.msg.id, error=Unavailable("dropped")))
+    with pytest.raises(Unavailable, match="dropped"):
+        next(stream)
+
+
+def test_an_error_past_a_gap_waits_for_the_replies_before_it(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, Reply(stream.msg.id, error=Internal("late failure"), seq=2))
+    push(client, stream, reply(stream, 0))
+    assert next(stream).seq == 0
+    push(client, stream, reply(stream, 1))
+    assert next(stream).seq == 1
+    with pytest.raises(Internal, match="late failure"):
+        next(stream)
+
+
+def test_the_deadline_bounds_the_whole_stream(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model, deadline_s=0.4))
+    push(client, stream, reply(stream, 0))
+    started = time.monotonic()
+    assert next(stream).seq == 0
+    with pytest.raises(Unavailable, match="Request timeout expired"):
+        next(stream)
+    assert 0.2 < time.monotonic() - started < 2
+    assert d._pending == {}
+
+
+def test_an_abandoned_stream_withdraws_its_queued_request(client, model) -> None:
+    d = Dispatcher(client)
+    before = cancelled(client, model)
+    abandonment = Abandonment()
+    stream = d.stream(message(model))
+    abandonment.watch(stream)
+    assert work_owed(client, [model])[model].waiting == 1
+    abandonment.abandon("the client cancelled the stream")
+    assert work_owed(client, [model])[model].waiting == 0  # never runs
+    with pytest.raises(Cancelled, match="cancelled the stream"):
+        next(stream)
+    assert cancelled(client, model) == before + 1
+
+
+def test_a_stream_abandoned_while_it_runs_drops_what_it_did_not_read(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    client.delete(*broker.priority_keys(broker.queue_name(model)))  # a worker took it
+    push(client, stream, reply(stream, 0), reply(stream, 1))
+    assert next(stream).seq == 0
+    time.sleep(0.1)  # reply 1 is in order, not read yet
+    assert not stream.abandon("gone")  # nothing to withdraw
+    with pytest.raises(Cancelled):
+        next(stream)
+
+
+def test_a_stream_submitted_after_its_caller_went_away_is_withdrawn_at_once(client, model) -> None:
+    abandonment = Abandonment()
+    abandonment.abandon("gone")
+    stream = Dispatcher(client).stream(message(model))
+    abandonment.watch(stream)
+    assert work_owed(client, [model])[model].waiting == 0
+    with pytest.raises(Cancelled):
+        next(stream)
+
+
+def test_an_outage_ends_a_stream_after_the_replies_in_order(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 0), reply(stream, 2))
+    time.sleep(0.1)
+    d._fail_waiting(BrokerUnavailable("Redis went away"))  # what the listener does then
+    assert next(stream).seq == 0
+    with pytest.raises(BrokerUnavailable):
+        next(stream)
+
+
+def test_too_many_replies_ahead_of_a_gap_fail_the_stream(client, model, monkeypatch) -> None:
+    monkeypatch.setattr(producer, "MAX_EARLY_REPLIES", 3)
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, *(reply(stream, k) for k in range(1, 5)))
+    with pytest.raises(Internal, match="reply 0 never came"):
+        next(stream)
+
+
+def test_a_stream_stopped_early_forgets_its_request(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 0))
+    assert next(stream).seq == 0
+    stream.cancel()
+    assert d._pending == {}
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_a_full_queue_refuses_a_stream(client, model) -> None:
+    d = Dispatcher(client)
+    d.stream(message(model), max_queue_size=1)
+    with pytest.raises(Unavailable, match="Exceeds maximum queue size"):
+        d.stream(message(model), max_queue_size=1)
+    assert len(d._pending) == 1
