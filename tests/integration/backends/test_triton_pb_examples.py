@@ -6,10 +6,11 @@ as each example's README tells a Triton user to lay it out; a real worker and ga
 (gunicorn) serve it; each client script runs with this interpreter as a subprocess and
 must exit 0 and print its ``PASS`` line.
 
-The scripts talk to ``localhost:8000`` (and the metrics port, ``localhost:8002``). When
-both ports are free the gateway takes them and the vendored scripts run in place; when
+The scripts talk to ``localhost:8000`` (and the metrics port, ``localhost:8002``; the
+decoupled examples' gRPC streams ``localhost:8001``, served by ``conch grpc``). When all
+three ports are free the servers take them and the vendored scripts run in place; when
 another process holds one, each script runs from a temporary copy in which only those
-two addresses are rewritten to the gateway's ports (the test says which it did).
+addresses are rewritten to the servers' ports (the test says which it did).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from harness import (
     Service,
     fresh_db,
     start_gateway,
+    start_grpc,
     start_worker,
     wait_model_ready,
 )
 
 VENDORED = ROOT / "tests" / "third_party" / "triton_python_backend_examples"
 EXAMPLES = VENDORED / "examples"
-TRITON_HTTP_PORT, TRITON_METRICS_PORT = 8000, 8002
+TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT = 8000, 8001, 8002
 
 # The repository, as the examples' READMEs build it: model -> (model file, config or None).
 REPOSITORY = {
@@ -52,6 +54,9 @@ REPOSITORY = {
     "nobatch_auto_complete": ("auto_complete/nobatch_model.py", None),
     "batch_auto_complete": ("auto_complete/batch_model.py", None),
     "custom_metrics": ("custom_metrics/model.py", "custom_metrics/config.pbtxt"),
+    # Decoupled: any number of responses a request, on a gRPC stream.
+    "repeat_int32": ("decoupled/repeat_model.py", "decoupled/repeat_config.pbtxt"),
+    "square_int32": ("decoupled/square_model.py", "decoupled/square_config.pbtxt"),
 }
 
 # client script -> the lines it must print (its PASS line last).
@@ -72,6 +77,8 @@ CLIENTS = {
         'found pattern \'requests_process_latency_ns{model="custom_metrics",version="1"}\'',
         "PASS: custom_metrics",
     ],
+    "decoupled/repeat_client.py": ["PASS: repeat_int32"],
+    "decoupled/square_client.py": ["PASS: square_int32"],
 }
 
 
@@ -89,12 +96,14 @@ def _free(port: int) -> bool:
 class Served:
     http_port: int
     metrics_port: int
+    grpc_port: int
     worker: Service
     gateway: Service
 
     @property
     def on_triton_ports(self) -> bool:
-        return (self.http_port, self.metrics_port) == (TRITON_HTTP_PORT, TRITON_METRICS_PORT)
+        ours = (self.http_port, self.grpc_port, self.metrics_port)
+        return ours == (TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT)
 
 
 def build_repository(root: Path) -> Path:
@@ -113,10 +122,12 @@ def served(
     repo = build_repository(tmp_path_factory.mktemp("pb_examples") / "models")
     db = fresh_db(redis_url, 14)
     worker = start_worker(repo, db, log_dir)
-    gateway = None
+    gateway = grpc = None
     try:
+        triton_ports = all(map(_free, (TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT)))
+        grpc, grpc_url = start_grpc(repo, db, log_dir, port=TRITON_GRPC_PORT if triton_ports else 0)
         ports = {"port": TRITON_HTTP_PORT, "metrics_port": TRITON_METRICS_PORT}
-        if _free(TRITON_HTTP_PORT) and _free(TRITON_METRICS_PORT):
+        if triton_ports:
             try:
                 gateway, url = start_gateway(repo, db, log_dir, **ports)
             except AssertionError:  # another process took one between the check and the bind
@@ -128,11 +139,17 @@ def served(
         shipped = url.endswith(f":{TRITON_HTTP_PORT}")
         print(f"serving on {url}: client scripts run {'as shipped' if shipped else 'from copies'}")
         yield Served(
-            int(url.rsplit(":", 1)[1]), int(gateway.metrics_url.rsplit(":", 1)[1]), worker, gateway
+            int(url.rsplit(":", 1)[1]),
+            int(gateway.metrics_url.rsplit(":", 1)[1]),
+            int(grpc_url.rsplit(":", 1)[1]),
+            worker,
+            gateway,
         )
     finally:
         if gateway is not None:
             gateway.stop()
+        if grpc is not None:
+            grpc.stop()
         worker.stop()
 
 
@@ -144,6 +161,7 @@ def _script(served: Served, client: str, tmp_path: Path) -> Path:
     text = original.read_text()
     for triton_port, ours in (
         (TRITON_HTTP_PORT, served.http_port),
+        (TRITON_GRPC_PORT, served.grpc_port),
         (TRITON_METRICS_PORT, served.metrics_port),
     ):
         text = text.replace(f"localhost:{triton_port}", f"localhost:{ours}")
