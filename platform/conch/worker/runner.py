@@ -175,6 +175,16 @@ class Runner:
                 run.failed(reason, took)
         return run
 
+    def _execute(self, backend: Backend, requests: list[BackendRequest]) -> list[Any]:
+        """The backend's results for ``requests``; its failure as each request's error."""
+        try:
+            return backend.execute(requests)
+        except ConchError as exc:
+            return [exc] * len(requests)
+        except Exception as exc:
+            log.exception("%s: backend failed", self.name)
+            return [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
+
     def _run(
         self,
         backend: Backend,
@@ -210,13 +220,7 @@ class Runner:
         if not runnable:
             return None
         t0 = time.perf_counter_ns()
-        try:
-            results = backend.execute(requests)
-        except ConchError as exc:
-            results = [exc] * len(requests)
-        except Exception as exc:
-            log.exception("%s: backend failed", self.name)
-            results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
+        results = self._execute(backend, requests)
         t_out = time.perf_counter_ns()
         compute_ns = t_out - t0
         rows = sum(i.rows for i in runnable)
@@ -269,13 +273,7 @@ class Runner:
         for request, stream in zip(requests, streams, strict=True):
             request.responder = stream
         t0 = time.perf_counter_ns()
-        try:
-            results: list[Any] = backend.execute(requests)
-        except ConchError as exc:
-            results = [exc] * len(requests)
-        except Exception as exc:
-            log.exception("%s: backend failed", self.name)
-            results = [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
+        results: list[Any] = self._execute(backend, requests)
         t_out = time.perf_counter_ns()
         for item, stream, answer in zip(runnable, streams, results, strict=True):
             replies[item.key] = Reply(item.msg.id)
