@@ -9,6 +9,7 @@ Nothing here handles a request. The pieces, each in its own module:
   worker);
 - ``routes`` and ``job_routes``: the other routes, HTTP → DataPlane → HTTP, and the one
   mapping of errors to Triton's body and status;
+- ``generate``: Triton's generate extension (``generate``, ``generate_stream``: SSE);
 - ``api_groups``: ``--http-restricted-api``, each route's group and the header check;
 - ``docs_routes``: the OpenAPI document of all of them (``openapi``) and its docs page;
 - ``metrics``: the metrics port.
@@ -19,7 +20,7 @@ from __future__ import annotations
 from flask import Flask
 
 from conch.frontend.composition import build_dataplane
-from conch.frontend.http import api_groups, docs_routes, job_routes, routes
+from conch.frontend.http import api_groups, docs_routes, generate, job_routes, routes
 from conch.frontend.http.fast_path import InferFastPath
 from conch.frontend.http.metrics import MetricsPort
 from conch.settings import Settings
@@ -34,6 +35,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.url_map.merge_slashes = False  # "/v2/jobs//result" is a 404, not a redirect page
     app.register_blueprint(routes.v2)
     app.register_blueprint(job_routes.bp)
+    app.register_blueprint(generate.bp)
     if settings.http_restricted_api:
         app.before_request(api_groups.checker(settings.http_restricted_api))
     docs_routes.register(app)

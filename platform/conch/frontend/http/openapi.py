@@ -115,6 +115,27 @@ def _schemas() -> dict[str, Schema]:
         "Error": _object(
             {"error": _STR}, "error", description="Every error answer has this body (Triton's)."
         ),
+        "GenerateRequest": {
+            "type": "object",
+            "description": "Triton's generate extension: each field named after one of the "
+            "model's inputs is that input (a scalar or a flat list), any other a request "
+            "parameter (string, integer, boolean or number); `parameters` holds more of "
+            "either; `id` is the request's id.",
+            "properties": {
+                "id": _STR,
+                "parameters": {"type": "object", "additionalProperties": True},
+            },
+            "additionalProperties": True,
+        },
+        "GenerateResponse": {
+            "type": "object",
+            "description": "One response: `id` (when the request had one), `model_name`, "
+            "`model_version`, and each output by name (a one-element output as its value, "
+            "others as a flat list).",
+            "required": ["model_name", "model_version"],
+            "properties": {"id": _STR, "model_name": _STR, "model_version": _STR},
+            "additionalProperties": True,
+        },
         "Datatype": datatype,
         "ServerMetadata": _object(
             {"name": _STR, "version": _STR, "extensions": {"type": "array", "items": _STR}},
@@ -862,6 +883,38 @@ def _model_paths() -> dict[str, Schema]:
                 errors=(_NOT_FOUND, _MODEL_FAILED, _UNSUPPORTED),
                 body=_INFER_BODY,
                 params=_INFER_PARAMS,
+            ),
+        ),
+        (
+            "/generate",
+            "post",
+            _op(
+                "modelGenerate",
+                "inference",
+                "Triton's generate extension: one JSON answer (a model that sends other "
+                "than one response is refused)",
+                _ok("GenerateResponse", "The model's one response."),
+                errors=(_NOT_FOUND, _MODEL_FAILED, _UNSUPPORTED),
+                body=_json_body("GenerateRequest", False),
+            ),
+        ),
+        (
+            "/generate_stream",
+            "post",
+            _op(
+                "modelGenerateStream",
+                "inference",
+                "Triton's generate extension, streamed: one Server-Sent Event per response",
+                {
+                    "200": {
+                        "description": "One `data: {...}` event per response as it comes "
+                        '(a GenerateResponse, or `{"error": "..."}` for an error after the '
+                        "first); the status is the first response's.",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    }
+                },
+                errors=(_NOT_FOUND, _MODEL_FAILED, _UNSUPPORTED),
+                body=_json_body("GenerateRequest", False),
             ),
         ),
         (

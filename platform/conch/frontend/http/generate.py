@@ -1,0 +1,503 @@
+"""Triton's generate extension: ``POST v2/models/<m>[/versions/<v>]/generate`` and
+``.../generate_stream``, a text-oriented body mapped onto the model's tensors.
+
+The body is one JSON object. Each top-level field whose name is one of the model's
+inputs becomes that input (a scalar is one element, a flat list as many); any other
+field becomes a request parameter (a string, integer, boolean or number). A
+``parameters`` object is read the same way, one level down: its fields may be inputs
+too. ``id`` is the request's id (and, as in Triton, a parameter as well). An input's
+shape is the model's (its metadata shape, the batch dimension included) with the
+elements spread over it: fixed dimensions first, the innermost variable one takes what
+is left, other variable ones are 1. An answer is one JSON object: ``id`` (when the
+request had one), ``model_name``, ``model_version`` and each output by name, a
+one-element output as its bare value, others as a flat list; fields in Triton's order
+(sorted by name).
+
+- ``generate`` answers once, ``application/json``. A model that sends any other number
+  of responses than one (a decoupled model may) gets Triton's error for it.
+- ``generate_stream`` answers as Server-Sent Events (``text/event-stream``): one
+  ``data: {...}`` event per response as it arrives. The status is the first response's:
+  an error after it is an event ``data: {"error": "..."}``, the status staying 200, as
+  Triton sends it. A decoupled model's empty final response sends nothing.
+
+Either way an error found before anything is queued (an unknown model, a body that fits
+no input, a missing input) is Triton's plain JSON error with its status. A client that
+closes its connection while it waits (``HangupWatch``) withdraws its request if no worker
+took it yet, and ends its stream (``producer.Abandonment``, as a cancelled gRPC call).
+
+Triton's words are kept for the errors its tests read; where Triton answers a client's
+malformed value with a 500 (its JSON reader's "attempt to access JSON non-string as
+string"), this answers 400, as conch's infer does. Priority, timeout and the sequence
+parameters are the ones infer reads, with infer's checks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import socket
+import ssl
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from flask import Blueprint, Response, request
+
+from conch.core import tensors, validation
+from conch.core.errors import ConchError, Internal, InvalidArgument
+from conch.core.inference import (
+    ALLOWED_TRITON_PARAMETERS,
+    InferRequest,
+    InputTensor,
+)
+from conch.core.restricted_apis import ApiGroup
+from conch.frontend import calls, v2_json
+from conch.frontend.dataplane import DataPlane, InferOutcome
+from conch.frontend.http.api_groups import api_group
+from conch.frontend.http.fast_path import error_answer, too_large
+from conch.frontend.http.routes import plane
+from conch.frontend.producer import Abandonment
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("generate", __name__)
+
+SSE_TYPE = "text/event-stream; charset=utf-8"
+PARAMETERS = "parameters"  # the one nested object of a generate body
+# Triton's words where ``generate`` gets other than one response.
+NOT_ONE_RESPONSE = (
+    "generate expects model to produce exactly 1 response, use generate stream for model "
+    "that generates various number of responses"
+)
+HANGUP_POLL_S = 0.25  # how often a waiting call looks at its client's socket
+
+Answer = InferOutcome | ConchError  # one response: outputs, or its error
+
+
+# -- the body: JSON fields → tensors and parameters ------------------------------------
+class _Object(dict[str, Any]):
+    """A JSON object as parsed, with its members in order, duplicates included (Triton
+    reads every member: a name given twice is an input added twice)."""
+
+    members: list[tuple[str, Any]]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object()
+    for key, value in pairs:
+        obj.setdefault(key, value)  # the first, as Triton's lookups find it
+    obj.members = pairs
+    return obj
+
+
+def parse_body(body: bytes) -> _Object:
+    """The generate body: a JSON object (an empty body is an empty one, as in Triton)."""
+    if not body.strip():
+        return _object([])
+    try:
+        doc = json.loads(body, object_pairs_hook=_object)
+    except RecursionError:
+        raise InvalidArgument(v2_json.DEPTH_ERROR) from None
+    except ValueError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, _Object):
+        raise InvalidArgument("the generate request JSON must be an object")
+    v2_json.check_depth(doc)
+    return doc
+
+
+def decode_request(
+    doc: _Object, inputs: Sequence[dict[str, Any]], *, max_input_bytes: int = 0
+) -> InferRequest:
+    """``doc`` (``parse_body``) as an infer request to a model whose metadata ``inputs``
+    (name, datatype, shape) are given; ``max_input_bytes`` (0: none) bounds the tensors'
+    bytes, as ``--http-max-input-size`` does."""
+    request_id = ""
+    if "id" in doc:
+        if not isinstance(doc["id"], str):
+            raise InvalidArgument(
+                "Unable to parse 'id': attempt to access JSON non-string as string"
+            )
+        request_id = doc["id"]
+    built = _Built({spec["name"]: spec for spec in inputs}, max_input_bytes)
+    built.members(doc.members, nested=False)
+    _check_reserved(built.parameters)
+    return InferRequest(
+        id=request_id,
+        inputs=built.inputs,
+        outputs=None,  # every output, in JSON
+        binary_data_output=False,
+        parameters=built.parameters,
+    )
+
+
+class _Built:
+    """The inputs and parameters read so far."""
+
+    def __init__(self, specs: dict[str, dict[str, Any]], max_input_bytes: int) -> None:
+        self.specs = specs
+        self.max_input_bytes = max_input_bytes
+        self.consumed = 0
+        self.inputs: list[InputTensor] = []
+        self.parameters: dict[str, Any] = {}
+
+    def members(self, members: list[tuple[str, Any]], *, nested: bool) -> None:
+        for key, value in members:
+            if key == PARAMETERS and not nested:
+                self.nested(value)
+            elif key in self.specs:
+                self.tensor(self.specs[key], value)
+            else:
+                self.parameters[key] = parameter_value(key, value)
+
+    def nested(self, value: Any) -> None:
+        if PARAMETERS in self.specs:
+            raise InvalidArgument(
+                f"Keyword '{PARAMETERS}' for nested schema also given as input tensor name"
+            )
+        if not isinstance(value, _Object):
+            raise InvalidArgument(
+                f"Expected JSON object for keyword: '{PARAMETERS}': "
+                "attempt to access JSON non-object as object"
+            )
+        try:
+            self.members(value.members, nested=True)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"Converting keyword: '{PARAMETERS}': {exc.message}") from None
+
+    def tensor(self, spec: dict[str, Any], value: Any) -> None:
+        name = spec["name"]
+        if any(t.name == name for t in self.inputs):
+            raise InvalidArgument(f"input '{name}' already exists in request")
+        tensor = input_tensor(name, spec["datatype"], spec["shape"], value)
+        size = len(tensor.raw)
+        if self.max_input_bytes and size + self.consumed > self.max_input_bytes:
+            raise InvalidArgument(
+                f"request size of {self.consumed} bytes with input '{name}' of size {size} "
+                f"bytes exceeds the maximum allowed input size of {self.max_input_bytes}. "
+                "Use --http-max-input-size to increase the limit."
+            )
+        self.consumed += size
+        self.inputs.append(tensor)
+
+
+def parameter_value(key: str, value: Any) -> str | int | float | bool:
+    """A field that names no input: a request parameter, as Triton takes it."""
+    if isinstance(value, str | int | float):  # bool is an int
+        return value
+    raise InvalidArgument(
+        f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
+    )
+
+
+def _check_reserved(params: dict[str, Any]) -> None:
+    """The parameters conch reads itself (infer's), with infer's checks."""
+    for key, value in params.items():
+        if key.startswith("triton_") and key not in ALLOWED_TRITON_PARAMETERS:
+            raise InvalidArgument(
+                "parameter keys starting with 'triton_' are reserved for Triton usage "
+                f"and should not be specified: '{key}'"
+            )
+        uint = type(value) is int and value >= 0
+        if key in ("priority", "timeout") and not uint:
+            raise InvalidArgument(f"parameter '{key}' must be an unsigned integer")
+        if key in ("sequence_start", "sequence_end", "binary_data_output") and (
+            type(value) is not bool
+        ):
+            raise InvalidArgument(f"parameter '{key}' must be a boolean")
+        if key == "sequence_id" and not (uint or isinstance(value, str)):
+            raise InvalidArgument("parameter 'sequence_id' must be an unsigned integer or a string")
+
+
+# Triton's JSON reader's words for a value of the wrong JSON type, by datatype.
+_INTS = ("INT8", "INT16", "INT32", "INT64")
+_UINTS = ("UINT8", "UINT16", "UINT32", "UINT64")
+
+
+def _kind_error(datatype: str, value: Any) -> str | None:
+    """What Triton says of ``value`` as an element of ``datatype``; None when it fits."""
+    if datatype == "BYTES":
+        ok, what = isinstance(value, str), "non-string as string"
+    elif datatype == "BOOL":
+        ok, what = isinstance(value, bool), "non-boolean as boolean"
+    elif datatype in _INTS:
+        ok, what = type(value) is int, "non-signed-integer as signed-integer"
+    elif datatype in _UINTS:
+        ok = type(value) is int and value >= 0
+        what = "non-unsigned-integer as unsigned-integer"
+    else:
+        ok = type(value) in (int, float)
+        what = "non-number as double"
+    return None if ok else f"attempt to access JSON {what}"
+
+
+def input_tensor(name: str, datatype: str, shape: Sequence[int], value: Any) -> InputTensor:
+    """One field as the input ``name`` (``datatype``, metadata ``shape``): a scalar or a
+    list, in Triton's words when it cannot be one."""
+    if datatype in ("FP16", "BF16"):
+        raise InvalidArgument(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary "
+            f"data format for input {name}"
+        )
+    count = len(value) if isinstance(value, list) else 1
+    leaves = _leaves(value)
+    prefix = "Unable to parse JSON bytes array" if datatype == "BYTES" else "Unable to parse 'data'"
+    for leaf in leaves:
+        problem = _kind_error(datatype, leaf)
+        if problem is not None:
+            raise InvalidArgument(f"{prefix}: {problem}")
+    if len(leaves) != count:  # a list of lists: Triton takes a scalar or a flat list
+        raise InvalidArgument(f"{prefix}: Shape does not match true shape of 'data' field")
+    if count == 0:
+        return InputTensor(name, datatype, (), b"")  # as Triton adds an empty input
+    dims = spread(count, shape, name)
+    return InputTensor(name, datatype, dims, tensors.json_to_raw(datatype, dims, leaves, name))
+
+
+def _leaves(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        return [value]
+    out: list[Any] = []
+    stack = [iter(value)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def spread(count: int, shape: Sequence[int], name: str) -> tuple[int, ...]:
+    """``count`` elements over a metadata ``shape`` (-1: variable), as Triton spreads
+    them: each fixed dimension takes its size, the innermost variable one the rest, and
+    every other variable one is 1."""
+    left = count
+    for dim in shape:
+        if dim != -1:
+            if dim <= 0 or left % dim:
+                raise _no_shape(name)
+            left //= dim
+    dims = list(shape)
+    for i in range(len(dims) - 1, -1, -1):
+        if dims[i] == -1:
+            dims[i], left = left, 1
+    if left != 1:
+        raise _no_shape(name)
+    return tuple(dims)
+
+
+def _no_shape(name: str) -> InvalidArgument:
+    return InvalidArgument(f"The schema can not convert input '{name}' to tensor with proper shape")
+
+
+# -- the answer: outputs → JSON fields ------------------------------------------------
+def response_document(outcome: InferOutcome) -> dict[str, Any]:
+    """One response as Triton's generate writes it: ``id`` when the request had one,
+    ``model_name``, ``model_version``, then each output by name (a name already used
+    is left out), a one-element output as its value; sorted by name."""
+    fields: dict[str, Any] = {}
+    if outcome.request.id:
+        fields["id"] = outcome.request.id
+    fields["model_name"] = outcome.model
+    fields["model_version"] = str(outcome.version)
+    for out in outcome.outputs:
+        if out.name in fields:
+            continue
+        data = tensors.raw_to_json(out.datatype, out.shape, out.raw, out.name)
+        count = tensors.element_count(out.shape)
+        fields[out.name] = data[0] if count == 1 else data
+    return dict(sorted(fields.items()))
+
+
+def _document(answer: Answer) -> dict[str, Any]:
+    if isinstance(answer, ConchError):
+        return {"error": answer.message}
+    return response_document(answer)
+
+
+def _dumps(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def sse_event(answer: Answer) -> bytes:
+    """One response (or its error) as a Server-Sent Event."""
+    return b"data: " + _dumps(_document(answer)) + b"\n\n"
+
+
+# -- the client's connection -------------------------------------------------------------
+class HangupWatch:
+    """Watches a waiting call's client socket: when the client closes it, ``abandonment``
+    withdraws what the call still has queued and ends its waits. Data from the client
+    (a next request on the connection) ends the watch: the client is there. On a TLS
+    socket nothing is watched (its bytes cannot be peeked at); a client gone is then
+    found when the next event cannot be written."""
+
+    def __init__(self, sock: Any, abandonment: Abandonment) -> None:
+        self._sock = sock
+        self._abandonment = abandonment
+        self._over = threading.Event()
+
+    @classmethod
+    def start(cls, environ: dict[str, Any], abandonment: Abandonment) -> HangupWatch:
+        sock = environ.get("gunicorn.socket")
+        watch = cls(sock, abandonment)
+        if isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket):
+            threading.Thread(target=watch._run, name="generate-hangup", daemon=True).start()
+        return watch
+
+    def stop(self) -> None:
+        self._over.set()
+
+    def _run(self) -> None:
+        sock = self._sock
+        while not self._over.is_set():
+            try:
+                readable, _, _ = select.select([sock], [], [], HANGUP_POLL_S)
+                if not readable:
+                    continue
+                data = sock.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):
+                data = b""
+            if not data and not self._over.is_set():
+                self._abandonment.abandon("the client closed the connection")
+            return
+
+
+# -- the calls --------------------------------------------------------------------------
+class _Call:
+    """One generate call, up to its responses: every error before anything is queued
+    is raised by the constructor (Triton's JSON error); ``answers`` are the responses."""
+
+    def __init__(self, model: str, version: int | None) -> None:
+        data_plane = plane()
+        to = data_plane.target(model, "" if version is None else str(version))
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            raise InvalidArgument("Unsupported content-encoding, only 'identity' is supported.")
+        limit = data_plane.settings.max_input_bytes
+        if (request.content_length or 0) > limit:
+            raise too_large(request.content_length or 0, limit)
+        doc = parse_body(request.get_data(cache=False))
+        inputs = to.entry.metadata(to.version)["inputs"]
+        decoded = decode_request(doc, inputs, max_input_bytes=limit)
+        self.abandonment = Abandonment()
+        self.watch = HangupWatch.start(request.environ, self.abandonment)
+        try:
+            self.answers = _answers(
+                data_plane,
+                to,
+                decoded,
+                self.abandonment,
+                request.headers.get("traceparent", ""),
+            )
+        except BaseException:
+            self.watch.stop()
+            raise
+
+    def close(self) -> None:
+        self.watch.stop()
+        self.answers.close()
+
+
+def _answers(
+    data_plane: DataPlane,
+    to: calls.Target,
+    decoded: InferRequest,
+    abandonment: Abandonment,
+    traceparent: str,
+) -> Iterator[Answer]:
+    """The request's responses, each its outputs or its error (which ends them). A
+    decoupled model's request is queued here (its 4xx raised); any other model's request
+    is checked here and run as the first response is asked for."""
+    if not to.decoupled:
+        validation.validate_request(decoded, to.entry.config, model_name=to.entry.name)
+        return _one(data_plane, to, decoded, abandonment, traceparent)
+    stream = data_plane.infer_stream(to, decoded, abandonment=abandonment, traceparent=traceparent)
+    return _streamed(stream)
+
+
+def _one(
+    data_plane: DataPlane,
+    to: calls.Target,
+    decoded: InferRequest,
+    abandonment: Abandonment,
+    traceparent: str,
+) -> Iterator[Answer]:
+    try:
+        yield data_plane.infer(to, decoded, abandonment=abandonment, traceparent=traceparent)
+    except ConchError as exc:
+        yield exc
+    except Exception as exc:
+        log.exception("generate failed")
+        yield Internal(f"internal error: {exc}")
+
+
+def _streamed(stream: Any) -> Iterator[Answer]:
+    try:
+        for outcome in stream:
+            if not outcome.flag_only:
+                yield outcome
+    except ConchError as exc:
+        yield exc
+    except Exception as exc:
+        log.exception("generate stream failed")
+        yield Internal(f"internal error: {exc}")
+    finally:
+        stream.close()
+
+
+@bp.post("/v2/models/<model>/generate")
+@bp.post("/v2/models/<model>/versions/<int:version>/generate")
+@api_group(ApiGroup.INFERENCE)
+def generate(model: str, version: int | None = None) -> Response:
+    """One JSON answer: the model's one response, or Triton's error when it sent any
+    other number (as Triton's documentation asks, an error status: Triton's own
+    server, which has sent its headers by then, says 200)."""
+    call = _Call(model, version)
+    try:
+        answers = list(call.answers)
+    finally:
+        call.close()
+    if len(answers) != 1:
+        answers = [Internal(NOT_ONE_RESPONSE)]
+    answer = answers[0]
+    if isinstance(answer, ConchError):
+        status, headers, payload = error_answer(answer)
+        return Response(payload, status=status, headers=headers)
+    return Response(_dumps(response_document(answer)), status=200, mimetype="application/json")
+
+
+@bp.post("/v2/models/<model>/generate_stream")
+@bp.post("/v2/models/<model>/versions/<int:version>/generate_stream")
+@api_group(ApiGroup.INFERENCE)
+def generate_stream(model: str, version: int | None = None) -> Response:
+    """Server-Sent Events, one per response as it comes; the status is the first
+    response's (200 when there is none)."""
+    call = _Call(model, version)
+    try:
+        first = next(call.answers, None)
+    except BaseException:
+        call.close()
+        raise
+    status = first.status if isinstance(first, ConchError) else 200
+
+    def events() -> Iterator[bytes]:
+        try:
+            if first is not None:
+                yield sse_event(first)
+            for answer in call.answers:
+                yield sse_event(answer)
+        finally:
+            call.close()
+
+    response = Response(events(), status=status, direct_passthrough=True)
+    response.call_on_close(call.close)  # also when the body is never read
+    response.headers["Content-Type"] = SSE_TYPE
+    response.headers["Cache-Control"] = "no-cache"
+    return response
