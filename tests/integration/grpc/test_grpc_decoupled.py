@@ -1,10 +1,7 @@
 """A decoupled model through ``ModelStreamInfer``, driven by stock ``tritonclient.grpc``:
 Triton's ``repeat`` example's idea, one request answered by one response per element of
 its input, then the final flag alone (empty). ``ModelInfer`` refuses it, in Triton's
-words.
-
-It needs the worker's side of decoupled models (the Python backend's response sender);
-until the Python backend loads decoupled models, the module is skipped."""
+words."""
 
 from __future__ import annotations
 
@@ -17,15 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conch.backends.python import backend as python_backend
-
 from harness import Service, fresh_db, start_grpc, start_worker, wait_grpc_model_ready
-
-pytestmark = pytest.mark.skipif(
-    hasattr(python_backend, "_check_not_decoupled"),
-    reason="the worker side of decoupled models has not landed: the Python backend "
-    "still refuses to load them",
-)
 
 REPEAT = """
 import numpy as np
