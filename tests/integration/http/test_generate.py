@@ -232,7 +232,7 @@ def model_counts(url: str, model: str) -> tuple[int, int, int]:
 
 
 @pytest.mark.parametrize("route", ["generate", "generate_stream"])
-@pytest.mark.parametrize("body", [{}, {"abc": 123}, ""])
+@pytest.mark.parametrize("body", [{}, {"abc": 123}, "", {"id": ""}, {"id": "r1"}])
 def test_a_body_that_matches_no_input_is_a_400_and_queues_nothing(
     served: tuple[str, str], route: str, body: object
 ) -> None:

@@ -33,8 +33,10 @@ parameters are the ones infer reads, with infer's checks.
 
 from __future__ import annotations
 
+import _socket
 import json
 import logging
+import os
 import select
 import socket
 import ssl
@@ -353,20 +355,32 @@ class HangupWatch:
         self._over.set()
 
     def _run(self) -> None:
-        sock = self._sock
-        while not self._over.is_set():
-            try:
-                readable, _, _ = select.select([sock], [], [], HANGUP_POLL_S)
-                if not readable:
-                    continue
-                data = sock.recv(1, socket.MSG_PEEK)
-            except BlockingIOError:
-                continue
-            except (OSError, ValueError):
-                data = b""
-            if not data and not self._over.is_set():
-                self._abandonment.abandon("the client closed the connection")
-            return
+        # A raw socket on a duplicate of the connection's descriptor: its peek never
+        # waits, where the connection's own (gevent's) socket would park this watch on
+        # the socket's read event, which the connection's greenlet then finds taken
+        # when it reads the next request (gevent's ConcurrentObjectUseError).
+        try:
+            peek = _socket.socket(fileno=os.dup(self._sock.fileno()))
+        except OSError:
+            return  # the connection is gone already; the call finds out as it answers
+        try:
+            while not self._over.is_set():
+                try:
+                    readable, _, _ = select.select([peek], [], [], HANGUP_POLL_S)
+                    if self._over.is_set():
+                        return
+                    if not readable:
+                        continue
+                    data = peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    continue  # read by the connection meanwhile
+                except (OSError, ValueError):
+                    data = b""
+                if not data and not self._over.is_set():
+                    self._abandonment.abandon("the client closed the connection")
+                return
+        finally:
+            peek.close()
 
 
 # -- the calls --------------------------------------------------------------------------
