@@ -164,13 +164,22 @@ def test_poison_request_is_dead_lettered(model_repo: Path, db: str, log_dir: Pat
             assert in_flight(db) == 0
             # The metrics say so: taken again twice (attempts 2 and 3), set aside once,
             # failed as OTHER, and loaded by each of the three workers.
-            text = requests.get(f"http://{gw.metrics_url}/metrics", timeout=10).text
-            for sample in (
+            samples = (
                 'conch_redeliveries_total{model="slow"} 2',
                 'conch_dead_letters_total{model="slow"} 1',
                 'nv_inference_request_failure{model="slow",reason="OTHER",version="1"} 1',
                 'conch_model_loads_total{model="slow"} 3',
-            ):
+            )
+
+            def scraped() -> str:
+                return requests.get(f"http://{gw.metrics_url}/metrics", timeout=10).text
+
+            # A worker's own counters reach the metrics port with its next report.
+            wait_until(
+                lambda: all(s in scraped().splitlines() for s in samples), 15, "the counters"
+            )
+            text = scraped()
+            for sample in samples:
                 assert sample in text.splitlines(), (sample, text)
             assert 'conch_model_load_duration_seconds{model="slow"} ' in text
             # The worker is fine and serves the next request.
