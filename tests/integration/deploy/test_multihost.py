@@ -180,9 +180,10 @@ def test_a_worker_host_going_away_loses_nothing(cluster: Cluster) -> None:
     pool = ThreadPoolExecutor(len(values))
     try:
         futures = [pool.submit(slow_http, cluster.http_url, v) for v in values]
-        # A worker holds one batch (8) of "slow" at most: past 8 in flight, both hold some.
+        # A worker holds one batch (8) of "slow" at most: past 8 requests in flight, both
+        # hold some. Counted in requests, not messages: a bundle carries several.
         wait_until(
-            lambda: client.zcard(keys.UNACKED_INDEX) > 8,
+            lambda: work_owed(client, ["slow"])["slow"].in_flight > 8,
             30,
             "both workers to hold requests",
             *cluster.workers.values(),
