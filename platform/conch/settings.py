@@ -21,7 +21,8 @@ which is how ``conch serve`` starts its worker and gateway. Settings that have n
 probe, the S3 region) reach those children through the environment they inherit.
 
 Of conch, this module imports only the core's parsers of Triton's flag values
-(``restricted_apis``, ``cache_config``, ``metrics_config``, ``trace_config``), which
+(``restricted_apis``, ``cache_config``, ``metrics_config``, ``trace_config``) and one
+bound of ``inference``, which
 import nothing but the standard library: the gateway reads its Settings before gevent
 patches the process, and that must happen before redis is imported.
 """
@@ -38,6 +39,7 @@ from types import UnionType
 from typing import Any, get_type_hints
 
 from conch.core.cache_config import CacheConfig
+from conch.core.inference import MAX_STREAM_KEEP_S
 from conch.core.metrics_config import MetricsConfig
 from conch.core.restricted_apis import RestrictedApis, group_names
 from conch.core.trace_config import TraceConfig
@@ -316,6 +318,17 @@ def at_least(low: float, *, inclusive: bool = True) -> Callable[[str, Any], Any]
     return check
 
 
+def between(low: float, high: float) -> Callable[[str, Any], Any]:
+    """A number flag's check: refused outside ``low`` to ``high`` (both included)."""
+
+    def check(flag: str, value: Any) -> Any:
+        if not low <= value <= high:
+            raise ValueError(f"{flag} {value}: must be from {low} to {high}")
+        return value
+
+    return check
+
+
 def _given(value: Any) -> Any:
     """Empty text or 0 counts as not given."""
     return value or None
@@ -561,6 +574,30 @@ class Settings:
             "deadline of requests that set no 'timeout' parameter",
         ),
         env="CONCH_REQUEST_TIMEOUT_S",
+    )
+    # conch's own: a decoupled model's SSE stream is kept this long for a client that
+    # reconnects with Last-Event-ID (conch.wire.stream_log); Triton has no such thing.
+    stream_keep_s: int = setting(
+        300,
+        Flag(
+            "--stream-keep-secs",
+            FRONTEND_ROLES,
+            "how long a streamed (SSE) request's responses are kept for a client that "
+            "reconnects with Last-Event-ID; 0 keeps none (conch's own flag)",
+            check=between(0, MAX_STREAM_KEEP_S),
+        ),
+        env="CONCH_STREAM_KEEP_S",
+    )
+    stream_grace_s: float = setting(
+        10.0,
+        Flag(
+            "--stream-grace-secs",
+            FRONTEND_ROLES,
+            "how long a streamed request outlives its client's connection before it is "
+            "cancelled, unless the client reconnects (conch's own flag)",
+            check=at_least(2.0),
+        ),
+        env="CONCH_STREAM_GRACE_S",
     )
     # A message a dead worker held comes back after this long (kombu's default is an hour).
     visibility_timeout_s: float = setting(6.0, env="CONCH_VISIBILITY_TIMEOUT_S")

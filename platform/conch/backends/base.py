@@ -62,6 +62,10 @@ class Responder(Protocol):
         sends no outputs (only with ``final``: the model said it was done). ``final``: the
         request's last response. Never raises for a request already ended: it logs."""
 
+    def is_cancelled(self) -> bool:
+        """Whether the caller went away for good, so the model may stop early (Triton's
+        ``is_cancelled``): a client that cancelled, or did not come back in time."""
+
 
 @dataclass
 class BackendRequest:

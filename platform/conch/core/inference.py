@@ -26,6 +26,9 @@ RESERVED_PARAMETERS = frozenset(
         "binary_data_output",
     }
 )
+# The longest a streamed request's responses may be kept for a client that reconnects
+# (``--stream-keep-secs``; ``conch.wire.stream_log``).
+MAX_STREAM_KEEP_S = 7 * 24 * 3600
 # The one ``triton_`` request parameter a client may send (Triton's frontends set it).
 ALLOWED_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
 

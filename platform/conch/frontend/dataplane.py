@@ -58,6 +58,7 @@ from conch.wire import (
     model_metrics,
     outage,
     statistics,
+    stream_log,
     trace_control,
     worker_reports,
 )
@@ -98,6 +99,9 @@ class InferOutcome:
     labels: dict[str, list[str]] | None  # class labels by output, when classes were asked
     batched: bool  # the first dimension is the batch (classification ranks per row)
     final: bool = True  # the request's last response (a decoupled model sends many)
+    # A decoupled model's response that begins a new run of its request (its worker died):
+    # the responses before it belong to the run that was lost (``producer``).
+    restarted: bool = False
 
     @property
     def flag_only(self) -> bool:
@@ -128,10 +132,17 @@ class InferStream:
         self._call = call
         self._replies = replies
         self._abandonment = abandonment
+        self.position = stream_log.HEAD  # of the last response handed out
 
     @property
     def message_id(self) -> str:
+        """The request's message id: its stream's id, when it is kept."""
         return self._call.msg.id
+
+    @property
+    def kept(self) -> bool:
+        """Whether its responses are kept for a client that reconnects."""
+        return self._call.msg.keep_s > 0
 
     def __iter__(self) -> InferStream:
         return self
@@ -146,8 +157,10 @@ class InferStream:
             self.close()
         version = reply.version if reply.version > 0 else self._call.version
         request = _narrowed(self._request, reply)
-        outcome = self._plane._outcome(self._to.entry, request, version, list(reply.outputs or ()))
+        outcome = self._plane.outcome(self._to.entry, request, version, list(reply.outputs or ()))
         outcome.final = reply.final
+        outcome.restarted = reply.restarted
+        self.position = stream_log.of(reply)
         return outcome
 
     def close(self) -> None:
@@ -477,10 +490,16 @@ class DataPlane:
         deadline: float = 0.0,
         abandonment: Abandonment | None = None,
         traceparent: str = "",
+        keep: bool = False,
     ) -> InferStream:
         """Check ``request``, queue it, and return its responses to iterate as they come:
         a decoupled model's many (``InferStream``), or any other model's one. The
-        arguments are ``infer``'s; the ``deadline`` bounds the whole stream.
+        arguments are ``infer``'s; the ``deadline`` bounds the whole stream. The request
+        is watched: it is cancelled when its caller goes away (``close`` before the end,
+        or ``abandonment``). With ``keep`` (and ``--stream-keep-secs`` above 0) its
+        responses are kept for a client that reconnects, and the caller gets
+        ``--stream-grace-secs`` to come back before it is cancelled
+        (``conch.wire.stream_log``).
 
         Every error about the request (a 4xx, a full queue) is raised here, before
         anything is queued; what ends it later is raised by the iteration. The response
@@ -498,6 +517,8 @@ class DataPlane:
             with about(RequestTag(request.id)):
                 call = self._prepare(to, request, calls.Lane.ONLINE, caller)
             msg = call.msg
+            msg.watched = True
+            msg.keep_s = self.settings.stream_keep_s if keep else 0
             span.set_attribute("conch.id", msg.id)
             with about(RequestTag(request.id, msg.id, tracing.trace_id(msg.traceparent))):
                 log.debug("infer stream: model '%s' version %s", entry.name, call.version)
@@ -507,6 +528,7 @@ class DataPlane:
                     max_queue_size=call.max_queue_size,
                     version=call.version,
                     route=None if spec is None else self.sequences.route(spec),
+                    grace_s=self.settings.stream_grace_s,
                 )
         if abandonment is not None:
             abandonment.watch(replies)
@@ -536,7 +558,7 @@ class DataPlane:
             except ConchError as exc:
                 log.debug("infer: failed (%s): %s", exc.code, exc.message)
                 raise
-            return self._outcome(to.entry, request, version, results)
+            return self.outcome(to.entry, request, version, results)
 
     def _run(
         self,
@@ -599,7 +621,7 @@ class DataPlane:
         else:
             version, results = self._run(to, request, call, abandonment)
             cache.store_answer(lookup, version, results)
-        return self._outcome(to.entry, request, version, results)
+        return self.outcome(to.entry, request, version, results)
 
     def _prepare(
         self,
@@ -652,9 +674,10 @@ class DataPlane:
         )
         return [(name, *produced[name]) for name in msg.outputs]
 
-    def _outcome(
+    def outcome(
         self, entry: ModelEntry, request: InferRequest, version: int, results: list[WireTensor]
     ) -> InferOutcome:
+        """A reply's tensors as the answer to ``request``, typed as the config says."""
         wire_types = self.view.output_types(entry)
         outputs = [
             OutputTensor(name, wire_types.get(name, dt), tuple(shape), raw)
@@ -785,7 +808,7 @@ class DataPlane:
             parameters={},
         )
         entry = self.view.serving(record.model)
-        return state, self._outcome(entry, request, reply.version, list(reply.outputs or ()))
+        return state, self.outcome(entry, request, reply.version, list(reply.outputs or ()))
 
     def _record(self, job_id: str) -> job_store.JobRecord:
         record = job_store.JobRecord.load(self._client, job_store.check_id(job_id))

@@ -26,7 +26,17 @@ one or an error. ``ResponseStream`` hands them out one by one in ``seq`` order:
 - a reply whose place was taken already is a duplicate (a request redelivered and run
   twice) and is dropped, as are replies after the final one;
 - an error reply ends the stream where it stands (after the replies released before
-  it); one numbered past a gap waits for its turn like any other reply.
+  it); one numbered past a gap waits for its turn like any other reply;
+- a reply of a later run (``Reply.attempt``: the request came back after its worker
+  died) starts the order again from its run's seq 0, and the earlier run's replies still
+  to come are dropped; the first reply of the new run that follows replies already
+  released is marked ``restarted``, so the caller can tell its client to drop those.
+
+A watched stream (``InferMessage.watched``) has a lease this process renews while its
+caller reads (``stream_leases``): a caller that stops early ends it at once, so the
+model's ``is_cancelled()`` turns true. A kept one (``keep_s``: an SSE client that may
+reconnect) is let go instead: its lease runs out after the grace time unless a reader
+comes back, and then, if no worker took the message yet, it is withdrawn.
 
 Its deadline, an outage and ``abandon`` end it as they end ``Pending.wait``, after the
 replies already in order (``abandon`` drops those too: nobody will read them).
@@ -46,7 +56,8 @@ from collections.abc import Callable, Iterator
 import redis
 
 from conch.core.errors import BrokerUnavailable, Cancelled, ConchError, Internal, Unavailable
-from conch.wire import broker, outage, statistics
+from conch.frontend.stream_leases import MIN_TTL_S, LeaseKeeper
+from conch.wire import broker, outage, statistics, stream_log
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 from conch.wire.redis_link import RedisLink
 
@@ -90,7 +101,17 @@ class _Replies:
     """Where the listener leaves a decoupled request's replies: released in ``seq``
     order, duplicates dropped, the ones ahead of a gap held (the module docstring)."""
 
-    __slots__ = ("_closed", "_cond", "_early", "_error", "_next", "_ready")
+    __slots__ = (
+        "_attempt",
+        "_closed",
+        "_cond",
+        "_early",
+        "_error",
+        "_next",
+        "_ready",
+        "_restart",
+        "_this_run",
+    )
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -99,11 +120,21 @@ class _Replies:
         self._next = 0  # the seq of the next reply in order
         self._closed = False  # the final reply or an error is in order: nothing follows
         self._error: ConchError | None = None  # the end instead of more replies
+        self._attempt = 1  # the run whose replies are released
+        self._this_run = False  # a reply of that run was released
+        self._restart = False  # the next reply released begins a run after released ones
 
     def deliver(self, reply: Reply) -> None:
         with self._cond:
             if self._closed or self._error is not None:
                 return  # after the end: late, or a duplicate of the end
+            if reply.attempt < self._attempt:
+                return  # a run that a later one replaced
+            if reply.attempt > self._attempt:
+                self._attempt, self._next = reply.attempt, 0
+                self._early.clear()
+                self._restart = self._restart or self._this_run
+                self._this_run = False
             if reply.error is not None and reply.seq <= self._next:
                 self._release(reply)  # an error ends the request where it stands
             elif reply.seq < self._next or reply.seq in self._early:
@@ -124,6 +155,9 @@ class _Replies:
             self._cond.notify_all()
 
     def _release(self, reply: Reply) -> None:
+        if self._restart:
+            reply.restarted, self._restart = True, False
+        self._this_run = True
         self._ready.append(reply)
         self._next = reply.seq + 1
         if reply.final or reply.error is not None:
@@ -233,15 +267,32 @@ class ResponseStream:
     raises them; each ends the stream. A caller that stops early says ``cancel()``, so
     that the replies still to come are dropped by the listener."""
 
-    __slots__ = ("_dispatcher", "_over", "_raw", "_slot", "msg", "version")
+    __slots__ = (
+        "_dispatcher",
+        "_grace_s",
+        "_let_go_once",
+        "_over",
+        "_raw",
+        "_slot",
+        "msg",
+        "version",
+    )
 
     def __init__(
-        self, dispatcher: Dispatcher, msg: InferMessage, slot: _Replies, raw: bytes, version: int
+        self,
+        dispatcher: Dispatcher,
+        msg: InferMessage,
+        slot: _Replies,
+        raw: bytes,
+        version: int,
+        grace_s: float = 0.0,
     ) -> None:
         self._dispatcher = dispatcher
         self._slot = slot
         self._raw = raw  # the message as queued; empty when it cannot be withdrawn
-        self._over = False
+        self._over = False  # the caller reads no more
+        self._let_go_once = False  # the request was let go of (``_let_go``)
+        self._grace_s = grace_s  # a watched stream's lease time to live
         self.msg = msg
         self.version = version or msg.version
 
@@ -255,7 +306,8 @@ class ResponseStream:
         got = self._slot.take(msg.deadline)
         if isinstance(got, Reply) and got.error is None:
             if got.final:
-                self.cancel()
+                self._over = True
+                self._let_go(ended=True)
             return got
         self.cancel()
         if got is None:
@@ -269,16 +321,56 @@ class ResponseStream:
         raise got
 
     def cancel(self) -> None:
-        """The caller will read no more: later replies are dropped."""
+        """The caller will read no more: later replies are dropped, and the request is
+        cancelled (a kept one once its grace time passes with no reader back)."""
         self._over = True
-        self._dispatcher._pending.pop(self.msg.id, None)
+        self._let_go(ended=False)
 
     def abandon(self, reason: str) -> bool:
-        """``Pending.abandon``: withdrawn if still queued, and the stream ends with
+        """``Pending.abandon``: withdrawn if still queued (a kept stream: if still queued
+        when its grace time passes with no reader back), and the stream ends with
         ``Cancelled(reason)`` at once, dropping the replies not yet read."""
-        withdrawn = _withdraw(self._dispatcher.client, self.msg, self._raw, self.version)
+        withdrawn = False
+        if not self.msg.keep_s:
+            withdrawn = _withdraw(self._dispatcher.client, self.msg, self._raw, self.version)
+        self._let_go(ended=False)
         self._slot.abandon(Cancelled(reason))
         return withdrawn
+
+    def _let_go(self, *, ended: bool) -> None:
+        """Stop reading: the request ``ended`` (its final reply came or its caller was
+        told why it ended), or its caller went away first."""
+        if self._let_go_once:
+            return
+        self._let_go_once = True
+        dispatcher, msg = self._dispatcher, self.msg
+        dispatcher._pending.pop(msg.id, None)
+        if not msg.watched:
+            return
+        dispatcher.leases.drop(msg.id)
+        if ended:
+            return  # the lease runs out on its own: nobody runs the request any more
+        if msg.keep_s:  # the client may come back within its grace time
+            timer = threading.Timer(self._grace_s + 0.5, self._after_grace)
+            timer.daemon = True
+            timer.start()
+            return
+        try:
+            pipe = dispatcher.client.pipeline(transaction=False)
+            stream_log.release(pipe, msg.id)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("request '%s': could not end its lease: %s", msg.id, exc)
+
+    def _after_grace(self) -> None:
+        """The grace time after a kept stream's client left: cancelled if nobody came
+        back (its lease lapsed), and taken out of its queue if no worker has it yet."""
+        try:
+            if stream_log.held(self._dispatcher.client, [self.msg.id])[0]:
+                return
+            _withdraw(self._dispatcher.client, self.msg, self._raw, self.version)
+        except redis.RedisError as exc:
+            log.warning("request '%s': could not withdraw it: %s", self.msg.id, exc)
 
 
 class Abandonment:
@@ -330,6 +422,7 @@ class Dispatcher:
         self._pending: dict[str, _Slot | _Replies] = {}
         self._pid: int | None = None
         self.reply_key = ""
+        self.leases = LeaseKeeper(client)
 
     def call(
         self,
@@ -388,13 +481,34 @@ class Dispatcher:
         max_queue_size: int = 0,
         version: int = 0,
         route: Callable[[InferMessage], None] | None = None,
+        grace_s: float = 0.0,
     ) -> ResponseStream:
         """Enqueue ``msg``, a request to a decoupled model, now; iterate the returned
         ``ResponseStream`` for its replies (the module docstring). As ``submit``, but
-        never bundled: a stream can always be withdrawn while it is queued."""
+        never bundled: a stream can always be withdrawn while it is queued. A watched
+        ``msg`` gets its lease (``grace_s`` to live) and, when kept, its log's head
+        before it is queued, so that no worker finds it cancelled."""
+        if msg.watched:
+            grace_s = max(grace_s, MIN_TTL_S)
+            pipe = self.client.pipeline(transaction=False)
+            stream_log.hold(pipe, [msg.id], int(grace_s * 1000))
+            if msg.keep_s:
+                head = stream_log.StreamHead(
+                    msg.model, version or msg.version, msg.client_id, msg.deadline
+                )
+                stream_log.open_log(pipe, msg.id, head, msg.keep_s)
+            try:
+                pipe.execute()
+            except redis.RedisError as exc:
+                raise outage.unavailable(exc) from None
+            self.leases.add(msg.id, grace_s)
         slot = _Replies()
-        raw = self._enqueue(msg, slot, max_queue_size, version, route, None)
-        return ResponseStream(self, msg, slot, raw, version)
+        try:
+            raw = self._enqueue(msg, slot, max_queue_size, version, route, None)
+        except BaseException:
+            self.leases.drop(msg.id)
+            raise
+        return ResponseStream(self, msg, slot, raw, version, grace_s)
 
     def _enqueue(
         self,

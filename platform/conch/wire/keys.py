@@ -51,6 +51,14 @@ Replies and job results (``conch.wire.messages``, ``conch.wire.job_store``)::
                                             (cancel); Celery's format    wakes waiters
     conch.job.<job>                hash     gateway (submit, cancel),    gateway (status); worker
       [JOB_RECORD_PREFIX]                   batch job (progress)         and batch job (cancelled)
+    conch.stream.<id>              stream   gateway (its head entry      gateways (a client that
+      [STREAM_PREFIX]                       0-1: model, version, id);    reconnects: XRANGE, XREAD)
+                                            worker: a kept decoupled
+                                            request's replies, entry id
+                                            <attempt>-<seq> (expires)
+    conch.stream.<id>/lease        string   gateways reading the stream  worker (is_cancelled,
+      [STREAM_LEASE_SUFFIX]                 (SET PX, refreshed)          admission), gateway (the
+                                                                         grace withdraw, reconnect)
     conch.dataset                  string   the first dispatcher to      dispatchers, after they
       [DATASET]                             reach Redis: a random id     reconnect (another id, or
                                             (SET NX, never expires)      none: Redis lost its data)
@@ -135,6 +143,8 @@ DEADLETTER = "conch.deadletter"
 
 # Replies and job results.
 REPLY_PREFIX = "conch.reply."
+STREAM_PREFIX = "conch.stream."  # + a request's message id (32 hex digits)
+STREAM_LEASE_SUFFIX = "/lease"
 JOB_RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
 JOB_RECORD_PREFIX = "conch.job."
 DATASET = "conch.dataset"  # names what Redis holds: gone or changed when Redis lost it
@@ -197,6 +207,8 @@ __all__ = [
     "REPOSITORY_GENERATION",
     "SAMPLES_PREFIX",
     "STATS_PREFIX",
+    "STREAM_LEASE_SUFFIX",
+    "STREAM_PREFIX",
     "TRACE_COMMANDS",
     "TRACE_SETTINGS",
     "UNACKED",

@@ -14,6 +14,7 @@ import msgpack
 
 from conch.core.datatypes import WIRE_TYPES
 from conch.core.errors import ConchError, InvalidArgument, from_code
+from conch.core.inference import MAX_STREAM_KEEP_S
 from conch.core.repository_keys import MAX_SEGMENT_BYTES
 from conch.core.trace_config import TRACEPARENT
 from conch.wire.keys import REPLY_PREFIX
@@ -30,6 +31,7 @@ MAX_TENSORS = 1024
 # of a call chain far lower, this only bounds what a message may carry.
 MAX_CHAIN = 256
 MAX_MODEL_NAME = MAX_SEGMENT_BYTES  # a model is a folder: its name fits in one
+MAX_ATTEMPT = 2**31 - 1  # a reply's run of its request (deliveries are far fewer)
 
 
 class BadMessage(ValueError):
@@ -84,7 +86,11 @@ class InferMessage:
     # A sequence model's request (conch.wire.sequences): its correlation id (uint64 or
     # string), and whether it starts and ends the sequence; None for any other model.
     sequence: tuple[int | str, bool, bool] | None = None
-    # The W3C trace context of the gateway's span for this request ("" when untraced):
+    # A decoupled request someone watches (``conch.wire.stream_log``): its lease key says
+    # the caller is still there (``is_cancelled`` once it is gone), and with ``keep_s`` its
+    # responses are kept in its log that long, for a client that reconnects.
+    watched: bool = False
+    keep_s: int = 0
     # the worker's spans join the request's trace (conch.core.tracing).
     traceparent: str = ""
 
@@ -114,6 +120,10 @@ class InferMessage:
             body["seq"] = list(self.sequence)
         if self.traceparent:
             body["tp"] = self.traceparent
+        if self.watched:
+            body["w"] = True
+        if self.keep_s:
+            body["keep"] = self.keep_s
         return body
 
     @classmethod
@@ -147,6 +157,8 @@ class InferMessage:
                 job_ttl=_int(m.get("job", 0)),
                 sequence=_sequence(m.get("seq")),
                 traceparent=_traceparent(m.get("tp", "")),
+                watched=m.get("w", False) is True,
+                keep_s=_keep(m.get("keep", 0)),
             )
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None
@@ -168,6 +180,12 @@ class Reply:
     version: int = 0  # the model version that answered
     final: bool = True  # the request's last response
     seq: int = 0  # its place among the request's responses (a decoupled model's)
+    # The run of the request that sent it (its delivery: 1 unless a worker died holding
+    # it). A later run's replies replace an earlier run's, from seq 0 again.
+    attempt: int = 1
+    # Set by the reader, never sent: the first reply of a later run, whose caller drops
+    # what the earlier run sent (``conch.frontend.producer``).
+    restarted: bool = False
 
     def pack(self) -> bytes:
         body: dict[str, Any] = {
@@ -180,6 +198,8 @@ class Reply:
             body["fin"] = False
         if self.seq:
             body["seq"] = self.seq
+        if self.attempt != 1:
+            body["at"] = self.attempt
         if self.error is not None:
             body["err"] = [self.error.code, self.error.status, self.error.message]
         else:
@@ -196,10 +216,13 @@ class Reply:
         seq = _int(m.get("seq", 0))
         if seq < 0:
             raise BadMessage("negative reply seq")
+        attempt = _int(m.get("at", 1))
+        if not 0 < attempt <= MAX_ATTEMPT:
+            raise BadMessage("reply attempt out of range")
         if "err" in m:
             code, status, message = m["err"]
             error = from_code(_str(code), _str(message), _int(status))
-            return cls(rid, error=error, timing=timing, seq=seq)
+            return cls(rid, error=error, timing=timing, seq=seq, attempt=attempt)
         outputs = [read_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
         return cls(
             rid,
@@ -209,6 +232,7 @@ class Reply:
             version=_int(m.get("v", 0)),
             final=m.get("fin", True) is not False,
             seq=seq,
+            attempt=attempt,
         )
 
 
@@ -240,6 +264,13 @@ def _model_name(v: Any) -> str:
     if not isinstance(v, str) or not v or len(v) > MAX_MODEL_NAME:
         raise BadMessage("chain holds something that is not a model name")
     return v
+
+
+def _keep(v: Any) -> int:
+    keep = _int(v)
+    if not 0 <= keep <= MAX_STREAM_KEEP_S:
+        raise BadMessage("keep is out of range")
+    return keep
 
 
 def _traceparent(v: Any) -> str:

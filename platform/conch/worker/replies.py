@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import redis
 
-from conch.wire import job_store
+from conch.wire import job_store, stream_log
 from conch.wire.messages import REPLY_TTL_S, InferMessage, Reply
 from conch.wire.redis_link import CommandQueue
 
@@ -43,5 +43,13 @@ class ReplySink:
             pipe.expire(key, REPLY_TTL_S)
 
     def cancelled(self, msgs: Iterable[InferMessage]) -> set[str]:
-        """The ids of the async jobs among ``msgs`` cancelled since they were queued."""
-        return job_store.cancelled(self.client, [m.id for m in msgs if m.job_ttl])
+        """The ids of the requests among ``msgs`` cancelled since they were queued: async
+        jobs cancelled through the job API, and watched streams whose every reader went
+        away (their lease lapsed: ``conch.wire.stream_log``)."""
+        msgs = list(msgs)
+        gone = job_store.cancelled(self.client, [m.id for m in msgs if m.job_ttl])
+        watched = [m.id for m in msgs if m.watched]
+        if watched:
+            alive = stream_log.held(self.client, watched)
+            gone.update(i for i, held in zip(watched, alive, strict=True) if not held)
+        return gone

@@ -16,6 +16,13 @@ passes, or, for a request without one, after ``IDLE_S`` with no response; reques
 open when the drain loop stops get ``STOP_GRACE_S`` to end before the same. A response
 sent after the final one is logged and dropped. An execution's statistics are recorded
 once, when its last request ends (``StreamGroup``).
+
+Each reply carries the request's run (``Reply.attempt``: its delivery), so that a caller
+told the responses of a run that a dead worker left unfinished drops them when the next
+run's come. A kept request's replies are also appended to its log
+(``conch.wire.stream_log``), for a client that reconnects. A watched request is cancelled
+once its lease lapses (every reader gone): ``is_cancelled`` asks Redis at most every
+``CANCEL_CHECK_S``, and stays true once true.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import redis
 from conch.backends import BackendResult
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, Unavailable
-from conch.wire import outage, statistics
+from conch.wire import outage, statistics, stream_log
 from conch.wire.messages import Reply
 from conch.wire.redis_link import Commands
 from conch.worker.admission import Item
@@ -43,6 +50,7 @@ log = logging.getLogger(__name__)
 
 IDLE_S = 300.0  # a request without a deadline ends this long after its last response
 STOP_GRACE_S = 10.0  # how long a stopping drain loop waits for its streams to end
+CANCEL_CHECK_S = 0.5  # how stale a watched request's is_cancelled() may be
 
 
 @dataclass(eq=False)
@@ -97,6 +105,22 @@ class Stream:
         self.first_ns = 0
         self.last_sent = time.monotonic()
         self.lock = threading.Lock()  # one send at a time, so replies leave in order
+        self._cancelled = False
+        self._checked = 0.0  # monotonic time of the last lease check
+
+    def is_cancelled(self) -> bool:
+        """Whether everyone reading this request went away (its lease lapsed)."""
+        msg = self.item.msg
+        if self._cancelled or not msg.watched:
+            return self._cancelled
+        now = time.monotonic()
+        if now - self._checked >= CANCEL_CHECK_S:
+            self._checked = now
+            try:
+                self._cancelled = not stream_log.held(self.streams.sink.client, [msg.id])[0]
+            except redis.RedisError:
+                return False  # unknown during an outage: keep going
+        return self._cancelled
 
     def send(self, result: BackendResult | None, final: bool) -> None:
         with self.lock:
@@ -118,8 +142,9 @@ class Stream:
 
     def _reply(self, result: BackendResult | None, final: bool) -> Reply:
         msg = self.item.msg
+        attempt = self.item.attempts
         if isinstance(result, ConchError):
-            return Reply(msg.id, error=result, seq=self.seq, version=self.version)
+            return Reply(msg.id, error=result, seq=self.seq, version=self.version, attempt=attempt)
         try:
             outputs = (
                 tensors.named_outputs(result, msg.outputs, self.streams.output_types)
@@ -128,7 +153,7 @@ class Stream:
             )
         except Exception as exc:
             bad = Internal(f"model '{self.streams.model}' returned a bad output: {exc}")
-            return Reply(msg.id, error=bad, seq=self.seq, version=self.version)
+            return Reply(msg.id, error=bad, seq=self.seq, version=self.version, attempt=attempt)
         return Reply(
             msg.id,
             outputs=outputs,
@@ -137,6 +162,7 @@ class Stream:
             version=self.version,
             final=final,
             seq=self.seq,
+            attempt=attempt,
         )
 
     def _send(self, reply: Reply) -> None:
@@ -149,7 +175,10 @@ class Stream:
         self.ended = final
         streams = self.streams
         pipe = Commands()
-        streams.sink.deliver(pipe, self.item.msg, reply)
+        msg = self.item.msg
+        streams.sink.deliver(pipe, msg, reply)
+        if msg.keep_s:
+            stream_log.append(pipe, msg.id, reply, msg.keep_s)
         tags: list[str] = []
         if final:
             ready = self.group.ended(

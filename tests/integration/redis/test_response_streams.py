@@ -14,7 +14,7 @@ import redis
 from conch.core.errors import BrokerUnavailable, Cancelled, Internal, Unavailable
 from conch.frontend import producer
 from conch.frontend.producer import Abandonment, Dispatcher, ResponseStream
-from conch.wire import broker, statistics
+from conch.wire import broker, statistics, stream_log
 from conch.wire.messages import InferMessage, Reply
 from conch.wire.work_owed import work_owed
 
@@ -34,9 +34,13 @@ def model(client: redis.Redis) -> Iterator[str]:
     client.delete(*broker.priority_keys(broker.queue_name(name)))
 
 
-def message(model: str, deadline_s: float = 5.0) -> InferMessage:
+def message(
+    model: str, deadline_s: float = 5.0, *, watched: bool = False, keep_s: int = 0
+) -> InferMessage:
     now = time.time()
     return InferMessage(
+        watched=watched,
+        keep_s=keep_s,
         id=broker.new_id(),
         model=model,
         version=1,
@@ -48,9 +52,11 @@ def message(model: str, deadline_s: float = 5.0) -> InferMessage:
     )
 
 
-def reply(stream: ResponseStream, seq: int, *, final: bool = False, empty: bool = False) -> Reply:
+def reply(
+    stream: ResponseStream, seq: int, *, final: bool = False, empty: bool = False, attempt: int = 1
+) -> Reply:
     outputs = [] if empty else [("Y", "FP32", (1,), bytes([seq, 0, 0, 0]))]
-    return Reply(stream.msg.id, outputs=outputs, version=1, final=final, seq=seq)
+    return Reply(stream.msg.id, outputs=outputs, version=1, final=final, seq=seq, attempt=attempt)
 
 
 def push(client: redis.Redis, stream: ResponseStream, *replies: Reply) -> None:
@@ -248,3 +254,77 @@ def test_a_full_queue_refuses_a_stream(client, model) -> None:
     with pytest.raises(Unavailable, match="Exceeds maximum queue size"):
         d.stream(message(model), max_queue_size=1)
     assert len(d._pending) == 1
+
+
+def test_a_later_run_replaces_a_lost_one_and_says_so(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 0), reply(stream, 1))
+    assert [next(stream).seq, next(stream).seq] == [0, 1]
+    # The worker died; the next run starts again from 0. The lost run's late replies
+    # (its 2, and a duplicate of its 1) are dropped once the new run has begun.
+    push(client, stream, reply(stream, 0, attempt=2), reply(stream, 2))
+    push(client, stream, reply(stream, 1, attempt=2), reply(stream, 2, attempt=2, final=True))
+    got = list(stream)
+    assert [(r.attempt, r.seq, r.restarted) for r in got] == [
+        (2, 0, True),
+        (2, 1, False),
+        (2, 2, False),
+    ]
+
+
+def test_a_run_lost_before_anything_was_read_is_no_restart(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model))
+    push(client, stream, reply(stream, 1))  # ahead of a gap: held, never released
+    time.sleep(0.1)
+    push(client, stream, reply(stream, 0, attempt=3, final=True))
+    (only,) = list(stream)
+    assert (only.attempt, only.restarted) == (3, False)
+
+
+def lease_alive(client: redis.Redis, stream: ResponseStream) -> bool:
+    return stream_log.held(client, [stream.msg.id])[0]
+
+
+def test_a_watched_stream_holds_a_lease_while_read_and_ends_it_when_stopped(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model, watched=True), grace_s=2.0)
+    assert lease_alive(client, stream)  # before anything is queued
+    time.sleep(2.5)  # past its time to live: renewed meanwhile
+    assert lease_alive(client, stream)
+    stream.cancel()  # the caller stopped early: cancelled at once
+    assert not lease_alive(client, stream)
+
+
+def test_a_kept_stream_whose_client_left_is_withdrawn_after_its_grace(client, model) -> None:
+    d = Dispatcher(client)
+    before = cancelled(client, model)
+    stream = d.stream(message(model, watched=True, keep_s=60), grace_s=2.0)
+    head = stream_log.head(client, stream.msg.id)
+    assert head is not None and head.model == model  # its log is open before it runs
+    abandonment = Abandonment()
+    abandonment.watch(stream)
+    abandonment.abandon("the client closed the connection")
+    with pytest.raises(Cancelled):
+        next(stream)
+    # The client may come back: still queued, its lease alive, for the grace time.
+    assert work_owed(client, [model])[model].waiting == 1
+    assert lease_alive(client, stream)
+    deadline = time.monotonic() + 5
+    while work_owed(client, [model])[model].waiting and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert work_owed(client, [model])[model].waiting == 0
+    assert cancelled(client, model) == before + 1
+
+
+def test_a_kept_stream_whose_client_came_back_stays_queued(client, model) -> None:
+    d = Dispatcher(client)
+    stream = d.stream(message(model, watched=True, keep_s=60), grace_s=2.0)
+    stream.cancel()
+    # Another reader (a reconnect, maybe through another gateway) holds the lease.
+    other = Dispatcher(client)
+    other.leases.add(stream.msg.id, 2.0)
+    time.sleep(3.5)
+    assert work_owed(client, [model])[model].waiting == 1
+    other.leases.drop(stream.msg.id)

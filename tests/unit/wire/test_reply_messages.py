@@ -6,12 +6,13 @@ import msgpack
 import pytest
 
 from conch.core.errors import Internal
-from conch.wire.messages import BadMessage, Reply
+from conch.wire.messages import BadMessage, InferMessage, Reply
+from conch.wire.stream_log import HEAD, Position, is_stream_id
 
 
 def test_a_plain_reply_is_final_and_carries_no_stream_fields() -> None:
     packed = Reply("r1", outputs=[("Y", "FP32", (1,), b"\0\0\0\0")], version=2).pack()
-    assert {"fin", "seq"}.isdisjoint(msgpack.unpackb(packed))
+    assert {"fin", "seq", "at"}.isdisjoint(msgpack.unpackb(packed))
     back = Reply.unpack(packed)
     assert back.final and back.seq == 0 and back.version == 2
     assert back.outputs == [("Y", "FP32", (1,), b"\0\0\0\0")]
@@ -29,3 +30,40 @@ def test_a_decoupled_models_responses_keep_their_place_and_flag() -> None:
 def test_a_negative_seq_is_a_bad_message() -> None:
     with pytest.raises(BadMessage):
         Reply.unpack(msgpack.packb({"id": "r1", "t": {}, "out": [], "seq": -1}))
+
+
+def test_a_reply_keeps_its_run_and_a_bad_run_is_a_bad_message() -> None:
+    again = Reply.unpack(Reply("r1", outputs=[], final=False, seq=2, attempt=3).pack())
+    assert (again.attempt, again.seq, again.restarted) == (3, 2, False)
+    failed = Reply.unpack(Reply("r1", error=Internal("boom"), attempt=2).pack())
+    assert failed.attempt == 2
+    for bad in (0, -1, 2**31, "2"):
+        with pytest.raises(BadMessage):
+            Reply.unpack(msgpack.packb({"id": "r1", "t": {}, "out": [], "at": bad}))
+
+
+def _message(**fields) -> dict:
+    msg = InferMessage("a" * 32, "m", 1, [], [], None, 1.0, 0.0, **fields)
+    return msg.to_dict()
+
+
+def test_a_watched_kept_message_round_trips_and_its_keep_is_bounded() -> None:
+    plain = _message()
+    assert {"w", "keep"}.isdisjoint(plain)
+    back = InferMessage.from_dict(_message(watched=True, keep_s=300))
+    assert (back.watched, back.keep_s) == (True, 300)
+    for bad in (-1, 7 * 24 * 3600 + 1, 1.5):
+        body = plain | {"keep": bad}
+        with pytest.raises(BadMessage):
+            InferMessage.from_dict(body)
+    assert InferMessage.from_dict(plain | {"w": 1}).watched is False  # only true is true
+
+
+def test_a_stream_position_is_parsed_strictly() -> None:
+    assert Position.parse("2-15") == Position(2, 15) and str(Position(2, 15)) == "2-15"
+    assert Position(1, 0) > HEAD and Position(2, 0) > Position(1, 99)
+    for bad in ("", "1", "a-1", "1-1-1", "-1-2", "1-" + "9" * 20, "1 -2"):
+        with pytest.raises(ValueError):
+            Position.parse(bad)
+    assert is_stream_id("0123456789abcdef" * 2)
+    assert not is_stream_id("0123456789ABCDEF" * 2) and not is_stream_id("../" + "a" * 29)

@@ -459,7 +459,12 @@ class PythonBackend(Backend):
                 responder.send(result, ends)
                 return ends
 
-            sender = pb.InferenceResponseSender(deliver, decoupled=True, about=about)
+            sender = pb.InferenceResponseSender(
+                deliver,
+                decoupled=True,
+                about=about,
+                cancelled=None if responder is None else responder.is_cancelled,
+            )
         request._sender = sender
         return sender
 

@@ -639,8 +639,16 @@ class InferenceResponseSender:
     ``TritonModelException``.
     """
 
-    def __init__(self, deliver: Deliver, *, decoupled: bool, about: str = "") -> None:
+    def __init__(
+        self,
+        deliver: Deliver,
+        *,
+        decoupled: bool,
+        about: str = "",
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
         self._deliver = deliver
+        self._cancelled = cancelled  # asks whether the caller went away; None: never
         self._decoupled = decoupled
         self._about = about  # which model and request, for the log
         self._lock = threading.Lock()
@@ -666,7 +674,7 @@ class InferenceResponseSender:
                 self._closed = True
 
     def is_cancelled(self) -> bool:
-        return False
+        return self._cancelled is not None and self._cancelled()
 
     def _count(self, response: InferenceResponse | None, final: bool) -> None:
         """Triton's checks before a response goes, and its counts (the caller holds the
@@ -773,7 +781,7 @@ class InferenceRequest:
         return self._trace
 
     def is_cancelled(self) -> bool:
-        return False
+        return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         """The sender of this request's responses (``InferenceResponseSender``): only for

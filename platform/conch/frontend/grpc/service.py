@@ -50,6 +50,9 @@ _NO_DEADLINE_S = 365 * 86_400.0
 # Triton's stream parameters: on each response, whether it is its request's last; on a
 # request, whether a decoupled model's "done" with no response is sent (empty) or not.
 FINAL_PARAMETER = "triton_final_response"
+# conch's own, on the first response of a new run of a decoupled request whose worker
+# died mid-stream: the client drops the responses the lost run sent before it.
+RESTARTED_PARAMETER = "conch_restarted"
 EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
 
 # Triton's error codes (``ConchError.code``) as gRPC status codes, as Triton maps them.
@@ -278,7 +281,8 @@ class InferenceService:
         """One stream request's answers, never an exception. A decoupled model's
         responses go as they come, each with ``triton_final_response`` (false but for
         the last), as Triton's stream sends them; any other model's one answer is
-        final too. A request that fails before it is queued gets its error with its id
+        final too. The first response of a run that replaced one lost with its worker
+        says so (``conch_restarted``). A request that fails before it is queued gets its error with its id
         (Triton's request error); one that fails later gets it as a final response."""
         try:
             to = self.plane.target(request.model_name, _version(request.model_version))
@@ -309,6 +313,8 @@ class InferenceService:
                     answer = pb.ModelStreamInferResponse(
                         infer_response=codec.encode_outcome(outcome)
                     )
+                    if outcome.restarted:
+                        answer.infer_response.parameters[RESTARTED_PARAMETER].bool_param = True
                     yield _final(answer, outcome.final)
                 elif empty_final:
                     yield _final(_stream_error(request, ""), True)  # no error: empty

@@ -20,6 +20,15 @@ one-element output as its bare value, others as a flat list; fields in Triton's 
   an error after it is an event ``data: {"error": "..."}``, the status staying 200, as
   Triton sends it. A decoupled model's empty final response sends nothing.
 
+conch's own, for a decoupled model's ``generate_stream``: the stream outlives its
+connection (``conch.wire.stream_log``). Its answer's ``Content-Location`` is
+``/v2/streams/<id>``, and each event has an ``id:`` (``<run>-<seq>``). A client whose
+connection drops sends ``GET /v2/streams/<id>`` with ``Last-Event-ID``, to this gateway
+or another, within ``--stream-keep-secs``, and gets exactly the events it had not
+received. One that does not come back within ``--stream-grace-secs`` cancels the request.
+When a worker dies mid-stream, the request runs again elsewhere, and an ``event: restart``
+comes before the new run's first response: the client drops the responses before it.
+
 Either way an error found before anything is queued (an unknown model, a body that fits
 no input, a missing input) is Triton's plain JSON error with its status. A client that
 closes its connection while it waits (``HangupWatch``) withdraws its request if no worker
@@ -41,7 +50,8 @@ import select
 import socket
 import ssl
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, Response, request
@@ -55,11 +65,13 @@ from conch.core.inference import (
 )
 from conch.core.restricted_apis import ApiGroup
 from conch.frontend import calls, v2_json
-from conch.frontend.dataplane import DataPlane, InferOutcome
+from conch.frontend.dataplane import DataPlane, InferOutcome, InferStream
 from conch.frontend.http.api_groups import api_group
 from conch.frontend.http.fast_path import error_answer, too_large
 from conch.frontend.http.routes import plane
 from conch.frontend.producer import Abandonment
+from conch.frontend.stream_resume import ResumedStream, resume
+from conch.wire.stream_log import Position
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +85,19 @@ NOT_ONE_RESPONSE = (
     "that generates various number of responses"
 )
 HANGUP_POLL_S = 0.25  # how often a waiting call looks at its client's socket
+STREAMS_PATH = "/v2/streams/"  # where a kept stream is read again
 
 Answer = InferOutcome | ConchError  # one response: outputs, or its error
+
+
+@dataclass(frozen=True)
+class Event:
+    """One response as an SSE event: its ``answer``, and for a kept stream its place
+    (``position``, the event's id) and whether it begins a new run (``restarted``)."""
+
+    answer: Answer
+    position: Position | None = None
+    restarted: bool = False
 
 
 # -- the body: JSON fields → tensors and parameters ------------------------------------
@@ -325,9 +348,15 @@ def _dumps(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def sse_event(answer: Answer) -> bytes:
-    """One response (or its error) as a Server-Sent Event."""
-    return b"data: " + _dumps(_document(answer)) + b"\n\n"
+def sse_event(event: Event) -> bytes:
+    """One response (or its error) as a Server-Sent Event, after an ``event: restart``
+    when a new run of the request begins with it."""
+    head = b""
+    if event.restarted:
+        head = b"event: restart\ndata: {}\n\n"
+    if event.position is not None and not isinstance(event.answer, ConchError):
+        head += b"id: " + str(event.position).encode() + b"\n"
+    return head + b"data: " + _dumps(_document(event.answer)) + b"\n\n"
 
 
 # -- the client's connection -------------------------------------------------------------
@@ -388,7 +417,7 @@ class _Call:
     """One generate call, up to its responses: every error before anything is queued
     is raised by the constructor (Triton's JSON error); ``answers`` are the responses."""
 
-    def __init__(self, model: str, version: int | None) -> None:
+    def __init__(self, model: str, version: int | None, *, keep: bool) -> None:
         data_plane = plane()
         to = data_plane.target(model, "" if version is None else str(version))
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
@@ -402,14 +431,19 @@ class _Call:
         decoded = decode_request(doc, inputs, max_input_bytes=limit)
         self.abandonment = Abandonment()
         self.watch = HangupWatch.start(request.environ, self.abandonment)
+        self.location = ""  # where a kept stream is read again
         try:
-            self.answers = _answers(
-                data_plane,
-                to,
-                decoded,
-                self.abandonment,
-                request.headers.get("traceparent", ""),
-            )
+            traceparent = request.headers.get("traceparent", "")
+            if not to.decoupled:
+                validation.validate_request(decoded, to.entry.config, model_name=to.entry.name)
+                self.answers = _one(data_plane, to, decoded, self.abandonment, traceparent)
+            else:
+                stream = data_plane.infer_stream(
+                    to, decoded, abandonment=self.abandonment, traceparent=traceparent, keep=keep
+                )
+                if stream.kept:
+                    self.location = STREAMS_PATH + stream.message_id
+                self.answers = _streamed(stream)
         except BaseException:
             self.watch.stop()
             raise
@@ -419,49 +453,40 @@ class _Call:
         self.answers.close()
 
 
-def _answers(
-    data_plane: DataPlane,
-    to: calls.Target,
-    decoded: InferRequest,
-    abandonment: Abandonment,
-    traceparent: str,
-) -> Iterator[Answer]:
-    """The request's responses, each its outputs or its error (which ends them). A
-    decoupled model's request is queued here (its 4xx raised); any other model's request
-    is checked here and run as the first response is asked for."""
-    if not to.decoupled:
-        validation.validate_request(decoded, to.entry.config, model_name=to.entry.name)
-        return _one(data_plane, to, decoded, abandonment, traceparent)
-    stream = data_plane.infer_stream(to, decoded, abandonment=abandonment, traceparent=traceparent)
-    return _streamed(stream)
-
-
 def _one(
     data_plane: DataPlane,
     to: calls.Target,
     decoded: InferRequest,
     abandonment: Abandonment,
     traceparent: str,
-) -> Iterator[Answer]:
+) -> Iterator[Event]:
+    """A model that is not decoupled: its one response, run as it is asked for."""
     try:
-        yield data_plane.infer(to, decoded, abandonment=abandonment, traceparent=traceparent)
+        yield Event(data_plane.infer(to, decoded, abandonment=abandonment, traceparent=traceparent))
     except ConchError as exc:
-        yield exc
+        yield Event(exc)
     except Exception as exc:
         log.exception("generate failed")
-        yield Internal(f"internal error: {exc}")
+        yield Event(Internal(f"internal error: {exc}"))
 
 
-def _streamed(stream: Any) -> Iterator[Answer]:
+def _streamed(stream: InferStream | ResumedStream) -> Iterator[Event]:
+    """A decoupled model's responses as they come, each an event (a kept stream's with
+    its place); an error ends them. A restart with no response to show (the new run
+    ended with only its final flag) is still told."""
+    position = None
     try:
         for outcome in stream:
+            position = stream.position if stream.kept else None
             if not outcome.flag_only:
-                yield outcome
+                yield Event(outcome, position, outcome.restarted)
+            elif outcome.restarted:
+                yield Event(outcome, position, True)
     except ConchError as exc:
-        yield exc
+        yield Event(exc, position)
     except Exception as exc:
         log.exception("generate stream failed")
-        yield Internal(f"internal error: {exc}")
+        yield Event(Internal(f"internal error: {exc}"), position)
     finally:
         stream.close()
 
@@ -473,9 +498,9 @@ def generate(model: str, version: int | None = None) -> Response:
     """One JSON answer: the model's one response, or Triton's error when it sent any
     other number (as Triton's documentation asks, an error status: Triton's own
     server, which has sent its headers by then, says 200)."""
-    call = _Call(model, version)
+    call = _Call(model, version, keep=False)
     try:
-        answers = list(call.answers)
+        answers = [event.answer for event in call.answers]
     finally:
         call.close()
     if len(answers) != 1:
@@ -493,25 +518,49 @@ def generate(model: str, version: int | None = None) -> Response:
 def generate_stream(model: str, version: int | None = None) -> Response:
     """Server-Sent Events, one per response as it comes; the status is the first
     response's (200 when there is none)."""
-    call = _Call(model, version)
-    try:
-        first = next(call.answers, None)
-    except BaseException:
-        call.close()
-        raise
-    status = first.status if isinstance(first, ConchError) else 200
+    call = _Call(model, version, keep=True)
+    return _sse(call.answers, call.close, call.location)
 
-    def events() -> Iterator[bytes]:
+
+@bp.get("/v2/streams/<stream_id>")
+@api_group(ApiGroup.INFERENCE)
+def resume_stream(stream_id: str) -> Response:
+    """A kept stream again, after its ``Last-Event-ID`` (from its start without one):
+    conch's own route, for an SSE client whose connection dropped."""
+    abandonment = Abandonment()
+    last = request.headers.get("Last-Event-ID", "")
+    stream = resume(plane(), stream_id, last, abandonment)
+    watch = HangupWatch.start(request.environ, abandonment)
+
+    def close() -> None:
+        watch.stop()
+        stream.close()
+
+    return _sse(_streamed(stream), close, STREAMS_PATH + stream_id)
+
+
+def _sse(events: Iterator[Event], close: Callable[[], None], location: str) -> Response:
+    """``events`` as an SSE answer whose status is the first event's."""
+    try:
+        first = next(events, None)
+    except BaseException:
+        close()
+        raise
+    status = first.answer.status if first and isinstance(first.answer, ConchError) else 200
+
+    def body() -> Iterator[bytes]:
         try:
             if first is not None:
                 yield sse_event(first)
-            for answer in call.answers:
-                yield sse_event(answer)
+            for event in events:
+                yield sse_event(event)
         finally:
-            call.close()
+            close()
 
-    response = Response(events(), status=status, direct_passthrough=True)
-    response.call_on_close(call.close)  # also when the body is never read
+    response = Response(body(), status=status, direct_passthrough=True)
+    response.call_on_close(close)  # also when the body is never read
     response.headers["Content-Type"] = SSE_TYPE
     response.headers["Cache-Control"] = "no-cache"
+    if location:
+        response.headers["Content-Location"] = location
     return response

@@ -495,6 +495,20 @@ def _parameters() -> dict[str, Schema]:
             "required": True,
             "schema": {"type": "string", "pattern": f"^{job_store.JOB_ID.pattern}$"},
         },
+        "stream_id": {
+            "name": "stream_id",
+            "in": "path",
+            "required": True,
+            "description": "A kept stream's id: the last part of its Content-Location.",
+            "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        },
+        "last_event_id": {
+            "name": "Last-Event-ID",
+            "in": "header",
+            "description": "The id of the last event received (<run>-<seq>): the stream "
+            "resumes after it. Without it, the stream is read from its start.",
+            "schema": {"type": "string", "pattern": "^[0-9]{1,10}-[0-9]{1,19}$"},
+        },
         "header_length": {
             "name": HEADER_LENGTH,
             "in": "header",
@@ -785,6 +799,25 @@ def _server_paths() -> dict[str, Schema]:
             ),
             ("job_id",),
         ),
+        "/v2/streams/{stream_id}": _path(
+            "get",
+            _op(
+                "streamResume",
+                "inference",
+                "conch's own: a decoupled model's generate_stream read again, after the "
+                "Last-Event-ID, by a client whose connection dropped",
+                {
+                    "200": {
+                        "description": "The events after Last-Event-ID, then the rest as "
+                        "they come, as generate_stream sends them.",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    }
+                },
+                errors=(_NOT_FOUND,),
+                params=("last_event_id",),
+            ),
+            ("stream_id",),
+        ),
         DOCUMENT_PATH: _path(
             "get",
             _op(
@@ -909,7 +942,11 @@ def _model_paths() -> dict[str, Schema]:
                     "200": {
                         "description": "One `data: {...}` event per response as it comes "
                         '(a GenerateResponse, or `{"error": "..."}` for an error after the '
-                        "first); the status is the first response's.",
+                        "first); the status is the first response's. A decoupled model's "
+                        "stream is kept: Content-Location names where to read it again, "
+                        "each event has an id, and `event: restart` comes before the "
+                        "responses of a run that replaced one lost with its worker.",
+                        "headers": {"Content-Location": {"schema": {"type": "string"}}},
                         "content": {"text/event-stream": {"schema": {"type": "string"}}},
                     }
                 },

@@ -11,6 +11,7 @@ from conch.core.errors import InvalidArgument
 from conch.core.inference import InferRequest, OutputTensor
 from conch.frontend.dataplane import InferOutcome
 from conch.frontend.http import generate as g
+from conch.wire.stream_log import Position
 
 INPUTS = [
     {"name": "PROMPT", "datatype": "BYTES", "shape": [1]},
@@ -161,7 +162,22 @@ def test_an_output_named_like_a_reserved_field_does_not_replace_it() -> None:
 
 def test_an_event_is_one_data_line_and_a_blank_line() -> None:
     text = OutputTensor("TEXT", "BYTES", (1,), tensors.encode_bytes_elements(["a"]))
-    assert g.sse_event(outcome([text])) == (
+    assert g.sse_event(g.Event(outcome([text]))) == (
         b'data: {"TEXT":"a","model_name":"llm","model_version":"3"}\n\n'
     )
-    assert g.sse_event(InvalidArgument("boom")) == b'data: {"error":"boom"}\n\n'
+    assert g.sse_event(g.Event(InvalidArgument("boom"))) == b'data: {"error":"boom"}\n\n'
+
+
+def test_a_kept_streams_event_has_its_id_and_a_restart_comes_before_it() -> None:
+    text = OutputTensor("TEXT", "BYTES", (1,), tensors.encode_bytes_elements(["a"]))
+    assert g.sse_event(g.Event(outcome([text]), Position(1, 4))) == (
+        b'id: 1-4\ndata: {"TEXT":"a","model_name":"llm","model_version":"3"}\n\n'
+    )
+    assert g.sse_event(g.Event(outcome([text]), Position(2, 0), restarted=True)) == (
+        b"event: restart\ndata: {}\n\n"
+        b'id: 2-0\ndata: {"TEXT":"a","model_name":"llm","model_version":"3"}\n\n'
+    )
+    # An error is no event to resume after: it ends the stream.
+    assert g.sse_event(g.Event(InvalidArgument("boom"), Position(1, 5))) == (
+        b'data: {"error":"boom"}\n\n'
+    )
