@@ -8,6 +8,8 @@ form end to end (no re-encoding between the body, Redis and the backend).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,16 @@ class InferRequest:
     binary_data_output: bool
     # request params (priority, timeout, custom), reserved keys kept
     parameters: dict[str, Any]
+
+    def narrowed(self, held: Iterable[str]) -> InferRequest:
+        """This request asking only for those of its outputs in ``held``: a decoupled
+        model's response need not hold every output asked for (a last one may hold none)."""
+        if self.outputs is None:
+            return self
+        names = set(held)
+        if all(o.name in names for o in self.outputs):
+            return self
+        return dataclasses.replace(self, outputs=[o for o in self.outputs if o.name in names])
 
     # What a queue message carries of the request (gateway infer, jobs, batch lines).
     def wire_inputs(self) -> list[tuple[str, str, tuple[int, ...], bytes]]:

@@ -24,7 +24,6 @@ such a model in Triton's words.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -62,7 +61,7 @@ from conch.wire import (
     trace_control,
     worker_reports,
 )
-from conch.wire.messages import InferMessage, Reply, WireTensor
+from conch.wire.messages import InferMessage, WireTensor
 from conch.wire.work_owed import JobsWork, ModelWork, jobs_owed, work_owed
 
 if TYPE_CHECKING:
@@ -108,6 +107,17 @@ class InferOutcome:
         """A decoupled model's last response that only says it is done, with no outputs
         (Triton's empty final response, which an adapter may leave unsent)."""
         return self.final and not self.outputs
+
+
+@dataclass
+class CollectedOutcome:
+    """A decoupled model's async job, answered: each of its responses as an
+    ``InferOutcome``, in order (none when the model sent only its final flag)."""
+
+    model: str
+    version: int
+    request_id: str
+    responses: list[InferOutcome]
 
 
 class InferStream:
@@ -156,7 +166,7 @@ class InferStream:
         if reply.final:
             self.close()
         version = reply.version if reply.version > 0 else self._call.version
-        request = _narrowed(self._request, reply)
+        request = self._request.narrowed(name for name, *_ in reply.outputs or ())
         outcome = self._plane.outcome(self._to.entry, request, version, list(reply.outputs or ()))
         outcome.final = reply.final
         outcome.restarted = reply.restarted
@@ -167,17 +177,6 @@ class InferStream:
         self._replies.cancel()
         if self._abandonment is not None:
             self._abandonment.done(self._replies)
-
-
-def _narrowed(request: InferRequest, reply: Reply) -> InferRequest:
-    """``request`` asking only for the outputs ``reply`` holds: a decoupled model's
-    response need not hold every output asked for (a last one may hold none)."""
-    if request.outputs is None:
-        return request
-    held = {name for name, *_ in reply.outputs or ()}
-    if all(o.name in held for o in request.outputs):
-        return request
-    return dataclasses.replace(request, outputs=[o for o in request.outputs if o.name in held])
 
 
 @dataclass
@@ -699,12 +698,11 @@ class DataPlane:
             return self._submit_job(to, request)
 
     def _submit_job(self, to: calls.Target, request: InferRequest) -> JobState:
-        if to.decoupled:  # a job's result is one reply
-            raise _refuse_decoupled("an async job")
         call = self._prepare(to, request, calls.Lane.ASYNC)
         model = to.entry.name
         msg = call.msg
         msg.job_ttl = self.settings.job_ttl_s
+        msg.collect = to.decoupled  # its result holds every response, in order
         record = job_store.JobRecord(
             id=msg.id,
             model=model,
@@ -757,8 +755,6 @@ class DataPlane:
             entry.resolve_version(version)
         if self.sequences.spec(entry.config) is not None:
             raise self.sequences.refuse_job(model)
-        if entry.config.model_transaction_policy.decoupled:
-            raise _refuse_decoupled("a batch job")
         record = batch_job.submit(
             self._client, entry, version, source, target, self.settings.job_ttl_s
         )
@@ -777,10 +773,13 @@ class DataPlane:
             raise InvalidArgument(f"job {record.id} has already finished ({outcome.status})")
         return JobState(record, job_store.read(self._client, record.id))
 
-    def job_result(self, job_id: str, wait_s: float = 0.0) -> tuple[JobState, InferOutcome | None]:
+    def job_result(
+        self, job_id: str, wait_s: float = 0.0
+    ) -> tuple[JobState, InferOutcome | CollectedOutcome | None]:
         """Where the job stands, held up to ``wait_s`` for it to finish; a finished infer
-        job's outcome as its infer call would have been answered (None for a batch job,
-        whose result is its output object). A failed job raises its error."""
+        job's outcome as its infer call would have been answered (a decoupled model's:
+        one per response, in order; None for a batch job, whose result is its output
+        object). A failed job raises its error."""
         record = self._record(job_id)
         if not 0 <= wait_s <= MAX_JOB_WAIT_S:
             raise InvalidArgument(f"'wait' must be a number of seconds from 0 to {MAX_JOB_WAIT_S}")
@@ -808,6 +807,12 @@ class DataPlane:
             parameters={},
         )
         entry = self.view.serving(record.model)
+        if reply.responses is not None:
+            responses = [
+                self.outcome(entry, request.narrowed(t[0] for t in outputs), reply.version, outputs)
+                for outputs in reply.responses
+            ]
+            return state, CollectedOutcome(entry.name, reply.version, request.id, responses)
         return state, self.outcome(entry, request, reply.version, list(reply.outputs or ()))
 
     def _record(self, job_id: str) -> job_store.JobRecord:
@@ -825,6 +830,7 @@ def _refuse_decoupled(endpoint: str) -> Unsupported:
 
 __all__ = [
     "EXTENSIONS",
+    "CollectedOutcome",
     "DataPlane",
     "InferOutcome",
     "InferStream",

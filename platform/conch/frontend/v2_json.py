@@ -377,9 +377,36 @@ def encode_response(
 ) -> bytes:
     """The response document with every output as JSON data, whatever ``binary_data``
     asked for (a JSON line holds JSON only)."""
+    entries = json_outputs(outputs, request, model_name=model_name, labels=labels, batched=batched)
+    return response_document(model_name, model_version, request_id, entries)
+
+
+def json_outputs(
+    outputs: list[OutputTensor],
+    request: InferRequest,
+    *,
+    model_name: str,
+    labels: dict[str, list[str]] | None = None,
+    batched: bool = False,
+) -> list[dict[str, Any]]:
+    """The output entries ``request`` asked for, every one with its data as JSON."""
     selected = select_outputs(
         outputs, request, model_name=model_name, labels=labels, batched=batched
     )
-    return response_document(
-        model_name, model_version, request_id, [output_data(out) for out, _ in selected]
-    )
+    return [output_data(out) for out, _ in selected]
+
+
+def responses_document(
+    model_name: str, model_version: str, request_id: str, responses: list[list[dict[str, Any]]]
+) -> bytes:
+    """A decoupled model's responses collected into one answer (an async job's result, a
+    batch job's line): ``responses``, each one's output entries, in order. conch's own
+    form, the response document with ``responses`` in place of ``outputs``: the binary
+    extension has one body per response, so the data is JSON."""
+    doc: dict[str, Any] = {}
+    if request_id:
+        doc["id"] = request_id
+    doc["model_name"] = model_name
+    doc["model_version"] = str(model_version)
+    doc["responses"] = [{"outputs": entries} for entries in responses]
+    return json.dumps(doc, separators=(",", ":")).encode()

@@ -23,7 +23,7 @@ import redis
 from conch.core.errors import Cancelled, ConchError, InvalidArgument, error_class, from_code
 from conch.wire import statistics
 from conch.wire.keys import JOB_RECORD_PREFIX, JOB_RESULT_PREFIX
-from conch.wire.messages import BadMessage, Reply, WireTensor, read_tensor
+from conch.wire.messages import MAX_COLLECTED, BadMessage, Reply, WireTensor, read_tensor
 from conch.wire.redis_link import CommandQueue
 
 JOB_ID = re.compile(r"[0-9a-f]{32}")
@@ -132,14 +132,11 @@ def store(pipe: CommandQueue, job_id: str, model: str, reply: Reply, ttl_s: int)
     """Write a job's reply as Celery's result backend would write a task's (worker side)."""
     if reply.error is None:
         status = SUCCESS
-        result: dict[str, Any] = {
-            "model_name": model,
-            "model_version": str(reply.version),
-            "outputs": [
-                {"name": n, "datatype": dt, "shape": list(shape), "data": raw}
-                for n, dt, shape, raw in reply.outputs or ()
-            ],
-        }
+        result: dict[str, Any] = {"model_name": model, "model_version": str(reply.version)}
+        if reply.responses is not None:  # a decoupled model's, every response in order
+            result["responses"] = [{"outputs": _stored(r)} for r in reply.responses]
+        else:
+            result["outputs"] = _stored(reply.outputs or [])
     else:
         status = FAILURE
         err = reply.error
@@ -158,6 +155,17 @@ def store(pipe: CommandQueue, job_id: str, model: str, reply: Reply, ttl_s: int)
     state = statistics.JOB_SUCCEEDED if status == SUCCESS else statistics.JOB_FAILED
     _first_result(pipe, job_id, model, meta, ttl_s, state)
     pipe.publish(result_key(job_id), meta)  # what Celery's AsyncResult.get() listens for
+
+
+def _stored(outputs: list[WireTensor]) -> list[dict[str, Any]]:
+    return [
+        {"name": n, "datatype": dt, "shape": list(shape), "data": raw}
+        for n, dt, shape, raw in outputs
+    ]
+
+
+def _read_outputs(stored: Any) -> list[WireTensor]:
+    return [read_tensor([o["name"], o["datatype"], o["shape"], o["data"]]) for o in stored]
 
 
 def _meta(job_id: str, status: str, result: Any) -> bytes:
@@ -237,6 +245,14 @@ def read(client: redis.Redis, job_id: str) -> Outcome:
         status = meta["status"]
         result = meta["result"]
         done_at = str(meta.get("date_done") or "")
+        if status == SUCCESS and "responses" in result:  # a decoupled model's
+            stored = result["responses"]
+            if not isinstance(stored, list) or len(stored) > MAX_COLLECTED:
+                raise BadMessage("a job's responses are not a bounded list")
+            responses = [_read_outputs(r["outputs"]) for r in stored]
+            version = int(result.get("model_version") or 0)
+            reply = Reply(job_id, responses=responses, version=version)
+            return Outcome(SUCCESS, reply, done_at)
         if status == SUCCESS and "outputs" not in result:  # a batch job's summary
             return Outcome(SUCCESS, None, done_at, summary=dict(result))
         if status == STARTED:
@@ -245,10 +261,7 @@ def read(client: redis.Redis, job_id: str) -> Outcome:
             error = Cancelled(f"job {job_id} was cancelled")
             return Outcome(REVOKED, Reply(job_id, error=error), done_at)
         if status == SUCCESS:
-            outputs: list[WireTensor] = [
-                read_tensor([o["name"], o["datatype"], o["shape"], o["data"]])
-                for o in result["outputs"]
-            ]
+            outputs = _read_outputs(result["outputs"])
             version = int(result.get("model_version") or 0)
             return Outcome(SUCCESS, Reply(job_id, outputs=outputs, version=version), done_at)
         if status == FAILURE:

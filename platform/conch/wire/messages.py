@@ -32,6 +32,7 @@ MAX_TENSORS = 1024
 MAX_CHAIN = 256
 MAX_MODEL_NAME = MAX_SEGMENT_BYTES  # a model is a folder: its name fits in one
 MAX_ATTEMPT = 2**31 - 1  # a reply's run of its request (deliveries are far fewer)
+MAX_COLLECTED = 10_000  # the responses a collected decoupled request may answer with
 
 
 class BadMessage(ValueError):
@@ -91,6 +92,9 @@ class InferMessage:
     # responses are kept in its log that long, for a client that reconnects.
     watched: bool = False
     keep_s: int = 0
+    # A decoupled request nobody reads as it streams (an async job, a batch job's line):
+    # the worker collects its responses and answers once, with all of them, at the end.
+    collect: bool = False
     # the worker's spans join the request's trace (conch.core.tracing).
     traceparent: str = ""
 
@@ -124,6 +128,8 @@ class InferMessage:
             body["w"] = True
         if self.keep_s:
             body["keep"] = self.keep_s
+        if self.collect:
+            body["col"] = True
         return body
 
     @classmethod
@@ -159,6 +165,7 @@ class InferMessage:
                 traceparent=_traceparent(m.get("tp", "")),
                 watched=m.get("w", False) is True,
                 keep_s=_keep(m.get("keep", 0)),
+                collect=m.get("col", False) is True,
             )
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None
@@ -186,6 +193,10 @@ class Reply:
     # Set by the reader, never sent: the first reply of a later run, whose caller drops
     # what the earlier run sent (``conch.frontend.producer``).
     restarted: bool = False
+    # A collected decoupled request's answer (``InferMessage.collect``): every response's
+    # outputs, in order (its empty final response, only a flag, is none); ``outputs`` is
+    # then None.
+    responses: list[list[WireTensor]] | None = None
 
     def pack(self) -> bytes:
         body: dict[str, Any] = {
@@ -202,6 +213,8 @@ class Reply:
             body["at"] = self.attempt
         if self.error is not None:
             body["err"] = [self.error.code, self.error.status, self.error.message]
+        elif self.responses is not None:
+            body["rs"] = [[list(t) for t in outputs] for outputs in self.responses]
         else:
             body["out"] = [list(t) for t in self.outputs or ()]
         return msgpack.packb(body, use_bin_type=True)
@@ -223,7 +236,17 @@ class Reply:
             code, status, message = m["err"]
             error = from_code(_str(code), _str(message), _int(status))
             return cls(rid, error=error, timing=timing, seq=seq, attempt=attempt)
-        outputs = [read_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
+        responses = None
+        if "rs" in m:
+            responses = [
+                [read_tensor(t) for t in _list(outputs, MAX_TENSORS)]
+                for outputs in _list(m["rs"], MAX_COLLECTED)
+            ]
+        outputs = (
+            None
+            if responses is not None
+            else [read_tensor(t) for t in _list(m.get("out"), MAX_TENSORS)]
+        )
         return cls(
             rid,
             outputs=outputs,
@@ -233,6 +256,7 @@ class Reply:
             final=m.get("fin", True) is not False,
             seq=seq,
             attempt=attempt,
+            responses=responses,
         )
 
 

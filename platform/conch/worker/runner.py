@@ -255,10 +255,10 @@ class Runner:
         runnable: list[Item] = []
         for item in items:
             request = _request(item)
-            if item.msg.job_ttl:  # a job keeps one result, not a stream of them
+            if item.msg.job_ttl and not item.msg.collect:  # one result, not a stream of them
                 request = Unsupported(
-                    f"model '{self.model}' is decoupled: async jobs on decoupled models are "
-                    "not supported"
+                    f"model '{self.model}' is decoupled: an async job on it must collect its "
+                    "responses (a gateway of this version sends it so)"
                 )
             if isinstance(request, ConchError):
                 replies[item.key] = Reply(item.msg.id, error=request)

@@ -22,7 +22,9 @@ told the responses of a run that a dead worker left unfinished drops them when t
 run's come. A kept request's replies are also appended to its log
 (``conch.wire.stream_log``), for a client that reconnects. A watched request is cancelled
 once its lease lapses (every reader gone): ``is_cancelled`` asks Redis at most every
-``CANCEL_CHECK_S``, and stays true once true.
+``CANCEL_CHECK_S``, and stays true once true. A collected request (an async job, a batch
+job's line) is answered once, at its end, with every response: a run lost with its worker
+never leaves half an answer.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from conch.backends import BackendResult
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, Unavailable
 from conch.wire import outage, statistics, stream_log
-from conch.wire.messages import Reply
+from conch.wire.messages import MAX_COLLECTED, Reply, WireTensor
 from conch.wire.redis_link import Commands
 from conch.worker.admission import Item
 from conch.worker.bundle_ledger import BundleLedger
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 IDLE_S = 300.0  # a request without a deadline ends this long after its last response
 STOP_GRACE_S = 10.0  # how long a stopping drain loop waits for its streams to end
 CANCEL_CHECK_S = 0.5  # how stale a watched request's is_cancelled() may be
+MAX_COLLECTED_BYTES = 64 * 1024 * 1024  # a collected request's answer, in tensor bytes
 
 
 @dataclass(eq=False)
@@ -107,6 +110,8 @@ class Stream:
         self.lock = threading.Lock()  # one send at a time, so replies leave in order
         self._cancelled = False
         self._checked = 0.0  # monotonic time of the last lease check
+        self.collected: list[list[WireTensor]] = []  # a collected request's responses so far
+        self.collected_bytes = 0
 
     def is_cancelled(self) -> bool:
         """Whether everyone reading this request went away (its lease lapsed)."""
@@ -165,17 +170,53 @@ class Stream:
             attempt=attempt,
         )
 
+    def _collect(self, reply: Reply) -> Reply | None:
+        """A collected request's reply (``InferMessage.collect``): held, and None, until
+        the last; then the one answer with every response (an error ends it as it would
+        a stream). Past ``MAX_COLLECTED`` responses or ``MAX_COLLECTED_BYTES`` it ends
+        with an error: the answer must fit in one message."""
+        if reply.error is not None:
+            return reply
+        if reply.outputs or not reply.final:  # an empty final response is only a flag
+            self.collected.append(list(reply.outputs or ()))
+            self.collected_bytes += sum(len(t[3]) for t in reply.outputs or ())
+        if len(self.collected) > MAX_COLLECTED or self.collected_bytes > MAX_COLLECTED_BYTES:
+            return Reply(
+                reply.id,
+                error=Internal(
+                    f"model '{self.streams.model}' sent more than {MAX_COLLECTED} responses "
+                    f"or {MAX_COLLECTED_BYTES} bytes for request '{reply.id}', more than an "
+                    "async or batch job's answer holds: stream it instead"
+                ),
+                attempt=reply.attempt,
+            )
+        if not reply.final:
+            return None
+        return Reply(
+            reply.id,
+            responses=self.collected,
+            timing=reply.timing,
+            batch_size=reply.batch_size,
+            version=reply.version,
+            attempt=reply.attempt,
+        )
+
     def _send(self, reply: Reply) -> None:
         took = max(0, int((time.time() - self.item.msg.enqueued) * 1e9))
         if self.seq == 0:
             self.first_ns = took
         self.seq += 1
         self.last_sent = time.monotonic()
+        msg = self.item.msg
+        if msg.collect:
+            collected = self._collect(reply)
+            if collected is None:
+                return  # held for the answer at the end
+            reply = collected
         final = reply.final or reply.error is not None
         self.ended = final
         streams = self.streams
         pipe = Commands()
-        msg = self.item.msg
         streams.sink.deliver(pipe, msg, reply)
         if msg.keep_s:
             stream_log.append(pipe, msg.id, reply, msg.keep_s)

@@ -99,8 +99,6 @@ def test_an_endpoint_that_answers_once_refuses_it_in_tritons_words(tmp_path, end
     to = plane.target("m")  # a stream's call takes it
     with pytest.raises(Unsupported):
         plane.infer(to, req())
-    with pytest.raises(Unsupported):
-        plane.submit_job(to, req())
 
 
 def test_it_is_never_bundled(tmp_path) -> None:

@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from conch.core.errors import Internal
-from conch.wire.messages import BadMessage, InferMessage, Reply
+from conch.wire.messages import MAX_COLLECTED, BadMessage, InferMessage, Reply
 from conch.wire.stream_log import HEAD, Position, is_stream_id
 
 
@@ -67,3 +67,13 @@ def test_a_stream_position_is_parsed_strictly() -> None:
             Position.parse(bad)
     assert is_stream_id("0123456789abcdef" * 2)
     assert not is_stream_id("0123456789ABCDEF" * 2) and not is_stream_id("../" + "a" * 29)
+
+
+def test_a_collected_reply_holds_every_response_and_is_bounded() -> None:
+    y = ("Y", "FP32", (1,), b"\0\0\0\0")
+    back = Reply.unpack(Reply("r1", responses=[[y], [], [y, y]], version=3).pack())
+    assert back.responses == [[y], [], [y, y]] and back.outputs is None
+    too_many = {"id": "r1", "t": {}, "rs": [[]] * (MAX_COLLECTED + 1)}
+    with pytest.raises(BadMessage):
+        Reply.unpack(msgpack.packb(too_many))
+    assert InferMessage.from_dict(_message(collect=True)).collect is True

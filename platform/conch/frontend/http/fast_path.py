@@ -95,12 +95,18 @@ def error_answer(exc: ConchError) -> Answer:
 
 
 def decode_call(
-    plane: DataPlane, model: str, version: str, body: bytes, header: Header
+    plane: DataPlane,
+    model: str,
+    version: str,
+    body: bytes,
+    header: Header,
+    *,
+    endpoint: str = "HTTP end point",
 ) -> tuple[calls.Target, InferRequest]:
     """The model and version an infer (or job) body is for, then the body decoded: the
     errors about the model come first, whatever the body holds (a decoupled model's
-    too, refused as Triton refuses it)."""
-    to = plane.target(model, version, endpoint="HTTP end point")
+    too, refused as Triton refuses it where ``endpoint`` answers once; "" takes it)."""
+    to = plane.target(model, version, endpoint=endpoint)
     limit = plane.settings.max_input_bytes
     header_length = header(http_codec.HEADER_LENGTH)
     if len(body) > limit:

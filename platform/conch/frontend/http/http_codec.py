@@ -29,7 +29,7 @@ from conch.core.errors import InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, OutputTensor
 from conch.core.model_config import wire_type
 from conch.frontend import v2_json
-from conch.frontend.dataplane import InferOutcome
+from conch.frontend.dataplane import CollectedOutcome, InferOutcome
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
@@ -271,7 +271,13 @@ def encode_response(
     else:
         body = header
         headers["Content-Type"] = "application/json"
+    return _compressed(body, headers, accept_encoding)
 
+
+def _compressed(
+    body: bytes, headers: dict[str, str], accept_encoding: str | None
+) -> tuple[bytes, dict[str, str]]:
+    """``body`` compressed as the client accepts, if it does."""
     encoding = _pick_encoding(accept_encoding)
     if encoding is not None:
         body = _compress(body, encoding)
@@ -293,6 +299,23 @@ def encode_outcome(
         batched=outcome.batched,
         accept_encoding=accept_encoding,
     )
+
+
+def encode_collected(
+    collected: CollectedOutcome, accept_encoding: str | None
+) -> tuple[bytes, dict[str, str]]:
+    """The HTTP body and headers of a decoupled model's async job result: every response
+    (``v2_json.responses_document``)."""
+    responses = [
+        v2_json.json_outputs(
+            o.outputs, o.request, model_name=o.model, labels=o.labels, batched=o.batched
+        )
+        for o in collected.responses
+    ]
+    body = v2_json.responses_document(
+        collected.model, str(collected.version), collected.request_id, responses
+    )
+    return _compressed(body, {"Content-Type": "application/json"}, accept_encoding)
 
 
 def error_body(message: str) -> bytes:

@@ -20,7 +20,7 @@ from flask import Blueprint, Response, request
 
 from conch.core.errors import InvalidArgument
 from conch.core.restricted_apis import ApiGroup
-from conch.frontend.dataplane import JobState
+from conch.frontend.dataplane import CollectedOutcome, JobState
 from conch.frontend.http import http_codec
 from conch.frontend.http.api_groups import BY_JOB_KIND, api_group, refuse
 from conch.frontend.http.fast_path import decode_call, too_large
@@ -83,6 +83,7 @@ def submit(model: str, version: int | None = None) -> Response:
         "" if version is None else str(version),
         request.get_data(cache=False),
         request.headers.get,
+        endpoint="",  # a decoupled model's job collects its responses
     )
     traceparent = request.headers.get("traceparent", "")
     return _accepted(data_plane.submit_job(to, infer_request, traceparent))
@@ -141,5 +142,9 @@ def result(job_id: str) -> Response:
         return _json(_status(state), 202, headers={"Retry-After": "1"})
     if outcome is None:  # a batch job: its result is the output object; this says where
         return _json(_status(state))
-    body, headers = http_codec.encode_outcome(outcome, request.headers.get("Accept-Encoding"))
+    accept = request.headers.get("Accept-Encoding")
+    if isinstance(outcome, CollectedOutcome):  # a decoupled model's: every response
+        body, headers = http_codec.encode_collected(outcome, accept)
+    else:
+        body, headers = http_codec.encode_outcome(outcome, accept)
     return Response(body, status=200, headers=headers)

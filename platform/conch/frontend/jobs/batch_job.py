@@ -38,7 +38,7 @@ from conch.frontend.jobs.keepalive import keepalive
 from conch.settings import Settings
 from conch.wire import broker, job_store, statistics
 from conch.wire.job_store import JobCancelled
-from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
+from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply, WireTensor
 
 log = logging.getLogger(__name__)
 
@@ -244,16 +244,22 @@ def _answer_line(entry: ModelEntry, req: inference.InferRequest, reply: Reply) -
     if reply.error is not None:
         return _error_line(req.id, reply.error.message)
     # JSONL holds JSON: every output as JSON data, whatever binary_data said.
-    return v2_json.encode_response(
-        model_name=entry.name,
-        model_version=str(reply.version),
-        request_id=req.id,
-        outputs=[
-            inference.OutputTensor(n, dt, tuple(s), raw) for n, dt, s, raw in reply.outputs or ()
-        ],
-        request=req,
-        labels=entry.labels() if any(o.class_count for o in (req.outputs or ())) else None,
-        batched=entry.config.max_batch_size > 0,
+    labels = entry.labels() if any(o.class_count for o in (req.outputs or ())) else None
+    batched = entry.config.max_batch_size > 0
+
+    def entries(outputs: list[WireTensor]) -> list[dict[str, Any]]:
+        tensors = [inference.OutputTensor(n, dt, tuple(s), raw) for n, dt, s, raw in outputs]
+        asked = req if reply.responses is None else req.narrowed(t.name for t in tensors)
+        return v2_json.json_outputs(
+            tensors, asked, model_name=entry.name, labels=labels, batched=batched
+        )
+
+    if reply.responses is not None:  # a decoupled model's: every response, in order
+        return v2_json.responses_document(
+            entry.name, str(reply.version), req.id, [entries(r) for r in reply.responses]
+        )
+    return v2_json.response_document(
+        entry.name, str(reply.version), req.id, entries(reply.outputs or [])
     )
 
 
@@ -378,7 +384,8 @@ def run(
         lines = _ModelQueue(client, entry.name, reply_key or new_reply_key(job_id), job_id)
     job_store.report_progress(client, job_id, lines=0, failed=0)
     last_report = time.monotonic()
-    max_rows = min(entry.config.max_batch_size, PACK_ROWS)
+    # A decoupled model's lines go alone: its responses cannot be split among lines.
+    max_rows = 0 if to.decoupled else min(entry.config.max_batch_size, PACK_ROWS)
     window = _Window()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as spill, lines:
         done = _InOrder(out, spill)
@@ -541,8 +548,11 @@ def _wait(
 
 
 def _message(to: calls.Target, req: inference.InferRequest, reply_key: str | None) -> InferMessage:
-    """A line's message: offline work, below online requests and async jobs."""
-    return calls.build(to, req, lane=calls.Lane.OFFLINE, reply_to=reply_key).msg
+    """A line's message: offline work, below online requests and async jobs; a decoupled
+    model's answers once, with every response (``InferMessage.collect``)."""
+    msg = calls.build(to, req, lane=calls.Lane.OFFLINE, reply_to=reply_key).msg
+    msg.collect = to.decoupled
+    return msg
 
 
 def _check_writable(s3: Any, target: ObjectRef) -> None:
