@@ -7,6 +7,7 @@ the backends to describe what they should load. ``conch.backends.base`` re-expor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,6 +48,27 @@ class BlsRequest:
     timeout: Any = 0  # microseconds; 0: the caller's deadline alone
 
 
+@dataclass
+class BlsResponse:
+    """One response of a BLS call that may answer many times (``BlsPort.stream``)."""
+
+    outputs: list[tuple[str, np.ndarray]]  # by name, in order; empty in a final-only one
+    final: bool = True  # the call's last response
+
+
+class BlsResponses(Protocol):
+    """A BLS call's responses, each as it comes (``BlsPort.stream``). Iterating raises the
+    ``ConchError`` that ends the call early: the called model's own error, its deadline,
+    an outage. ``cancel`` says the caller reads no more: the request is withdrawn if no
+    worker took it yet, else the model sees ``is_cancelled()``."""
+
+    def __iter__(self) -> Iterator[BlsResponse]: ...
+
+    def __next__(self) -> BlsResponse: ...
+
+    def cancel(self) -> None: ...
+
+
 class BlsPort(Protocol):
     """What a Python model's ``pb_utils`` needs to call other models (BLS) and to load or
     unload them. The worker's composition root hands one in (``conch.frontend.bls``'s
@@ -54,7 +76,13 @@ class BlsPort(Protocol):
 
     def infer(self, request: BlsRequest, decoupled: bool = False) -> list[tuple[str, np.ndarray]]:
         """The called model's outputs by name, in order; a ``ConchError`` when the call
-        cannot be made or fails (its message names the model where it can)."""
+        cannot be made or fails (its message names the model where it can). A decoupled
+        model is refused unless ``decoupled`` (``stream`` is the call that serves it)."""
+        ...
+
+    def stream(self, request: BlsRequest) -> BlsResponses:
+        """``exec(decoupled=True)``: the call's responses as they come, any number from a
+        decoupled model, one from any other; a ``ConchError`` when it cannot be made."""
         ...
 
     def is_ready(self, name: str, version: str | int = "") -> bool: ...
@@ -83,4 +111,4 @@ class ModelSpec:
         return self.version_dir / model_filename(self.config)
 
 
-__all__ = ["BlsPort", "BlsRequest", "InstanceSpec", "ModelSpec"]
+__all__ = ["BlsPort", "BlsRequest", "BlsResponse", "BlsResponses", "InstanceSpec", "ModelSpec"]

@@ -12,6 +12,14 @@ outputs as numpy arrays, or raises the ``ConchError`` that answers the call; ``p
 turns either into the model's ``InferenceResponse`` (failures as its ``error()``, never
 raised, as in Triton). So this module never sees the Python backend's own types.
 
+``exec(decoupled=True)`` is ``BlsClient.stream``: the message goes out as a gateway's
+stream does (``Dispatcher.stream``, watched), and ``BlsStream`` hands each reply on as
+it comes, in order, up to the final one. A caller that stops early cancels it
+(``BlsStream.cancel``): the message is taken back if no worker has it yet, and otherwise
+its lease ends, so the called model's ``is_cancelled()`` turns true and the replies
+still to come are dropped. A plain ``exec()`` to a decoupled model is refused with
+Triton's error: one reply cannot carry its responses.
+
 Before publishing, the call is checked the way the gateway checks a client's request:
 the target must be in the repository (``model_version`` -1 = the latest version the
 serving worker has), its inputs and requested outputs must fit the target's config
@@ -50,7 +58,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,17 +71,16 @@ from conch.core.errors import (
     Internal,
     InvalidArgument,
     Unavailable,
-    Unsupported,
 )
 from conch.core.model_config import wire_type
-from conch.core.model_spec import BlsRequest
+from conch.core.model_spec import BlsRequest, BlsResponse
 from conch.core.repository import ModelEntry, ModelRepository
 from conch.frontend import calls, ensemble_runner, model_control
 from conch.frontend.model_view import ModelView
-from conch.frontend.producer import Dispatcher
+from conch.frontend.producer import Dispatcher, ResponseStream
 from conch.settings import Settings
 from conch.wire import outage
-from conch.wire.messages import MAX_CHAIN, InferMessage
+from conch.wire.messages import MAX_CHAIN, InferMessage, WireTensor
 from conch.wire.redis_client import open_client
 
 if TYPE_CHECKING:
@@ -149,33 +156,61 @@ class BlsClient:
 
     def infer(self, request: BlsRequest, decoupled: bool = False) -> list[tuple[str, np.ndarray]]:
         """``InferenceRequest.exec``: the called model's outputs, or the ``ConchError`` that
-        answers the call (``pb_utils`` turns either into the model's response)."""
-        target = str(request.model_name)
+        answers the call (``pb_utils`` turns either into the model's response).
+
+        ``pb_utils`` sends ``exec(decoupled=True)`` to ``stream``, so ``decoupled`` True is
+        a caller's mistake here: refused, as one reply cannot carry many responses."""
+        if decoupled:
+            raise Internal(
+                f"BLS request to model '{request.model_name}': a call that may answer many "
+                "times goes through BlsClient.stream, not infer"
+            )
         ctx = CURRENT.get()
         try:
-            msg, max_queue_size = self.prepare(request, decoupled, ctx)
-            entry = self.view.entry(target)
-            if entry.backend == ensemble_graph.ENSEMBLE:
-                inputs = {name: (dt, shape, raw) for name, dt, shape, raw in msg.inputs}
-                produced = self._run_ensemble(entry, inputs, msg.outputs, msg, ctx, depth=0)
-                results = [(name, *produced[name]) for name in msg.outputs]
-            else:
-                version = entry.latest() if msg.version == calls.LATEST else msg.version
-                reply = self.dispatcher.call(msg, max_queue_size=max_queue_size, version=version)
-                if reply.error is not None:
-                    raise reply.error
-                results = list(reply.outputs or ())
+            msg, max_queue_size = self.prepare(request, False, ctx)
+            return _as_numpy(self._answer(msg, max_queue_size, ctx))
         except redis.RedisError as exc:
-            if outage.is_outage(exc):
-                raise outage.unavailable(exc) from None
-            raise Unavailable(f"the broker refused the call: {exc}") from None
+            raise _broker_error(exc) from None
+
+    def stream(self, request: BlsRequest) -> BlsStream:
+        """``InferenceRequest.exec(decoupled=True)``: the called model's responses as they
+        come (``BlsStream``), or the ``ConchError`` that refuses the call. A model that is
+        not decoupled answers once; an ensemble runs here and answers once too, as conch
+        does not stream an ensemble's steps."""
+        ctx = CURRENT.get()
         try:
-            return [
-                (name, tensors.to_numpy(datatype, shape, raw, name))
-                for name, datatype, shape, raw in results
-            ]
-        except ConchError as exc:
-            raise Internal(f"unreadable reply: {exc.message}") from None
+            msg, max_queue_size = self.prepare(request, True, ctx)
+            entry = self.view.entry(msg.model)
+            if entry.backend == ensemble_graph.ENSEMBLE:
+                return BlsStream.answered(_as_numpy(self._answer(msg, max_queue_size, ctx)))
+            msg.watched = True  # the worker reads its lease: a caller gone cancels it
+            replies = self.dispatcher.stream(
+                msg, max_queue_size=max_queue_size, version=self._resolved(entry, msg)
+            )
+        except redis.RedisError as exc:
+            raise _broker_error(exc) from None
+        return BlsStream(replies)
+
+    def _answer(
+        self, msg: InferMessage, max_queue_size: int, ctx: CallContext | None
+    ) -> list[WireTensor]:
+        """The one reply's outputs to ``msg``: an ensemble's graph run here, any other
+        model's reply; its error raised."""
+        entry = self.view.entry(msg.model)
+        if entry.backend == ensemble_graph.ENSEMBLE:
+            inputs = {name: (dt, shape, raw) for name, dt, shape, raw in msg.inputs}
+            produced = self._run_ensemble(entry, inputs, msg.outputs, msg, ctx, depth=0)
+            return [(name, *produced[name]) for name in msg.outputs]
+        version = self._resolved(entry, msg)
+        reply = self.dispatcher.call(msg, max_queue_size=max_queue_size, version=version)
+        if reply.error is not None:
+            raise reply.error
+        return list(reply.outputs or ())
+
+    @staticmethod
+    def _resolved(entry: ModelEntry, msg: InferMessage) -> int:
+        """The version ``msg`` runs, for statistics (it may say "latest")."""
+        return entry.latest() if msg.version == calls.LATEST else msg.version
 
     def _run_ensemble(
         self,
@@ -253,16 +288,12 @@ class BlsClient:
         self, request: BlsRequest, decoupled: bool, ctx: CallContext | None
     ) -> tuple[InferMessage, int]:
         """The checked message for ``request`` and the target's queue bound; raises the
-        ``ConchError`` that answers the call when it cannot be made."""
+        ``ConchError`` that answers the call when it cannot be made. ``decoupled``: the
+        caller takes any number of responses (else a decoupled target is refused)."""
         target = request.model_name
         if not isinstance(target, str) or not target:
             raise InvalidArgument(
                 f"a BLS request needs a model_name (a non-empty string), got {target!r}"
-            )
-        if decoupled:
-            raise Unsupported(
-                f"BLS call to model '{target}' with exec(decoupled=True): decoupled calls are "
-                "not supported by conch yet"
             )
         if ctx is None:
             self._warn_no_context(target)
@@ -272,6 +303,13 @@ class BlsClient:
                 raise problem
         entry = self.view.serving(target)
         to = calls.target(entry, self._version(entry, request.model_version))
+        if to.decoupled and not decoupled:
+            raise Internal(  # Triton's words, and its code
+                f"Model '{target}' is using the decoupled transaction policy. The current "
+                "BLS request call doesn't support models using the decoupled transaction "
+                "policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' "
+                "calls for decoupled models."
+            )
         config = entry.config
         request_id = request.request_id
         if not isinstance(request_id, str):
@@ -394,8 +432,100 @@ class BlsClient:
         )
 
 
+# -- a call's responses -------------------------------------------------------------------
+
+
+class BlsStream:
+    """The responses of ``BlsClient.stream``, each a ``BlsResponse`` as its reply comes,
+    in order, up to the final one (the core's ``BlsResponses``).
+
+    Iterating raises what ends the call early, as ``ResponseStream`` raises it: the
+    called model's error, the deadline, an outage, ``cancel``. So does a reply from a
+    later run of the request (its worker died mid-stream): the caller has already used
+    the earlier run's responses, and the new run would repeat them.
+    """
+
+    __slots__ = ("_answer", "_over", "_replies")
+
+    def __init__(
+        self, replies: ResponseStream | None, answer: list[tuple[str, np.ndarray]] | None = None
+    ) -> None:
+        self._replies = replies  # None: answered already (``answered``)
+        self._answer = answer
+        self._over = False  # the final response or an error was handed out
+
+    @classmethod
+    def answered(cls, outputs: list[tuple[str, np.ndarray]]) -> BlsStream:
+        """A call answered before its stream was made (an ensemble): one final response."""
+        return cls(None, outputs)
+
+    def __iter__(self) -> Iterator[BlsResponse]:
+        return self
+
+    def __next__(self) -> BlsResponse:
+        if self._over:
+            raise StopIteration
+        if self._replies is None:
+            self._over = True
+            return BlsResponse(self._answer or [], final=True)
+        try:
+            reply = next(self._replies)
+        except ConchError:
+            self._over = True  # the stream ended itself, and let go of the request
+            raise
+        except BaseException:
+            self.cancel()
+            raise
+        try:
+            if reply.restarted:
+                raise Unavailable(
+                    f"BLS request to model '{self._replies.msg.model}': the worker running "
+                    "it was lost and the request started over, so its responses so far "
+                    "would come again; the call ends here"
+                )
+            response = BlsResponse(_as_numpy(reply.outputs or ()), final=reply.final)
+        except ConchError:
+            self.cancel()
+            raise
+        self._over = response.final
+        return response
+
+    def cancel(self) -> None:
+        """The caller reads no more (``ResponseStream.abandon``): withdrawn if no worker
+        took it yet, else the model sees ``is_cancelled()``; a reader blocked on the next
+        response gets ``Cancelled`` at once. Nothing to do once the call ended."""
+        replies = self._replies
+        if self._over or replies is None:
+            self._over = True
+            return
+        model = replies.msg.model
+        try:
+            replies.abandon(f"request to model '{model}' cancelled by its BLS caller")
+        except redis.RedisError as exc:  # the lease lapses on its own, and nothing waits
+            log.warning("BLS request to model '%s': could not cancel it: %s", model, exc)
+
+
+def _as_numpy(results: Iterable[WireTensor]) -> list[tuple[str, np.ndarray]]:
+    """A reply's outputs as numpy arrays, by name, in order."""
+    try:
+        return [
+            (name, tensors.to_numpy(datatype, shape, raw, name))
+            for name, datatype, shape, raw in results
+        ]
+    except ConchError as exc:
+        raise Internal(f"unreadable reply: {exc.message}") from None
+
+
+def _broker_error(exc: redis.RedisError) -> ConchError:
+    """The answer to a call that Redis failed."""
+    if outage.is_outage(exc):
+        return outage.unavailable(exc)
+    return Unavailable(f"the broker refused the call: {exc}")
+
+
 __all__ = [
     "MAX_DEPTH",
     "BlsClient",
+    "BlsStream",
     "check_call",
 ]

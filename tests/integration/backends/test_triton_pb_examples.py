@@ -57,6 +57,9 @@ REPOSITORY = {
     # Decoupled: any number of responses a request, on a gRPC stream.
     "repeat_int32": ("decoupled/repeat_model.py", "decoupled/repeat_config.pbtxt"),
     "square_int32": ("decoupled/square_model.py", "decoupled/square_config.pbtxt"),
+    # BLS calls to square_int32 with exec(decoupled=True) and async_exec(decoupled=True).
+    "bls_decoupled_sync": ("bls_decoupled/sync_model.py", "bls_decoupled/sync_config.pbtxt"),
+    "bls_decoupled_async": ("bls_decoupled/async_model.py", "bls_decoupled/async_config.pbtxt"),
 }
 
 # client script -> the lines it must print (its PASS line last).
@@ -79,6 +82,16 @@ CLIENTS = {
     ],
     "decoupled/repeat_client.py": ["PASS: repeat_int32"],
     "decoupled/square_client.py": ["PASS: square_int32"],
+    "bls_decoupled/sync_client.py": [
+        "The square value of [4] is [16]",
+        "The square value of [0] is [0]",
+        "PASS: BLS Decoupled Sync",
+    ],
+    "bls_decoupled/async_client.py": [
+        "Two times the square value of [4] is [32]",
+        "Two times the square value of [0] is [0]",
+        "PASS: BLS Decoupled Async",
+    ],
 }
 
 

@@ -108,8 +108,10 @@ class TritonPythonModel:
             )
         elif mode == "async":
             responses = [await self.build(p, x).async_exec()]
+        elif mode == "decoupled":
+            responses = list(self.build(p, x).exec(decoupled=True))
         else:
-            responses = [self.build(p, x).exec(decoupled=mode == "decoupled")]
+            responses = [self.build(p, x).exec()]
         info["elapsed"] = time.monotonic() - start
         info["outputs"], info["errors"] = [], []
         first = None
@@ -456,7 +458,11 @@ def test_async_exec_calls_run_concurrently(url: str) -> None:
             "RuntimeError: inner_py was asked to raise",
         ),
         ({"target": "inner_py", "x": -1}, 3, "BLS request to model 'inner_py' failed: refusing -1"),
-        ({"target": "add", "inputs": "add", "mode": "decoupled"}, 5, "decoupled"),  # UNSUPPORTED
+        (
+            {"target": "no_such_model", "mode": "decoupled"},
+            3,
+            "Request for unknown model: 'no_such_model' is not found",
+        ),
     ],
     ids=["unknown-model", "bad-dtype", "bad-input", "bad-output", "raises", "errors", "decoupled"],
 )

@@ -290,7 +290,6 @@ def test_queue_policy_and_priority_of_the_target(client: bls.BlsClient) -> None:
     [
         (request("nope"), False, InvalidArgument, "Request for unknown model: 'nope' is not found"),
         (request("../m"), False, InvalidArgument, "Request for unknown model: '../m'"),
-        (request(), True, Exception, "decoupled"),
         (
             request(inputs=[pb.Tensor("X", np.ones((1, 2)))]),
             False,
@@ -392,8 +391,9 @@ def test_errors_come_back_as_responses_naming_the_model(client: bls.BlsClient) -
     assert "(m -> m)" in resp.error().message()
     assert client.dispatcher.sent == []  # type: ignore[attr-defined]
 
-    resp = exec_on(client, request(), decoupled=True)
-    assert resp.error().code() == pb.TritonError.UNSUPPORTED
+    [resp] = list(exec_on(client, request("nope"), decoupled=True))
+    assert resp.error().code() == pb.TritonError.INVALID_ARG
+    assert "'nope'" in resp.error().message()
 
     client.dispatcher.reply = Unavailable("Request timeout expired for model 'm': no reply")  # type: ignore[attr-defined]
     resp = exec_on(client, request())

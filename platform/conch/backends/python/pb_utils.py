@@ -24,8 +24,11 @@ process rather than in a stub process with shared memory:
   makes current (``BLS_PORT``) while ``initialize``, ``execute`` and ``finalize`` run. It
   answers every failure with an error response, as
   Triton does; a call to a model already waiting on the caller (itself, or A -> B -> A)
-  is refused at once instead of deadlocking. ``exec(decoupled=True)`` is not available
-  yet: it answers an error response. ``is_model_ready`` reads the workers' registry;
+  is refused at once instead of deadlocking. ``exec(decoupled=True)`` returns a
+  ``ResponseIterator`` of the called model's responses as they come (a caller that drops
+  it before the last one cancels the request, where Triton's would wait for the rest;
+  the called model's first error response is its last, as conch ends a decoupled
+  request there). ``is_model_ready`` reads the workers' registry;
   ``load_model`` and ``unload_model`` do what the model control API does (explicit mode
   only, as in Triton) and raise ``TritonModelException`` when it fails.
 - Response ``parameters`` are accepted and kept on the object; the HTTP reply does not
@@ -82,6 +85,7 @@ __all__ = [
     "MetricKind",
     "ModelConfig",
     "PreferredMemory",
+    "ResponseIterator",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -801,47 +805,186 @@ class InferenceRequest:
             )
         self._release_flags = flags
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on model ``model_name`` and return its response.
+    def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
+        """Run this request on model ``model_name`` and return its response, or with
+        ``decoupled`` a ``ResponseIterator`` of its responses, once the first has come
+        (any number from a decoupled model, one from any other).
 
         Failures (unknown model, bad inputs, the model's own error, timeouts, a call that
         would wait on itself) come back as a response with ``has_error()`` True; nothing
-        is raised. The call inherits the deadline of the request being executed, which
+        is raised. Without ``decoupled``, a decoupled model is such a failure, as in
+        Triton. The call inherits the deadline of the request being executed, which
         ``timeout`` (microseconds) can only shorten.
         """
         client = _current_port()
         if client is None:
-            return InferenceResponse(
+            failed = InferenceResponse(
                 error=TritonError(
                     f"{_NO_WORKER}: InferenceRequest(model_name='{self._model_name}').exec() "
                     "cannot run",
                     TritonError.UNAVAILABLE,
                 )
             )
+            return ResponseIterator.of(failed) if decoupled else failed
+        if decoupled:
+            return self._stream(client)
         try:
-            outputs = client.infer(bls_request(self), bool(decoupled))
+            outputs = client.infer(bls_request(self), False)
         except ConchError as exc:
             return error_response(exc, str(self._model_name))
         except Exception as exc:  # the port answers failures as ConchErrors; a last resort
-            _log.exception("BLS request to model '%s' failed", self._model_name)
-            return InferenceResponse(
-                error=TritonError(
-                    f"BLS request to model '{self._model_name}' failed: "
-                    f"{type(exc).__name__}: {exc}",
-                    TritonError.INTERNAL,
-                )
-            )
+            return self._broken(exc)
         return InferenceResponse(output_tensors=[Tensor(name, arr) for name, arr in outputs])
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        """``exec`` in a worker thread, so several calls from one ``execute`` overlap."""
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
+        """``exec`` in a worker thread, so several calls from one ``execute`` overlap. With
+        ``decoupled`` the iterator comes once the first response has; iterating it blocks
+        the thread that iterates while it waits for each later one, as Triton's does."""
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()  # the caller's deadline, call chain and port
         return await loop.run_in_executor(_bls_threads(), context.run, self.exec, decoupled)
 
+    def _stream(self, client: Any) -> ResponseIterator:
+        """``exec(decoupled=True)`` on ``client``: Triton's exec returns once the first
+        response has come, so the first is read here."""
+        try:
+            source = client.stream(bls_request(self))
+        except ConchError as exc:
+            return ResponseIterator.of(error_response(exc, str(self._model_name)))
+        except Exception as exc:
+            return ResponseIterator.of(self._broken(exc))
+        responses = ResponseIterator(str(self._model_name), source)
+        responses._read_ahead()
+        return responses
+
+    def _broken(self, exc: Exception) -> InferenceResponse:
+        """The answer when the port fails otherwise than with a ``ConchError`` (a bug)."""
+        _log.error("BLS request to model '%s' failed", self._model_name, exc_info=exc)
+        return InferenceResponse(
+            error=TritonError(
+                f"BLS request to model '{self._model_name}' failed: {type(exc).__name__}: {exc}",
+                TritonError.INTERNAL,
+            )
+        )
+
     def __repr__(self) -> str:
         names = [t.name() for t in self._inputs]
         return f"InferenceRequest(id={self._request_id!r}, inputs={names})"
+
+
+class _Source:
+    """A ``ResponseIterator``'s feed (the port's ``BlsResponses``), apart from the iterator
+    so that the iterator's finalizer can cancel it without keeping the iterator alive."""
+
+    __slots__ = ("cancelled", "done", "responses")
+
+    def __init__(self, responses: Any) -> None:
+        self.responses = responses
+        self.done = False  # the last response was read
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        if self.done or self.cancelled:
+            return
+        self.cancelled = True
+        try:
+            self.responses.cancel()
+        except Exception:  # the port cancels quietly; a last resort, from a finalizer too
+            _log.exception("cancelling a BLS request failed")
+
+
+class ResponseIterator:
+    """What ``exec(decoupled=True)`` returns (Triton's ``ResponseIterator``): the called
+    model's responses, each an ``InferenceResponse`` as it comes, the last included.
+
+    As in Triton: a decoupled model's final flag sent alone comes as a last response with
+    no outputs; a model that is not decoupled answers once; a failure comes as a response
+    with ``has_error()`` True. Once the last response has come, iterating again starts
+    over from the first. ``cancel()`` cancels the request while it runs: the next
+    response is then an error with ``TritonError.CANCELLED``, and the last.
+
+    Unlike Triton, an error response is always the last (conch ends a decoupled request
+    at its first error), and an iterator dropped before its last response cancels the
+    request (Triton's waits for the rest): a model that breaks out of the loop leaves no
+    work running for it.
+    """
+
+    def __init__(self, model: str, responses: Any = None) -> None:
+        self._model = model
+        self._source = _Source(responses)
+        self._seen: list[InferenceResponse] = []
+        self._index = 0  # of the next response handed out
+        self._ended = responses is None  # the last response is in ``_seen``
+        self._lock = threading.Lock()  # one reader at a time
+        if responses is not None:
+            # Not at interpreter exit: the worker is going, and the lease lapses on its own.
+            weakref.finalize(self, self._source.cancel).atexit = False
+
+    @classmethod
+    def of(cls, response: InferenceResponse) -> ResponseIterator:
+        """A call answered at once, with one response (a failure, usually)."""
+        responses = cls("")
+        responses._seen.append(response)
+        return responses
+
+    def __iter__(self) -> ResponseIterator:
+        with self._lock:
+            if self._ended and self._index >= len(self._seen):
+                self._index = 0
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        with self._lock:
+            if self._index >= len(self._seen):
+                if self._ended:
+                    raise StopIteration
+                self._read()
+                if self._index >= len(self._seen):
+                    raise StopIteration
+            response = self._seen[self._index]
+            self._index += 1
+            return response
+
+    def cancel(self) -> None:
+        """Cancel the request unless its last response came: taken back if no worker has
+        it yet, else the called model's ``is_cancelled()`` turns true."""
+        if not self._ended:
+            self._source.cancel()
+
+    def _read_ahead(self) -> None:
+        """Wait for the next response without handing it out (``exec`` waits for the first)."""
+        with self._lock:
+            if not self._ended and self._index >= len(self._seen):
+                self._read()
+
+    def _read(self) -> None:
+        """The next response from the port into ``_seen`` (the caller holds the lock)."""
+        source = self._source
+        response: InferenceResponse | None
+        try:
+            got = next(source.responses)
+        except StopIteration:
+            response, last = None, True
+        except ConchError as exc:
+            # What ended the call, unchanged: the called model's own error as it sent it
+            # (as Triton shows it), or the deadline, an outage, a cancel.
+            ended = TritonError(exc.message, triton_code(exc.code))
+            response, last = InferenceResponse(error=ended), True
+        except Exception as exc:  # the port ends a call with a ConchError; a last resort
+            _log.error("BLS request to model '%s' failed", self._model, exc_info=exc)
+            source.cancel()
+            failed = TritonError(
+                f"BLS request to model '{self._model}' failed: {type(exc).__name__}: {exc}",
+                TritonError.INTERNAL,
+            )
+            response, last = InferenceResponse(error=failed), True
+        else:
+            tensors = [Tensor(name, arr) for name, arr in got.outputs]
+            response, last = InferenceResponse(output_tensors=tensors), bool(got.final)
+        if response is not None:
+            self._seen.append(response)
+        if last:
+            self._ended = source.done = True
 
 
 def _model_control(what: str, model_name: str, call: Callable[[Any], None]) -> None:
