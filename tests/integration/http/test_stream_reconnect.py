@@ -14,15 +14,18 @@ resumes with ``Last-Event-ID`` as a browser's EventSource does.
 from __future__ import annotations
 
 import json
+import queue
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 import requests
 import sseclient
+import tritonclient.grpc as grpcclient
 
 from conch.wire import stream_log
 
@@ -30,7 +33,9 @@ from harness import (
     Service,
     fresh_db,
     start_gateway,
+    start_grpc,
     start_worker,
+    wait_grpc_model_ready,
     wait_model_ready,
     wait_until,
 )
@@ -221,6 +226,54 @@ def test_a_worker_killed_mid_stream_restarts_it_and_says_so(
         assert [i for i, _ in after] == [f"2-{n}" for n in range(20)]
     finally:
         gw.stop()
+        for w in pool:
+            w.stop()
+
+
+def test_a_grpc_stream_is_told_when_its_request_restarts(
+    repo: Path, db: str, log_dir: Path
+) -> None:
+    pool = workers(repo, db, log_dir, 2)
+    server, grpc_url = start_grpc(repo, db, log_dir)
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        wait_grpc_model_ready(grpc_url, "ticker", 120, server, *pool)
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        inputs = []
+        for name, value in (("N", 12), ("DELAY_MS", 150)):
+            tensor = grpcclient.InferInput(name, [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], np.int32))
+            inputs.append(tensor)
+        client.async_stream_infer(
+            "ticker", inputs, request_id="t", enable_empty_final_response=True
+        )
+        got: list[tuple[int, int, bool, bool]] = []
+        while not got or not got[-1][3]:
+            try:
+                result, error = answers.get(timeout=60)
+            except queue.Empty:
+                raise AssertionError(f"no answer after {got}") from None
+            assert error is None, error
+            params = result.get_response().parameters
+            restarted = "conch_restarted" in params and params["conch_restarted"].bool_param
+            final = params["triton_final_response"].bool_param
+            if result.get_response().outputs:
+                idx, pid = (int(result.as_numpy(n)[0]) for n in ("IDX", "PID"))
+                got.append((idx, pid, restarted, final))
+            else:
+                got.append((-1, 0, restarted, final))
+            if len(got) == 3:
+                (victim,) = [w for w in pool if w.pid == got[0][1]]
+                victim.stop(signal.SIGKILL)
+        (at,) = [i for i, g in enumerate(got) if g[2]]  # one response says so, once
+        assert [g[0] for g in got[:at]] == list(range(at))
+        assert [g[0] for g in got[at:-1]] == list(range(12))  # the whole new run
+        assert len({g[1] for g in got[at:-1]}) == 1 and got[at][1] != got[0][1]
+    finally:
+        client.stop_stream()
+        client.close()
+        server.stop()
         for w in pool:
             w.stop()
 
