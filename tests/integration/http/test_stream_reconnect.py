@@ -278,6 +278,39 @@ def test_a_grpc_stream_is_told_when_its_request_restarts(
             w.stop()
 
 
+def test_a_cancelled_grpc_stream_cancels_its_request_at_once(
+    repo: Path, db: str, log_dir: Path
+) -> None:
+    (worker,) = workers(repo, db, log_dir, 1)
+    server, grpc_url = start_grpc(repo, db, log_dir)
+    try:
+        wait_grpc_model_ready(grpc_url, "watcher", 120, server, worker)
+        go = grpcclient.InferInput("GO", [1], "INT32")
+        go.set_data_from_numpy(np.array([1], np.int32))
+        answers: queue.Queue = queue.Queue()
+        first = grpcclient.InferenceServerClient(grpc_url)
+        first.start_stream(callback=lambda result, error: answers.put((result, error)))
+        first.async_stream_infer("watcher", [go], request_id="a")
+        result, error = answers.get(timeout=30)
+        assert error is None and int(result.as_numpy("CANCELLED")[0]) == 0
+        first.stop_stream(cancel_requests=True)
+        first.close()
+        # The model's one instance was held by that request for up to 50 s: it sees
+        # is_cancelled() and ends it, so a second request starts at once.
+        second = grpcclient.InferenceServerClient(grpc_url)
+        again: queue.Queue = queue.Queue()
+        second.start_stream(callback=lambda result, error: again.put((result, error)))
+        started = time.monotonic()
+        second.async_stream_infer("watcher", [go], request_id="b")
+        result, error = again.get(timeout=30)
+        assert error is None and time.monotonic() - started < 10
+        second.stop_stream(cancel_requests=True)
+        second.close()
+    finally:
+        server.stop()
+        worker.stop()
+
+
 def log_entries(db: str, stream_id: str) -> list[stream_log.Entry]:
     return stream_log.read(
         redis.Redis.from_url(db), stream_id, stream_log.HEAD, block_ms=0, count=100_000
