@@ -10,6 +10,7 @@ Nothing here handles a request. The pieces, each in its own module:
 - ``routes`` and ``job_routes``: the other routes, HTTP → DataPlane → HTTP, and the one
   mapping of errors to Triton's body and status;
 - ``generate``: Triton's generate extension (``generate``, ``generate_stream``: SSE);
+- ``openai_routes``: OpenAI's ``/v1`` models, embeddings and completions;
 - ``api_groups``: ``--http-restricted-api``, each route's group and the header check;
 - ``docs_routes``: the OpenAPI document of all of them (``openapi``) and its docs page;
 - ``metrics``: the metrics port.
@@ -20,7 +21,14 @@ from __future__ import annotations
 from flask import Flask
 
 from conch.frontend.composition import build_dataplane
-from conch.frontend.http import api_groups, docs_routes, generate, job_routes, routes
+from conch.frontend.http import (
+    api_groups,
+    docs_routes,
+    generate,
+    job_routes,
+    openai_routes,
+    routes,
+)
 from conch.frontend.http.fast_path import InferFastPath
 from conch.frontend.http.metrics import MetricsPort
 from conch.settings import Settings
@@ -36,6 +44,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(routes.v2)
     app.register_blueprint(job_routes.bp)
     app.register_blueprint(generate.bp)
+    app.register_blueprint(openai_routes.bp)
     if settings.http_restricted_api:
         app.before_request(api_groups.checker(settings.http_restricted_api))
     docs_routes.register(app)

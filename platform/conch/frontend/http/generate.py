@@ -42,14 +42,8 @@ parameters are the ones infer reads, with infer's checks.
 
 from __future__ import annotations
 
-import _socket
 import json
 import logging
-import os
-import select
-import socket
-import ssl
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +62,7 @@ from conch.frontend import calls, v2_json
 from conch.frontend.dataplane import DataPlane, InferOutcome, InferStream
 from conch.frontend.http.api_groups import api_group
 from conch.frontend.http.fast_path import error_answer, too_large
+from conch.frontend.http.hangup_watch import HangupWatch
 from conch.frontend.http.routes import plane
 from conch.frontend.producer import Abandonment
 from conch.frontend.stream_resume import ResumedStream, resume
@@ -84,7 +79,6 @@ NOT_ONE_RESPONSE = (
     "generate expects model to produce exactly 1 response, use generate stream for model "
     "that generates various number of responses"
 )
-HANGUP_POLL_S = 0.25  # how often a waiting call looks at its client's socket
 STREAMS_PATH = "/v2/streams/"  # where a kept stream is read again
 
 Answer = InferOutcome | ConchError  # one response: outputs, or its error
@@ -357,59 +351,6 @@ def sse_event(event: Event) -> bytes:
     if event.position is not None and not isinstance(event.answer, ConchError):
         head += b"id: " + str(event.position).encode() + b"\n"
     return head + b"data: " + _dumps(_document(event.answer)) + b"\n\n"
-
-
-# -- the client's connection -------------------------------------------------------------
-class HangupWatch:
-    """Watches a waiting call's client socket: when the client closes it, ``abandonment``
-    withdraws what the call still has queued and ends its waits. Data from the client
-    (a next request on the connection) ends the watch: the client is there. On a TLS
-    socket nothing is watched (its bytes cannot be peeked at); a client gone is then
-    found when the next event cannot be written."""
-
-    def __init__(self, sock: Any, abandonment: Abandonment) -> None:
-        self._sock = sock
-        self._abandonment = abandonment
-        self._over = threading.Event()
-
-    @classmethod
-    def start(cls, environ: dict[str, Any], abandonment: Abandonment) -> HangupWatch:
-        sock = environ.get("gunicorn.socket")
-        watch = cls(sock, abandonment)
-        if isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket):
-            threading.Thread(target=watch._run, name="generate-hangup", daemon=True).start()
-        return watch
-
-    def stop(self) -> None:
-        self._over.set()
-
-    def _run(self) -> None:
-        # A raw socket on a duplicate of the connection's descriptor: its peek never
-        # waits, where the connection's own (gevent's) socket would park this watch on
-        # the socket's read event, which the connection's greenlet then finds taken
-        # when it reads the next request (gevent's ConcurrentObjectUseError).
-        try:
-            peek = _socket.socket(fileno=os.dup(self._sock.fileno()))
-        except OSError:
-            return  # the connection is gone already; the call finds out as it answers
-        try:
-            while not self._over.is_set():
-                try:
-                    readable, _, _ = select.select([peek], [], [], HANGUP_POLL_S)
-                    if self._over.is_set():
-                        return
-                    if not readable:
-                        continue
-                    data = peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    continue  # read by the connection meanwhile
-                except (OSError, ValueError):
-                    data = b""
-                if not data and not self._over.is_set():
-                    self._abandonment.abandon("the client closed the connection")
-                return
-        finally:
-            peek.close()
 
 
 # -- the calls --------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from conch.core import trace_config
 from conch.core.datatypes import WIRE_TO_NUMPY
 from conch.frontend import v2_json
 from conch.frontend.dataplane import MAX_JOB_WAIT_S
+from conch.frontend.http import openai_routes
 from conch.frontend.http.http_codec import HEADER_LENGTH
 from conch.frontend.http.job_routes import MAX_BATCH_SPEC_BYTES
 from conch.settings import LogFormat
@@ -1016,9 +1017,15 @@ def document() -> dict[str, Any]:
             {"name": "logging"},
             {"name": "trace", "description": "Triton's trace extension (OpenTelemetry)."},
             {"name": "jobs", "description": "conch's async and offline batch jobs."},
+            {"name": "openai", "description": "OpenAI's API, where conch has the model for it."},
             {"name": "docs"},
         ],
-        "paths": {**_server_paths(), **_model_paths(), **_trace_paths()},
+        "paths": {
+            **_server_paths(),
+            **_model_paths(),
+            **_trace_paths(),
+            **openai_routes.openapi_paths(GENERIC_ERRORS, _ref("schemas", "Error")),
+        },
         "components": {
             "schemas": _schemas(),
             "responses": _responses(),
