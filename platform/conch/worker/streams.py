@@ -4,9 +4,10 @@ are still streaming after their batch returned.
 A decoupled model (``model_transaction_policy { decoupled: true }``) answers a request
 with any number of responses, from ``execute`` or from threads it starts, until one comes
 with the final flag. The runner gives each of its requests a ``Stream`` (the backend's
-``Responder``): every ``send`` pushes one ``Reply`` to the request's reply list at once,
-from whatever thread calls it, numbered from 0 (``seq``), the last one ``final``; an
-error ends the request. The request's message is acked, and let go of by the heartbeat,
+``Responder``): every ``send`` hands one ``Reply`` for the request's reply list to the
+drain loop's ``Outbox`` at once, from whatever thread calls it, numbered from 0
+(``seq``), the last one ``final``; the outbox's thread sends it with whatever else was
+sent meanwhile, in order (``stream_outbox``). An error ends the request. The request's message is acked, and let go of by the heartbeat,
 only with its final response, so a worker that dies mid-stream leaves it in flight for
 the visibility timeout to bring back.
 
@@ -39,7 +40,7 @@ import redis
 from conch.backends import BackendResult
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, Unavailable
-from conch.wire import outage, statistics, stream_log
+from conch.wire import statistics, stream_log
 from conch.wire.messages import MAX_COLLECTED, Reply, WireTensor
 from conch.wire.redis_link import Commands
 from conch.worker.admission import Item
@@ -47,6 +48,7 @@ from conch.worker.bundle_ledger import BundleLedger
 from conch.worker.drain import Drain, ack
 from conch.worker.in_flight import InFlight
 from conch.worker.replies import ReplySink
+from conch.worker.stream_outbox import Outbox, Parcel
 
 log = logging.getLogger(__name__)
 
@@ -232,19 +234,12 @@ class Stream:
                 )
             tags = streams.settle(self.item)
             ack(pipe, streams.drain.queue, tags)
-        try:
-            streams.push(pipe)
-        except redis.RedisError as exc:
-            log.error(
-                "%s: a response of request '%s' was not sent: %s",
-                streams.name,
-                self.item.msg.id,
-                exc,
-            )
-        finally:
-            if final:  # sent, or given up (left for the visibility timeout to bring back)
-                streams.inflight.discard(tags)
-                streams.closed(self)
+
+        def let_go() -> None:  # sent, or given up (for the visibility timeout to bring back)
+            streams.inflight.discard(tags)
+            streams.closed(self)
+
+        streams.outbox.put(Parcel(pipe, msg.id, let_go if final else None))
 
 
 class Streams:
@@ -275,6 +270,7 @@ class Streams:
         self.name = name
         self._open: dict[int, Stream] = {}
         self._changed = threading.Condition()
+        self.outbox = Outbox(sink, stopping, name)
 
     def open(self, item: Item, version: int, started: float, group: StreamGroup) -> Stream:
         stream = Stream(self, item, version, started, group)
@@ -319,6 +315,7 @@ class Streams:
             streams = list(self._open.values())
         for stream in streams:
             self._abandon(stream, "before the model stopped serving", Unavailable)
+        self.outbox.drained(grace)
 
     def _abandon(self, stream: Stream, why: str, kind: type[ConchError]) -> None:
         message = (
@@ -327,19 +324,3 @@ class Streams:
         )
         log.error("%s: %s; ending it with an error", self.name, message)
         stream.fail(kind(message))
-
-    def push(self, commands: Commands) -> None:
-        """Send ``commands`` in one round trip (from any thread: on the sink's client),
-        through a Redis outage, until Redis answers or the loop stops (as the runner sends
-        a batch's replies)."""
-        while True:
-            pipe = self.sink.client.pipeline(transaction=False)
-            for args in commands.queued:
-                pipe.execute_command(*args)
-            try:
-                pipe.execute()
-                return
-            except redis.RedisError as exc:
-                if not outage.is_outage(exc) or self.stopping.is_set():
-                    raise
-                time.sleep(outage.RECONNECT_S)
