@@ -59,7 +59,7 @@ from conch.core.errors import BrokerUnavailable, Cancelled, ConchError, Internal
 from conch.frontend.stream_leases import MIN_TTL_S, LeaseKeeper
 from conch.wire import broker, outage, statistics, stream_log
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
-from conch.wire.redis_link import RedisLink
+from conch.wire.redis_link import Commands, RedisLink
 
 log = logging.getLogger(__name__)
 
@@ -486,25 +486,30 @@ class Dispatcher:
         """Enqueue ``msg``, a request to a decoupled model, now; iterate the returned
         ``ResponseStream`` for its replies (the module docstring). As ``submit``, but
         never bundled: a stream can always be withdrawn while it is queued. A watched
-        ``msg`` gets its lease (``grace_s`` to live) and, when kept, its log's head
-        before it is queued, so that no worker finds it cancelled."""
+        ``msg`` gets its lease (``grace_s`` to live) and, when kept, its log's head in
+        the round trip that queues it, just before it, so that no worker finds it
+        cancelled."""
+        before = Commands()
         if msg.watched:
             grace_s = max(grace_s, MIN_TTL_S)
-            pipe = self.client.pipeline(transaction=False)
-            stream_log.hold(pipe, [msg.id], int(grace_s * 1000))
+            stream_log.hold(before, [msg.id], int(grace_s * 1000))
             if msg.keep_s:
                 head = stream_log.StreamHead(
                     msg.model, version or msg.version, msg.client_id, msg.deadline
                 )
-                stream_log.open_log(pipe, msg.id, head, msg.keep_s)
-            try:
-                pipe.execute()
-            except redis.RedisError as exc:
-                raise outage.unavailable(exc) from None
+                stream_log.open_log(before, msg.id, head, msg.keep_s)
+            if route is not None:  # a sequence's mailbox: not through the publisher
+                try:
+                    RedisLink(self.client).run(before)
+                except redis.RedisError as exc:
+                    raise outage.unavailable(exc) from None
+                before = Commands()
             self.leases.add(msg.id, grace_s)
         slot = _Replies()
         try:
-            raw = self._enqueue(msg, slot, max_queue_size, version, route, None)
+            raw = self._enqueue(
+                msg, slot, max_queue_size, version, route, None, tuple(before.queued)
+            )
         except BaseException:
             self.leases.drop(msg.id)
             raise
@@ -518,9 +523,10 @@ class Dispatcher:
         version: int,
         route: Callable[[InferMessage], None] | None,
         bundling: broker.Bundling | None,
+        before: tuple[tuple, ...] = (),
     ) -> bytes:
         """Publish ``msg`` with its replies to ``slot``: the message as queued (empty
-        when routed, or when it cannot be withdrawn)."""
+        when routed, or when it cannot be withdrawn); ``before``: ``Publisher.publish``'s."""
         self._ensure_listener()
         self._pending[msg.id] = slot
         msg.reply_to = self.reply_key
@@ -540,6 +546,7 @@ class Dispatcher:
                 reply_to=self.reply_key,
                 max_queue_size=max_queue_size,
                 bundling=bundling,
+                before=before,
             )
         except BaseException:
             self._pending.pop(msg.id, None)

@@ -271,6 +271,7 @@ class _Pending:
     max_queue_size: int
     bundling: Bundling | None
     raw: bytes = b""  # its own message; a bundled request's is made at the flush
+    before: tuple[tuple, ...] = ()  # commands its publish sends first, in its round trip
     done: threading.Event = field(default_factory=threading.Event)
     result: bool = False
     error: BaseException | None = None
@@ -283,6 +284,7 @@ class _Publish:
     entries: list[_Pending]
     keys: list[str]
     args: list
+    before: tuple[tuple, ...] = ()  # its request's ``before`` commands (a single message's)
 
 
 class Publisher:
@@ -314,6 +316,7 @@ class Publisher:
         reply_to: str | None,
         max_queue_size: int = 0,
         bundling: Bundling | None = None,
+        before: tuple[tuple, ...] = (),
     ) -> bytes | None:
         """Queue one request and wake an idle worker: the message as queued (what
         ``withdraw`` takes; empty for a request that may have gone in a bundle, which
@@ -321,12 +324,18 @@ class Publisher:
 
         The length check and the push are one script, so concurrent gateways cannot
         overfill a bounded queue. A bounded queue counts messages, so its requests are
-        never bundled.
+        never bundled. ``before``: commands (redis-py's argument tuples) that must be in
+        Redis before any worker can pop the message (a stream's lease and log head): sent
+        just before it, in the same round trip, once (not again when the publish is
+        retried); a request with them is never bundled. They must be commands Redis
+        cannot refuse: one that it does fails the call, though the message is queued.
         """
         queue = queue_name(model)
-        if max_queue_size:
+        if max_queue_size or before:
             bundling = None
-        entry = _Pending(queue, payload, task_id, priority, reply_to, max_queue_size, bundling)
+        entry = _Pending(
+            queue, payload, task_id, priority, reply_to, max_queue_size, bundling, before=before
+        )
         if bundling is None:
             entry.raw = envelope(
                 payload, task_id=task_id, queue=queue, priority=priority, reply_to=reply_to
@@ -402,7 +411,7 @@ class Publisher:
                 reply_to=e.reply_to,
             )
         keys = [priority_key(e.queue, e.priority), wake_key(e.queue), bundled_key(e.queue)]
-        return _Publish([e], keys, [e.raw, e.max_queue_size, WAKE_CAP, "", ""])
+        return _Publish([e], keys, [e.raw, e.max_queue_size, WAKE_CAP, "", ""], e.before)
 
     @staticmethod
     def _bundle(chunk: list[_Pending]) -> _Publish:
@@ -427,10 +436,16 @@ class Publisher:
 
     def _send(self, messages: list[_Publish]) -> list:
         for attempt in (0, 1):
-            results = self._link.pipeline(
-                [("EVALSHA", self._script.sha, len(m.keys), *m.keys, *m.args) for m in messages]
-            )
-            errors = [r for r in results if isinstance(r, redis.ResponseError)]
+            commands: list[tuple] = []
+            at: list[int] = []  # where each message's publish is among the commands
+            for m in messages:
+                if not attempt:  # sent once: a retry only publishes again
+                    commands.extend(m.before)
+                at.append(len(commands))
+                commands.append(("EVALSHA", self._script.sha, len(m.keys), *m.keys, *m.args))
+            replies = self._link.pipeline(commands)
+            errors = [r for r in replies if isinstance(r, redis.ResponseError)]
+            results = [replies[i] for i in at]
             if not errors:
                 return results
             if attempt or not all(isinstance(r, redis.exceptions.NoScriptError) for r in errors):

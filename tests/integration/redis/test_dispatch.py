@@ -127,3 +127,20 @@ def test_a_message_still_queued_can_be_withdrawn(redis_url: str) -> None:
     assert broker.withdraw(client, "m", 0, raw)
     assert waiting(client) == 0
     assert not broker.withdraw(client, "m", 0, raw)  # gone already: a worker took it
+
+
+def test_a_publish_sends_its_before_commands_first_in_its_round_trip(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.delete("before:a", *broker.priority_keys(broker.queue_name("m")))
+    publisher = broker.Publisher(client)
+    client.script_flush()  # the retry after NOSCRIPT publishes again, and only that
+    raw = publisher.publish(
+        "m",
+        message().to_dict(),
+        task_id="t1",
+        priority=0,
+        reply_to=None,
+        before=(("RPUSH", "before:a", "x"),),
+    )
+    assert raw and waiting(client) == 1
+    assert client.lrange("before:a", 0, -1) == [b"x"]  # sent once, though published twice
