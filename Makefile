@@ -114,17 +114,21 @@ unless_both_skip = $(if $(and $(findstring $(1),$(BENCH_ARGS)),$(findstring $(1)
 # then conch's own cost per request, one process at a time, beside Redis alone (bench/drain.py);
 # then text_embedding (issue 16): online against the same three and in process, and an offline
 # batch job over a corpus in an S3 server; then a sequence model (issue 17) against conch and in
-# process. BENCH_ARGS passes flags to bench/run.py, TE_BENCH_ARGS to bench/text_embedding.py,
+# process; then a decoupled model's gRPC streams (issue 30) against Triton (bench/streaming.py).
+# BENCH_ARGS passes flags to bench/run.py, TE_BENCH_ARGS to bench/text_embedding.py,
 # SEQ_BENCH_ARGS to bench/sequences.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton"
 # TE_BENCH_ARGS="--quick --skip-mlserver --skip-triton --skip-batch" SEQ_BENCH_ARGS="--quick".
-# DRAIN_BENCH_ARGS passes flags to bench/drain.py, e.g. DRAIN_BENCH_ARGS="--quick".
+# DRAIN_BENCH_ARGS passes flags to bench/drain.py, e.g. DRAIN_BENCH_ARGS="--quick";
+# STREAM_BENCH_ARGS to bench/streaming.py, e.g. STREAM_BENCH_ARGS="--quick --skip-triton".
 bench: $(STAMP) functions redis-server perf-analyzer \
   $(call unless_both_skip,--skip-mlserver,$(MLSERVER_STAMP)) \
-  $(call unless_both_skip,--skip-triton,$(TRITON_STAMP))
+  $(call unless_both_skip,--skip-triton,$(TRITON_STAMP)) \
+  $(if $(findstring --skip-triton,$(STREAM_BENCH_ARGS)),,$(TRITON_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 	$(BIN)/python bench/drain.py $(DRAIN_BENCH_ARGS)
 	$(BIN)/python bench/text_embedding.py $(TE_BENCH_ARGS)
 	$(BIN)/python bench/sequences.py $(SEQ_BENCH_ARGS)
+	$(BIN)/python bench/streaming.py $(STREAM_BENCH_ARGS)
 
 # Every wheel conch needs, for one Python and platform, in one folder, for a machine without
 # internet (README, "Offline install"): tools/wheelhouse.py, knobs below. WHEEL_PYTHON: X.Y
