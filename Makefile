@@ -14,13 +14,15 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,functions]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,functions,fil,tensorflow]'
 	@touch $@
 
 # The build outputs of the shipped repository that are not committed: text_embedding's ONNX
-# encoder and tokenizer, from the packaged all-MiniLM-L6-v2 (a no-op when up to date).
+# encoder and tokenizer, from the packaged all-MiniLM-L6-v2, and breast_cancer_xgb's trees,
+# trained on scikit-learn's data set (each a no-op when up to date).
 functions: $(STAMP)
 	@$(BIN)/python functions/build_text_embedding.py
+	@$(BIN)/python functions/build_tree_model.py
 
 # Debian's redis-server, installed only when it is missing.
 redis-server:

@@ -111,7 +111,7 @@ def required_files(model: str, config_text: bytes | None) -> tuple[str, ...]:
     file will do); else the config's ``default_model_filename``, or the default file name
     of its platform/backend, or, with neither, any backend's default file name (the
     config is auto-completed from whichever model file is there)."""
-    from conch.core.backend_table import BACKENDS, backend_name_for
+    from conch.core.backend_table import BACKENDS, backend_name_for, model_filename
     from conch.core.ensemble_graph import ENSEMBLE
     from conch.core.errors import ModelLoadError
     from conch.core.model_config import parse_config
@@ -132,7 +132,11 @@ def required_files(model: str, config_text: bytes | None) -> tuple[str, ...]:
         return (cfg.default_model_filename,)
     if cfg.platform or cfg.backend:
         try:
-            return (BACKENDS[backend_name_for(cfg.platform, cfg.backend)].default_filename,)
+            cfg.backend = backend_name_for(cfg.platform, cfg.backend)
+            per_platform = BACKENDS[cfg.backend].platform_filenames
+            if per_platform and not cfg.platform:  # TensorFlow: either platform's file
+                return tuple(f for _, f in per_platform)
+            return (model_filename(cfg),)
         except ModelLoadError:
             return (ANY_FILE,)
     return any_default

@@ -24,6 +24,8 @@ CLASSES: dict[str, str] = {
     "pytorch": "conch.backends.pytorch:PyTorchBackend",
     "tensorrt": "conch.backends.tensorrt:TensorRTBackend",
     "python": "conch.backends.python.backend:PythonBackend",
+    "tensorflow": "conch.backends.tensorflow:TensorFlowBackend",
+    "fil": "conch.backends.fil:FilBackend",
 }
 
 

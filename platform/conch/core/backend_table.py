@@ -31,6 +31,24 @@ class BackendFacts:
     # only when the config names ``backend: "pytorch"`` and no platform; the PyTorch
     # backend then falls back to ``model.pt`` itself. The file looked for is the same.
     filename_with_platform: bool = True
+    # Where the model file's name follows a config parameter (FIL's ``model_type``): the
+    # parameter's key and its values' file names; ``default_filename`` is the one for the
+    # value used when the parameter is absent.
+    filename_parameter: str = ""
+    filenames: tuple[tuple[str, str], ...] = ()
+    # Where each platform has a model file of its own (TensorFlow's SavedModel folder and
+    # GraphDef file): (platform, file name) pairs, the first platform's being
+    # ``default_filename``.
+    platform_filenames: tuple[tuple[str, str], ...] = ()
+
+    def filename_for(self, platform: str) -> str:
+        """The model file Triton looks for under this platform."""
+        return dict(self.platform_filenames).get(platform, self.default_filename)
+
+    def platform_for(self, filename: str) -> str:
+        """The platform whose model file this is, else the first (the default)."""
+        named = {f: p for p, f in self.platform_filenames}
+        return named.get(filename, self.platforms[0] if self.platforms else "")
 
 
 BACKENDS: dict[str, BackendFacts] = {
@@ -40,6 +58,29 @@ BACKENDS: dict[str, BackendFacts] = {
     ),
     "tensorrt": BackendFacts(("tensorrt_plan",), "model.plan"),
     "python": BackendFacts((), "model.py"),
+    # Triton's TensorFlow backend: one backend, two platforms, a file name for each
+    # (``AutoCompleteBackendFields`` in triton-inference-server/core model_config_utils.cc).
+    "tensorflow": BackendFacts(
+        ("tensorflow_savedmodel", "tensorflow_graphdef"),
+        "model.savedmodel",
+        platform_filenames=(
+            ("tensorflow_savedmodel", "model.savedmodel"),
+            ("tensorflow_graphdef", "model.graphdef"),
+        ),
+    ),
+    # Triton FIL's file names per model_type (``model_file`` in fil_backend src/model.h).
+    "fil": BackendFacts(
+        (),
+        "xgboost.model",
+        filename_parameter="model_type",
+        filenames=(
+            ("xgboost", "xgboost.model"),
+            ("xgboost_json", "xgboost.json"),
+            ("xgboost_ubj", "xgboost.ubj"),
+            ("lightgbm", "model.txt"),
+            ("treelite_checkpoint", "checkpoint.tl"),
+        ),
+    ),
 }
 
 
@@ -64,13 +105,18 @@ def model_filename(config: ModelConfig) -> str:
     if config.default_model_filename:
         return config.default_model_filename
     facts = BACKENDS.get(config.backend)
-    return facts.default_filename if facts is not None else ""
+    if facts is None:
+        return ""
+    if facts.filename_parameter in config.parameters:
+        value = config.parameters[facts.filename_parameter].string_value
+        return dict(facts.filenames).get(value, facts.default_filename)
+    return facts.filename_for(config.platform)
 
 
 def backend_for_filename(filename: str) -> str | None:
     """The backend whose default model file this is, for configs that name none."""
     for name, facts in BACKENDS.items():
-        if facts.default_filename == filename:
+        if filename in (facts.default_filename, *dict(facts.platform_filenames).values()):
             return name
     return None
 

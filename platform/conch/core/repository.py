@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from conch.core import ensemble_graph, sequence, unsupported
 from conch.core.backend_table import (
     BACKENDS,
+    BackendFacts,
     backend_for_filename,
     backend_for_suffix,
     backend_name_for,
@@ -339,11 +340,17 @@ class ModelRepository:
         if not cfg.backend:
             cfg.backend = entry.backend
         if not cfg.platform and registered.platforms:
-            cfg.platform = registered.platforms[0]
-        if not cfg.default_model_filename and (
-            registered.filename_with_platform or not platform_known
+            cfg.platform = registered.platform_for(
+                cfg.default_model_filename or _model_file_present(registered, path, on_disk)
+            )
+        # A file named by a parameter (FIL's model_type) is the backend's own choice:
+        # Triton writes no file name for a backend it does not know (a custom backend).
+        if (
+            not cfg.default_model_filename
+            and not registered.filename_parameter
+            and (registered.filename_with_platform or not platform_known)
         ):
-            cfg.default_model_filename = registered.default_filename
+            cfg.default_model_filename = model_filename(cfg)
 
         if not cfg.HasField("version_policy"):
             cfg.version_policy.latest.num_versions = 1
@@ -498,6 +505,16 @@ class ModelRepository:
                     f"{where}: instance_group '{group.name}' sets field gpus but is not KIND_GPU"
                 )
         return run_counts
+
+
+def _model_file_present(facts: BackendFacts, path: Path, on_disk: list[int]) -> str:
+    """Which of a backend's per-platform model files the newest version holds ("" for none),
+    so a TensorFlow model with no platform is a SavedModel or a GraphDef by its file, as
+    Triton decides (``AutoCompleteBackendFields``)."""
+    for _, filename in facts.platform_filenames:
+        if on_disk and (path / str(on_disk[-1]) / filename).exists():
+            return filename
+    return ""
 
 
 def triton_instance_count(kind: str, backend: str) -> int:

@@ -182,8 +182,8 @@ NORMALIZED: tuple[Difference, ...] = (
     ),
     Difference(
         "instance_group.count",
-        "Triton's default for a group that gives no count: 2 for an onnxruntime KIND_CPU "
-        "group, else 1 (per GPU for KIND_GPU)",
+        "Triton's default for a group that gives no count: 2 for an onnxruntime or "
+        "tensorflow KIND_CPU group, else 1 (per GPU for KIND_GPU)",
         "a worker runs 1 instance of such a group (conch scales out with workers, and "
         "each onnxruntime session has its own thread pool); give a count to run more",
     ),

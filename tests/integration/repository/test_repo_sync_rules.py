@@ -84,17 +84,35 @@ def changes(result) -> list[tuple]:
 
 # -- completeness -------------------------------------------------------------------------
 
+# Every backend's default model file, in the backend table's order: what a model whose
+# config names no backend may hold.
+EVERY_DEFAULT = (
+    "model.onnx",
+    "model.pt",
+    "model.plan",
+    "model.py",
+    "model.savedmodel",
+    "xgboost.model",
+)
+
 
 @pytest.mark.parametrize(
     ("config", "required"),
     [
-        (None, ("model.onnx", "model.pt", "model.plan", "model.py")),
+        (None, EVERY_DEFAULT),
         (b'platform: "onnxruntime_onnx"', ("model.onnx",)),
         (b'platform: "pytorch_libtorch"', ("model.pt",)),
         (b'backend: "python"', ("model.py",)),
         (b'platform: "tensorrt_plan"', ("model.plan",)),
+        (b'platform: "tensorflow_graphdef"', ("model.graphdef",)),
+        (b'backend: "tensorflow"', ("model.savedmodel", "model.graphdef")),
         (b'backend: "onnxruntime" default_model_filename: "net.bin"', ("net.bin",)),
-        (b"max_batch_size: 8", ("model.onnx", "model.pt", "model.plan", "model.py")),
+        (b"max_batch_size: 8", EVERY_DEFAULT),
+        (b'backend: "fil"', ("xgboost.model",)),
+        (
+            b'backend: "fil" parameters { key: "model_type" value { string_value: "lightgbm" } }',
+            ("model.txt",),
+        ),
         (b'platform: "ensemble"', ()),
         (b'backend: "somethingelse"', (ANY_FILE,)),
         (b"this is { not a config", (ANY_FILE,)),
