@@ -26,6 +26,7 @@ CLASSES: dict[str, str] = {
     "python": "conch.backends.python.backend:PythonBackend",
     "tensorflow": "conch.backends.tensorflow:TensorFlowBackend",
     "fil": "conch.backends.fil:FilBackend",
+    "openvino": "conch.backends.openvino:OpenVinoBackend",
 }
 
 

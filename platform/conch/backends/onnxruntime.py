@@ -3,7 +3,8 @@
 Config tensor names are the ONNX graph's names. CPU instances use the
 CPUExecutionProvider; GPU instances need ``onnxruntime-gpu`` (``conch[gpu]``) and a
 visible NVIDIA GPU, and may put TensorRT first through the config's
-``optimization.execution_accelerators``.
+``optimization.execution_accelerators``. A CPU model whose config asks for the
+``openvino`` CPU accelerator runs on OpenVINO instead (``_load_on_openvino`` says why).
 """
 
 from __future__ import annotations
@@ -235,6 +236,7 @@ class OnnxRuntimeBackend(TensorBackend):
         self._string_inputs: set[str] = set()
         self._string_outputs: set[str] = set()
         self._output_names: list[str] = []
+        self._openvino: Any = None  # the backend running the model for the accelerator
 
     @classmethod
     def auto_complete(
@@ -292,6 +294,9 @@ class OnnxRuntimeBackend(TensorBackend):
         model_file = self.spec.model_file
         if not model_file.exists():
             raise ModelLoadError(f"model '{self.spec.name}': model file {model_file} not found")
+        if _openvino_accelerated(config) and self.instance.kind != "GPU":
+            self._load_on_openvino()
+            return
         providers = self._providers()
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = int_parameter(
@@ -325,7 +330,24 @@ class OnnxRuntimeBackend(TensorBackend):
         self._output_names = [a.name for a in session.get_outputs()]
         self.session = session
 
+    def _load_on_openvino(self) -> None:
+        """Run the ONNX file on OpenVINO, as Triton runs it on ORT's OpenVINO provider.
+
+        ORT's OpenVINO provider comes only in ``onnxruntime-openvino``, a build of the
+        same ``onnxruntime`` module that cannot be installed beside conch's, so the
+        accelerator is conch's OpenVINO backend reading the ONNX file itself (the
+        ``openvino`` extra). Its threads follow ``intra_op_thread_count``. A KIND_GPU
+        instance runs on CUDA as before: Triton applies CPU accelerators to CPU instances.
+        """
+        from conch.backends.openvino import OnnxOnOpenVino
+
+        threads = int_parameter(self.spec.config, "intra_op_thread_count", DEFAULT_INTRA_OP_THREADS)
+        self._openvino = OnnxOnOpenVino(self.spec, self.instance, threads=threads)
+        self._openvino.load()
+
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        if self._openvino is not None:
+            return self._openvino.run(inputs, outputs)
         feed = {}
         for name, arr in inputs.items():
             if name in self._string_inputs:
@@ -342,6 +364,29 @@ class OnnxRuntimeBackend(TensorBackend):
 
     def unload(self) -> None:
         self.session = None
+        if self._openvino is not None:
+            self._openvino.unload()
+            self._openvino = None
+
+
+def _openvino_accelerated(config: ModelConfig) -> bool:
+    """Whether the config asks for the "openvino" CPU accelerator, Triton's one CPU
+    accelerator for ONNX models; any other name, or parameters on it, are refused."""
+    accel = config.optimization.execution_accelerators.cpu_execution_accelerator
+    if not accel:
+        return False
+    for acc in accel:
+        if acc.name != "openvino":
+            raise ModelLoadError(
+                f"model '{config.name}': unknown cpu_execution_accelerator '{acc.name}'; "
+                "onnxruntime has 'openvino'"
+            )
+        if acc.parameters:
+            raise ModelLoadError(
+                f"model '{config.name}': cpu_execution_accelerator 'openvino' takes no "
+                f"parameters, got {sorted(acc.parameters)}"
+            )
+    return True
 
 
 def _bytes_to_str(arr: np.ndarray, name: str) -> np.ndarray:

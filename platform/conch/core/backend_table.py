@@ -68,6 +68,9 @@ BACKENDS: dict[str, BackendFacts] = {
             ("tensorflow_graphdef", "model.graphdef"),
         ),
     ),
+    # Triton's OpenVINO backend: no platform; an IR by default, other formats by
+    # ``default_model_filename`` (its README).
+    "openvino": BackendFacts((), "model.xml"),
     # Triton FIL's file names per model_type (``model_file`` in fil_backend src/model.h).
     "fil": BackendFacts(
         (),

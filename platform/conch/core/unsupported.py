@@ -70,6 +70,17 @@ def _optimization(name: str) -> Callable[[ModelConfig], bool]:
     return lambda cfg: cfg.HasField("optimization") and cfg.optimization.HasField(name)
 
 
+def _other_cpu_accelerator(cfg: ModelConfig) -> bool:
+    """A CPU accelerator but ONNX's "openvino" (which ``conch.backends.onnxruntime`` runs);
+    a config naming no backend and no platform is onnxruntime's when its file is ONNX, and
+    that backend refuses the accelerator otherwise."""
+    if not cfg.HasField("optimization"):
+        return False
+    accel = cfg.optimization.execution_accelerators.cpu_execution_accelerator
+    onnx = cfg.backend in ("onnxruntime", "") and cfg.platform in ("onnxruntime_onnx", "")
+    return any(a.name != "openvino" or not onnx for a in accel)
+
+
 FEATURES: tuple[Feature, ...] = (
     Feature(
         "batch_input",
@@ -95,12 +106,10 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "optimization.execution_accelerators.cpu_execution_accelerator",
         Action.REFUSE,
-        "conch runs CPU models on onnxruntime's CPU provider and has no OpenVINO (or other "
-        "CPU accelerator) provider: remove the field to serve the model without it",
-        lambda cfg: (
-            cfg.HasField("optimization")
-            and len(cfg.optimization.execution_accelerators.cpu_execution_accelerator) > 0
-        ),
+        'conch has one CPU accelerator, "openvino" for ONNX models on onnxruntime (run by '
+        "conch's OpenVINO backend); other names and other backends' CPU accelerators would "
+        "run without it: remove the field to serve the model without it",
+        _other_cpu_accelerator,
     ),
     Feature(
         "model_repository_agents",

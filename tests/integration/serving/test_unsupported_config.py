@@ -39,8 +39,8 @@ def server(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[tuple[st
         repo / "passive", extra="instance_group [ { count: 1 kind: KIND_CPU passive: true } ]"
     )
     add_model(
-        repo / "openvino",
-        extra='optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }',
+        repo / "cpu_accel",
+        extra='optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "dnnl" } ] } }',
     )
     py = repo / "py_env"
     (py / "1").mkdir(parents=True)
@@ -58,7 +58,7 @@ def _add(client: httpclient.InferenceServerClient, model: str) -> np.ndarray:
 @pytest.mark.parametrize(
     ("model", "field"),
     [
-        ("openvino", "optimization.execution_accelerators.cpu_execution_accelerator"),
+        ("cpu_accel", "optimization.execution_accelerators.cpu_execution_accelerator"),
         ("py_env", "parameters.EXECUTION_ENV_PATH"),
     ],
 )

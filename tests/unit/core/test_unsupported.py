@@ -29,7 +29,7 @@ REFUSED = {
     "parameters.EXECUTION_ENV_PATH": 'parameters { key: "EXECUTION_ENV_PATH" value: '
     '{ string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }',
     "optimization.execution_accelerators.cpu_execution_accelerator": "optimization { "
-    'execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }',
+    'execution_accelerators { cpu_execution_accelerator: [ { name: "dnnl" } ] } }',
     "model_repository_agents": 'model_repository_agents { agents [ { name: "checksum" } ] }',
 }
 WARNED = {
