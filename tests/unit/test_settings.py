@@ -224,13 +224,13 @@ def test_ignored_backend_config_is_logged_and_the_launch_goes_on(
             "worker",
             *("--model-repository", str(tmp_path)),
             "--backend-config=onnxruntime,enable-mem-arena=1",
-            "--backend-config=tensorflow,default-max-batch-size=8",
+            "--backend-config=dali,default-max-batch-size=8",
         ]
     )
     err = capsys.readouterr().err
     assert code == 0 and len(started) == 1
     assert "--backend-config onnxruntime,enable-mem-arena=1 ignored" in err
-    assert "conch has no backend 'tensorflow'" in err
+    assert "conch has no backend 'dali'" in err
 
 
 @pytest.mark.parametrize("flag", ["--strict-readiness", "--log-info", "--allow-metrics"])

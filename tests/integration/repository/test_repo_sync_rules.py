@@ -92,6 +92,7 @@ EVERY_DEFAULT = (
     "model.plan",
     "model.py",
     "model.savedmodel",
+    "model.xml",
     "xgboost.model",
 )
 
@@ -106,6 +107,7 @@ EVERY_DEFAULT = (
         (b'platform: "tensorrt_plan"', ("model.plan",)),
         (b'platform: "tensorflow_graphdef"', ("model.graphdef",)),
         (b'backend: "tensorflow"', ("model.savedmodel", "model.graphdef")),
+        (b'backend: "openvino"', ("model.xml",)),
         (b'backend: "onnxruntime" default_model_filename: "net.bin"', ("net.bin",)),
         (b"max_batch_size: 8", EVERY_DEFAULT),
         (b'backend: "fil"', ("xgboost.model",)),
