@@ -82,6 +82,21 @@ def cuda_device_count() -> int:
     return 0
 
 
+def gpu_device(model: str, instance: str, device: int, available: tuple[bool, str]) -> int:
+    """The GPU a KIND_GPU ``instance`` of ``model`` runs on (``device``): a load error when
+    its backend cannot use a GPU here (``available``, the backend's own check and why
+    not) or no such device is visible."""
+    ok, reason = available
+    if not ok:
+        raise ModelLoadError(f"model '{model}' asks for KIND_GPU but {reason}")
+    if device >= cuda_device_count():
+        raise ModelLoadError(
+            f"model '{model}' instance '{instance}' asks for GPU {device} "
+            f"but {cuda_device_count()} GPU(s) are visible"
+        )
+    return device
+
+
 # -- auto-complete ------------------------------------------------------------------------
 
 

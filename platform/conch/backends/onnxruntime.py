@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conch.backends.autocomplete import check_and_fill, cuda_device_count, int_parameter
+from conch.backends.autocomplete import (
+    check_and_fill,
+    cuda_device_count,
+    gpu_device,
+    int_parameter,
+)
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.core.datatypes import config_to_wire
 from conch.core.errors import InvalidArgument, ModelLoadError
@@ -251,15 +256,9 @@ class OnnxRuntimeBackend(TensorBackend):
         config = self.spec.config
         if self.instance.kind != "GPU":
             return ["CPUExecutionProvider"]
-        ok, reason = gpu_available()
-        if not ok:
-            raise ModelLoadError(f"model '{self.spec.name}' asks for KIND_GPU but {reason}")
-        device = self.instance.device_id
-        if device >= cuda_device_count():
-            raise ModelLoadError(
-                f"model '{self.spec.name}' instance '{self.instance.name}' asks for GPU {device} "
-                f"but {cuda_device_count()} GPU(s) are visible"
-            )
+        device = gpu_device(
+            self.spec.name, self.instance.name, self.instance.device_id, gpu_available()
+        )
         providers: list[Any] = []
         accel = config.optimization.execution_accelerators.gpu_execution_accelerator
         for acc in accel:

@@ -36,6 +36,7 @@ import numpy as np
 from conch.backends.autocomplete import (
     check_and_fill,
     cuda_device_count,
+    gpu_device,
     int_parameter,
     type_name,
 )
@@ -411,15 +412,9 @@ class TensorFlowBackend(TensorBackend):
     def _device_name(self) -> str:
         if self.instance.kind != "GPU":
             return "/CPU:0"
-        ok, reason = gpu_available()
-        if not ok:
-            raise ModelLoadError(f"model '{self.spec.name}' asks for KIND_GPU but {reason}")
-        device = self.instance.device_id
-        if device >= cuda_device_count():
-            raise ModelLoadError(
-                f"model '{self.spec.name}' instance '{self.instance.name}' asks for GPU {device} "
-                f"but {cuda_device_count()} GPU(s) are visible"
-            )
+        device = gpu_device(
+            self.spec.name, self.instance.name, self.instance.device_id, gpu_available()
+        )
         return f"/GPU:{device}"
 
     def load(self) -> None:
