@@ -236,7 +236,12 @@ def outs(responses: list[dict[str, Any]]) -> list[Any]:
 def cancelled_at(repo: Path, request_id: str) -> int:
     """How many responses ``counter`` had sent when it saw ``is_cancelled()``."""
     mark = repo / "marks" / request_id
-    wait_until(mark.exists, 15, f"counter to see request '{request_id}' cancelled")
+    # Written by the model as it sees it: the file may exist a moment before its number.
+    wait_until(
+        lambda: mark.exists() and mark.read_text().strip() != "",
+        15,
+        f"counter to see request '{request_id}' cancelled",
+    )
     return int(mark.read_text())
 
 
