@@ -7,21 +7,19 @@ load as written; a broken model file leaves the others serving."""
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from harness import fresh_db, start_gateway, start_grpc, start_worker, wait_model_ready
 from integration.jobs.test_jobs import result, submit, wait_done
+from integration.jobs.test_offline import batch_job_outputs
 from unit._onnx_models import mlp
 
 pytest.importorskip("openvino")
@@ -283,35 +281,7 @@ def test_an_async_job_answers_what_infer_answers(stack, repo) -> None:
 
 def test_a_batch_job_answers_every_line(stack, repo, s3) -> None:
     url, _ = stack
-    bucket = f"openvino-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=bucket)
     asks = [rows(1 + i % 4, seed=200 + i) for i in range(30)]
-    lines = [
-        json.dumps(
-            {
-                "id": f"r{i}",
-                "inputs": [
-                    {
-                        "name": "x",
-                        "datatype": "FP32",
-                        "shape": list(x.shape),
-                        "data": x.ravel().tolist(),
-                    }
-                ],
-            }
-        )
-        for i, x in enumerate(asks)
-    ]
-    s3.put_object(Bucket=bucket, Key="in.jsonl", Body=("\n".join(lines) + "\n").encode())
-    spec = {"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out.jsonl"}
-    r = requests.post(f"http://{url}/v2/models/ov_ir/batch", json=spec)
-    assert r.status_code == 202, r.text
-    status = wait_done(url, r.json()["id"], timeout=90)
-    assert status["status"] == "SUCCESS", status
-    body = s3.get_object(Bucket=bucket, Key="out.jsonl")["Body"].read().decode()
-    out = [json.loads(line) for line in body.splitlines()]
-    assert [o["id"] for o in out] == [f"r{i}" for i in range(len(asks))]
-    for x, o in zip(asks, out, strict=True):
-        (output,) = o["outputs"]
-        got = np.array(output["data"], np.float32).reshape(output["shape"])
+    answers = batch_job_outputs(url, s3, "ov_ir", "x", asks)
+    for x, got in zip(asks, answers, strict=True):
         np.testing.assert_allclose(got, expected(repo, x), rtol=1e-5, atol=1e-5)

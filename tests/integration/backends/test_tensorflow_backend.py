@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,7 +30,7 @@ from harness import (
     wait_until,
 )
 from integration.jobs.test_jobs import result, submit, wait_done
-from integration.jobs.test_offline import put_jsonl, read_jsonl, submit_batch
+from integration.jobs.test_offline import batch_job_outputs
 
 pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
 
@@ -278,38 +277,11 @@ def test_an_async_job(stack: dict) -> None:
 
 
 def test_a_batch_job(stack: dict, s3) -> None:
-    bucket = f"tf-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=bucket)
     xs = [_features(1 + i % 2, seed=20 + i) for i in range(6)]
-    lines = [
-        json.dumps(
-            {
-                "id": f"r{i}",
-                "inputs": [
-                    {
-                        "name": "features",
-                        "datatype": "FP32",
-                        "shape": list(x.shape),
-                        "data": x.ravel().tolist(),
-                    }
-                ],
-            }
-        )
-        for i, x in enumerate(xs)
-    ]
-    put_jsonl(s3, bucket, "in.jsonl", lines)
-    spec = {"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out.jsonl"}
-    r = submit_batch(stack["url"], "tf_dense", spec)
-    assert r.status_code == 202, r.text
-    assert wait_done(stack["url"], r.json()["id"], timeout=90)["status"] == "SUCCESS"
-    out = read_jsonl(s3, bucket, "out.jsonl")
-    assert [o["id"] for o in out] == [f"r{i}" for i in range(len(xs))]
-    for x, got in zip(xs, out, strict=True):
-        (output,) = got["outputs"]
+    answers = batch_job_outputs(stack["url"], s3, "tf_dense", "features", xs)
+    for x, got in zip(xs, answers, strict=True):
         want = _dense_reference(stack["repo"], x)
-        np.testing.assert_allclose(
-            np.array(output["data"], np.float32).reshape(want.shape), want, rtol=1e-5, atol=1e-6
-        )
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_bad_model_file_is_a_clear_load_error_and_the_others_serve(stack: dict) -> None:

@@ -569,3 +569,41 @@ def test_a_job_waits_while_no_worker_takes_jobs_and_runs_once_one_starts(
         other.stop()
         if taker is not None:
             taker.stop()
+
+
+def batch_job_outputs(
+    url: str, s3, model: str, input_name: str, arrays: list[np.ndarray], *, timeout: float = 90
+) -> list[np.ndarray]:
+    """Run ``arrays`` (FP32, one input each) through ``model`` as an S3 batch job: each
+    line's one output, in order, once the job succeeded with every line answered."""
+    bucket = f"batch-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    lines = [
+        json.dumps(
+            {
+                "id": f"r{i}",
+                "inputs": [
+                    {
+                        "name": input_name,
+                        "datatype": "FP32",
+                        "shape": list(x.shape),
+                        "data": x.ravel().tolist(),
+                    }
+                ],
+            }
+        )
+        for i, x in enumerate(arrays)
+    ]
+    put_jsonl(s3, bucket, "in.jsonl", lines)
+    spec = {"input": f"s3://{bucket}/in.jsonl", "output": f"s3://{bucket}/out.jsonl"}
+    r = submit_batch(url, model, spec)
+    assert r.status_code == 202, r.text
+    status = wait_done(url, r.json()["id"], timeout=timeout)
+    assert status["status"] == "SUCCESS", status
+    out = read_jsonl(s3, bucket, "out.jsonl")
+    assert [o["id"] for o in out] == [f"r{i}" for i in range(len(arrays))]
+    answers = []
+    for o in out:
+        (output,) = o["outputs"]
+        answers.append(np.array(output["data"], np.float32).reshape(output["shape"]))
+    return answers
