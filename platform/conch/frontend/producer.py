@@ -499,8 +499,11 @@ class Dispatcher:
                 )
                 stream_log.open_log(before, msg.id, head, msg.keep_s)
             if route is not None:  # a sequence's mailbox: not through the publisher
+                pipe = self.client.pipeline(transaction=False)
+                for args in before.queued:
+                    pipe.execute_command(*args)
                 try:
-                    RedisLink(self.client).run(before)
+                    pipe.execute()
                 except redis.RedisError as exc:
                     raise outage.unavailable(exc) from None
                 before = Commands()

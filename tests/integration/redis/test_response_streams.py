@@ -328,3 +328,20 @@ def test_a_kept_stream_whose_client_came_back_stays_queued(client, model) -> Non
     time.sleep(3.5)
     assert work_owed(client, [model])[model].waiting == 1
     other.leases.drop(stream.msg.id)
+
+
+def test_a_routed_watched_stream_gets_its_lease_and_head_before_it_is_routed(
+    client, model
+) -> None:
+    """A sequence's request goes to its mailbox, not through the publisher: its lease and
+    log head are written first, on their own."""
+    seen: list[tuple[bool, bool]] = []
+
+    def route(msg: InferMessage) -> None:
+        alive = stream_log.held(client, [msg.id])[0]
+        seen.append((alive, stream_log.head(client, msg.id) is not None))
+
+    d = Dispatcher(client)
+    stream = d.stream(message(model, watched=True, keep_s=60), grace_s=2.0, route=route)
+    assert seen == [(True, True)]
+    stream.cancel()
