@@ -330,9 +330,7 @@ def test_a_kept_stream_whose_client_came_back_stays_queued(client, model) -> Non
     other.leases.drop(stream.msg.id)
 
 
-def test_a_routed_watched_stream_gets_its_lease_and_head_before_it_is_routed(
-    client, model
-) -> None:
+def test_a_routed_watched_stream_gets_its_lease_and_head_before_it_is_routed(client, model) -> None:
     """A sequence's request goes to its mailbox, not through the publisher: its lease and
     log head are written first, on their own."""
     seen: list[tuple[bool, bool]] = []
