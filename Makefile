@@ -51,19 +51,25 @@ test: $(STAMP) functions redis-server
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# MLServer, the peer `make bench` compares against, in its own venv with the onnxruntime and
-# tokenizers versions conch's venv has (text_embedding's runtime tokenizes with the same
-# code). uvloop 0.23 kills MLServer 1.7.1's worker, hence the pin.
+# MLServer, the peer `make bench` compares against, in its own venv with the onnxruntime,
+# tokenizers and xgboost versions conch's venv has (text_embedding's runtime tokenizes with
+# the same code; bench/trees.py's runs the same trees). uvloop 0.23 kills MLServer 1.7.1's
+# worker, hence the pin. mlserver-xgboost asks for xgboost, whose Linux wheel carries NCCL's
+# CUDA libraries: it gets xgboost-cpu, the same module, as conch's fil extra does.
 MLSERVER_VENV := .cache/bench/mlserver-venv
-MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-mlserver-1.7.1-tokenizers
+MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-mlserver-1.7.1-tokenizers-xgboost
 
 $(MLSERVER_STAMP): | $(STAMP)
 	@echo "installing MLServer 1.7.1 into $(MLSERVER_VENV)" >&2
 	@test -x $(MLSERVER_VENV)/bin/python || $(PYTHON) -m venv $(MLSERVER_VENV)
 	@ort=$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)') && \
 	  tok=$$($(BIN)/python -c 'import tokenizers; print(tokenizers.__version__)') && \
+	  xgb=$$($(BIN)/python -c 'import xgboost; print(xgboost.__version__)') && \
 	  $(MLSERVER_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-	    mlserver==1.7.1 uvloop==0.21.0 numpy "onnxruntime==$$ort" "tokenizers==$$tok"
+	    mlserver==1.7.1 uvloop==0.21.0 numpy "onnxruntime==$$ort" "tokenizers==$$tok" \
+	    "xgboost-cpu==$$xgb" scikit-learn && \
+	  $(MLSERVER_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+	    mlserver-xgboost==1.7.1
 	@touch $@
 
 mlserver: $(MLSERVER_STAMP)
@@ -111,19 +117,24 @@ triton-gpu: $(TRITON_GPU_STAMP)
 
 # $(2), unless both benchmark scripts are told $(1) (a peer neither of them runs).
 unless_both_skip = $(if $(and $(findstring $(1),$(BENCH_ARGS)),$(findstring $(1),$(TE_BENCH_ARGS))),,$(2))
+# MLServer, unless bench/trees.py skips it too.
+mlserver_for_bench = $(if $(findstring --skip-mlserver,$(TREE_BENCH_ARGS)),$(call unless_both_skip,--skip-mlserver,$(MLSERVER_STAMP)),$(MLSERVER_STAMP))
 
 # conch vs in-process onnxruntime vs MLServer vs Triton, driven by perf_analyzer (bench/README.md);
 # then conch's own cost per request, one process at a time, beside Redis alone (bench/drain.py);
 # then text_embedding (issue 16): online against the same three and in process, and an offline
 # batch job over a corpus in an S3 server; then a sequence model (issue 17) against conch and in
-# process; then a decoupled model's gRPC streams (issue 30) against Triton (bench/streaming.py).
+# process; then a decoupled model's gRPC streams (issue 30) against Triton (bench/streaming.py);
+# then the shipped tree model against MLServer's XGBoost runtime and xgboost in process
+# (bench/trees.py), and the same ONNX MLPs on onnxruntime and on OpenVINO (bench/onnx_runtimes.py).
 # BENCH_ARGS passes flags to bench/run.py, TE_BENCH_ARGS to bench/text_embedding.py,
 # SEQ_BENCH_ARGS to bench/sequences.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton"
 # TE_BENCH_ARGS="--quick --skip-mlserver --skip-triton --skip-batch" SEQ_BENCH_ARGS="--quick".
 # DRAIN_BENCH_ARGS passes flags to bench/drain.py, e.g. DRAIN_BENCH_ARGS="--quick";
-# STREAM_BENCH_ARGS to bench/streaming.py, e.g. STREAM_BENCH_ARGS="--quick --skip-triton".
+# STREAM_BENCH_ARGS to bench/streaming.py, e.g. STREAM_BENCH_ARGS="--quick --skip-triton";
+# TREE_BENCH_ARGS to bench/trees.py, OV_BENCH_ARGS to bench/onnx_runtimes.py (both: "--quick").
 bench: $(STAMP) functions redis-server perf-analyzer \
-  $(call unless_both_skip,--skip-mlserver,$(MLSERVER_STAMP)) \
+  $(mlserver_for_bench) \
   $(call unless_both_skip,--skip-triton,$(TRITON_STAMP)) \
   $(if $(findstring --skip-triton,$(STREAM_BENCH_ARGS)),,$(TRITON_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
@@ -131,6 +142,8 @@ bench: $(STAMP) functions redis-server perf-analyzer \
 	$(BIN)/python bench/text_embedding.py $(TE_BENCH_ARGS)
 	$(BIN)/python bench/sequences.py $(SEQ_BENCH_ARGS)
 	$(BIN)/python bench/streaming.py $(STREAM_BENCH_ARGS)
+	$(BIN)/python bench/trees.py $(TREE_BENCH_ARGS)
+	$(BIN)/python bench/onnx_runtimes.py $(OV_BENCH_ARGS)
 
 # Every wheel conch needs, for one Python and platform, in one folder, for a machine without
 # internet (README, "Offline install"): tools/wheelhouse.py, knobs below. WHEEL_PYTHON: X.Y

@@ -30,21 +30,27 @@ from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
 _DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
 
 
-class OnnxRuntimeModel(MLModel):
+class TritonConfigRoute(MLModel):
+    """A runtime that answers ``GET /v2/models/<m>/config`` with ``parameters.extra``'s
+    ``triton_config``, which perf_analyzer reads before it sends anything."""
+
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
-        self._triton_config: dict[str, Any] = {}
+        extra = (settings.parameters.extra if settings.parameters else None) or {}
+        config: dict[str, Any] = extra.get("triton_config", {})
 
         # One GET route per model, on its own path. (MLServer re-imports this module for
         # every model it loads, so class-level state is not shared between models, and a
         # shared ``/v2/models/{model_name}/config`` route would answer from one of them.)
         async def triton_config() -> dict[str, Any]:
-            return self._triton_config
+            return config
 
         self.triton_config_route = custom_handler(
             rest_path=f"/v2/models/{settings.name}/config", rest_method="GET"
         )(triton_config)
 
+
+class OnnxRuntimeModel(TritonConfigRoute):
     async def load(self) -> bool:
         extra = (self.settings.parameters.extra if self.settings.parameters else None) or {}
         opts = ort.SessionOptions()
@@ -56,7 +62,6 @@ class OnnxRuntimeModel(MLModel):
         )
         self._output_names = [o.name for o in self._session.get_outputs()]
         self._input_names = [i.name for i in self._session.get_inputs()]
-        self._triton_config = extra["triton_config"]
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:

@@ -201,17 +201,23 @@ instance_group [
 """
 
 
-def python_config(onnx_config: str, onnx_name: str) -> str:
-    """The ONNX model's config.pbtxt for its Python twin: same tensors, batching, instances."""
+def twin_config(onnx_config: str, onnx_name: str, suffix: str, runs_on: str, what: str) -> str:
+    """The ONNX model's config.pbtxt for a twin named ``<onnx_name><suffix>`` that the
+    config lines ``runs_on`` run in place of onnxruntime (``what`` says how, in its first
+    line): same tensors, batching, instances."""
     name_line, platform_line = f'name: "{onnx_name}"', 'platform: "onnxruntime_onnx"'
     if name_line not in onnx_config or platform_line not in onnx_config:
         raise RuntimeError(f"{onnx_name}/config.pbtxt: expected {name_line} and {platform_line}")
-    body = onnx_config.replace(name_line, f'name: "{onnx_name}{PY_SUFFIX}"').replace(
-        platform_line, 'backend: "python"'
+    body = onnx_config.replace(name_line, f'name: "{onnx_name}{suffix}"').replace(
+        platform_line, runs_on
     )
-    return (
-        f"# {onnx_name} as a Python-backend model running onnxruntime (bench/models.py).\n" + body
-    )
+    return f"# {onnx_name} {what}.\n" + body
+
+
+def python_config(onnx_config: str, onnx_name: str) -> str:
+    """The ONNX model's config.pbtxt for its Python twin."""
+    what = "as a Python-backend model running onnxruntime (bench/models.py)"
+    return twin_config(onnx_config, onnx_name, PY_SUFFIX, 'backend: "python"', what)
 
 
 def link_or_copy(src: Path, dest: Path) -> None:

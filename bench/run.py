@@ -57,6 +57,7 @@ import time
 import traceback
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ class Point:
     server: str  # "conch" (HTTP), "conch-grpc", "triton" or "mlserver-<variant>"
     model: str
     concurrency: int
+    batch: int = 1  # rows a request (perf_analyzer's -b)
     infer_per_s: float | None = None
     p50_ms: float | None = None
     p99_ms: float | None = None
@@ -134,9 +136,9 @@ class Results:
     servers_not_run: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
-    def get(self, server: str, model: str, concurrency: int) -> Point | None:
+    def get(self, server: str, model: str, concurrency: int, batch: int = 1) -> Point | None:
         for p in self.points:
-            if (p.server, p.model, p.concurrency) == (server, model, concurrency):
+            if (p.server, p.model, p.concurrency, p.batch) == (server, model, concurrency, batch):
                 return p
         return None
 
@@ -215,11 +217,16 @@ def run_perf_analyzer(
     json: bool,
     protocol: str = "http",
     extra: tuple[str, ...] = (),
+    batch: int = 1,
 ) -> Point:
-    """One perf_analyzer point; ``extra``: more of its flags (a sequence model's)."""
-    point = Point(tag, model, concurrency)
+    """One perf_analyzer point of requests of ``batch`` rows; ``extra``: more of its flags
+    (a sequence model's)."""
+    point = Point(tag, model, concurrency, batch)
+    rows = f"-b{batch}" if batch > 1 else ""
     for attempt, stability in enumerate((pa.stability_pct, FALLBACK_STABILITY_PCT)):
-        csv_path = out_dir / f"pa-{tag}-{model}-c{concurrency}{'-retry' if attempt else ''}.csv"
+        csv_path = (
+            out_dir / f"pa-{tag}-{model}-c{concurrency}{rows}{'-retry' if attempt else ''}.csv"
+        )
         args = [
             "-m",
             model,
@@ -242,6 +249,8 @@ def run_perf_analyzer(
             args += ["--input-data", str(pa.input_files[model])]
         if json:
             args += ["--input-tensor-format=json", "--output-tensor-format=json"]
+        if batch > 1:
+            args += ["-b", str(batch)]
         args += extra
         # Windows until stable (at most max_trials), plus start-up and draining slack.
         timeout = pa.window_ms / 1000 * (pa.max_trials + 2) + 60
@@ -322,13 +331,28 @@ def _cpu_snapshot(pids: dict[str, int], sessions: dict[str, int]) -> dict[str, f
     }
 
 
-# conch's frontends: the Point tag and perf_analyzer's -i for each.
-CONCH_PROTOCOLS = {"conch": "http", "conch-grpc": "grpc"}
+# conch's frontends: the Point tag and perf_analyzer's -i for each; "conch-json" is HTTP
+# with JSON tensors (the wire MLServer is driven over), the others carry binary tensors.
+CONCH_PROTOCOLS = {"conch": "http", "conch-json": "http", "conch-grpc": "grpc"}
 
 
 def bench_conch(
-    args: argparse.Namespace, repo: Path, pa: PaOptions, run_dir: Path, results: Results
+    args: argparse.Namespace,
+    repo: Path,
+    pa: PaOptions,
+    run_dir: Path,
+    results: Results,
+    *,
+    batches: tuple[int, ...] = (1,),
+    json_too: bool = False,
+    hop_floor: bool = True,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
+    """conch serving ``repo``, each of ``args.models`` measured at each concurrency and
+    request size (``batches``: rows a request) over HTTP, then over HTTP with JSON tensors
+    if ``json_too``, then gRPC unless skipped; ``hop_floor``: then the hops' floor
+    (drain.measure_hops) when concurrency 1 was run. ``on_ready`` is given the HTTP
+    address (host:port) once the models are ready, before anything is measured."""
     import redis
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -362,7 +386,7 @@ def bench_conch(
             gateway = group.start("conch-gateway", conch("gateway", *common, *gw_args))
             url = f"127.0.0.1:{port}"
             clients: list[Any] = [httpclient.InferenceServerClient(url)]
-            urls = {"conch": url}
+            urls = {"conch": url, **({"conch-json": url} if json_too else {})}
             cpu_pids = {"redis": private.process.pid}
             cpu_sessions = {"gateway": gateway.pid, "worker": worker.pid}
             if not args.skip_grpc:
@@ -385,14 +409,17 @@ def bench_conch(
 
             say(f"conch: waiting for {', '.join(args.models)} on {', '.join(urls.values())}")
             procs.wait_until(ready, 180, group, "conch readiness")
+            if on_ready is not None:
+                on_ready(url)
             r = redis.Redis.from_url(private.url)
             for model in args.models:
                 # The worker's counters of the model that batches: an ensemble's encoder.
                 counted = gpu_models.BY_NAME[model].batched if args.gpu else model
-                for c in args.concurrency:
+                for c, batch in [(c, b) for b in batches for c in args.concurrency]:
                     for tag, target in urls.items():
                         group.check_alive()
-                        say(f"{tag}: {model} at concurrency {c}")
+                        rows = f", {batch} rows a request" if batch > 1 else ""
+                        say(f"{tag}: {model} at concurrency {c}{rows}")
                         before = _fresh_counts(r, counted, time.time())
                         compute0 = _compute_infer(url, model)
                         cpu0 = _cpu_snapshot(cpu_pids, cpu_sessions)
@@ -404,8 +431,9 @@ def bench_conch(
                             c,
                             run_dir,
                             tag,
-                            json=False,
+                            json=tag == "conch-json",
                             protocol=CONCH_PROTOCOLS[tag],
+                            batch=batch,
                         )
                         point.wall_s = time.monotonic() - t0
                         cpu1 = _cpu_snapshot(cpu_pids, cpu_sessions)
@@ -419,7 +447,9 @@ def bench_conch(
                 client.close()
             gateway.stop()
             worker.stop()
-            if 1 in args.concurrency:  # the floor of the hops, beside the overhead table
+            if (
+                hop_floor and 1 in args.concurrency
+            ):  # the floor of the hops, beside the overhead table
                 import drain
 
                 hops = drain.measure_hops(group, private.url, 1000)
