@@ -12,7 +12,8 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ARG GPU=false
 # Backends' extras beyond the image's own (comma-separated, e.g. tensorflow,openvino). The
-# fil extra is always in: the shipped repository's breast_cancer_xgb needs it.
+# fil extra is always in (the shipped repository's breast_cancer_xgb needs it), and gcs
+# and azure, for --model-repository gs://... and as://...
 ARG EXTRAS=
 # torch is pinned in pyproject.toml; PyPI's Linux build of it is the multi-GB CUDA one, so
 # the CPU image takes the same version from PyTorch's CPU index.
@@ -25,7 +26,7 @@ COPY platform platform
 COPY repo_sync repo_sync
 # GPU: onnxruntime and onnxruntime-gpu share one module, so the GPU build's files are put
 # back last.
-RUN set -eux; pip=/opt/conch/venv/bin/pip; extras="functions,fil${EXTRAS:+,$EXTRAS}"; \
+RUN set -eux; pip=/opt/conch/venv/bin/pip; extras="functions,fil,gcs,azure${EXTRAS:+,$EXTRAS}"; \
     if [ "$GPU" = true ]; then \
       "$pip" install ".[gpu,$extras]"; \
       gpu_ort="$("$pip" show onnxruntime-gpu | sed -n 's/^Version: //p')"; \

@@ -8,13 +8,13 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format bench bench-gpu install functions redis-server perf-analyzer mlserver triton triton-gpu wheelhouse clean
+.PHONY: serve test lint format bench bench-gpu install functions redis-server perf-analyzer mlserver triton triton-gpu wheelhouse clean azurite
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,functions,fil,openvino,tensorflow]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,functions,fil,openvino,tensorflow,gcs,azure]'
 	@touch $@
 
 # The build outputs of the shipped repository that are not committed: text_embedding's ONNX
@@ -34,6 +34,23 @@ redis-server:
 perf-analyzer:
 	@bench/perf-analyzer-setup >/dev/null
 
+# Azurite, Azure Storage's emulator, from npm into .cache/azurite (once; Debian's nodejs and
+# npm first if npm is missing), for the tests of as:// repositories (tests/conftest.py starts
+# its blob service). 3.35.0: the last release for Node 20 (3.36 asks for 21, 3.37 for 22).
+AZURITE_VERSION := 3.35.0
+AZURITE_STAMP := .cache/azurite/.installed-$(AZURITE_VERSION)
+
+$(AZURITE_STAMP):
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "installing nodejs and npm with apt-get" >&2; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	@echo "installing azurite $(AZURITE_VERSION) into .cache/azurite" >&2
+	npm install --prefix .cache/azurite --no-audit --no-fund --silent azurite@$(AZURITE_VERSION)
+	@touch $@
+
+azurite: $(AZURITE_STAMP)
+
 # Serve functions/ on http://127.0.0.1:$(HTTP_PORT) and gRPC 127.0.0.1:$(GRPC_PORT): uses $$REDIS_URL, else a Redis answering
 # on 127.0.0.1:6379, else starts a private redis-server (installing it if needed).
 serve: $(STAMP) functions
@@ -47,7 +64,7 @@ serve: $(STAMP) functions
 # make test PYTEST_ARGS="tests/integration/jobs/test_offline.py".
 PYTEST_ARGS ?= -n auto --dist loadfile
 
-test: $(STAMP) functions redis-server
+test: $(STAMP) functions redis-server azurite
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

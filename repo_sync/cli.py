@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("MODEL_SOURCE", ""),
         metavar="URL|DIR",
         help="the repository to mirror: s3://bucket/prefix, s3://host:port/bucket/prefix, "
-        "or a folder (default: $MODEL_SOURCE; with none, the daemon idles)",
+        "gs://bucket/prefix, as://account/container/prefix, or a folder (default: "
+        "$MODEL_SOURCE; with none, the daemon idles)",
     )
     p.add_argument(
         "--model-repository",
@@ -107,7 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m repo_sync",
-        description="Mirror a Triton model repository from S3 or a folder into a local cache.",
+        description="Mirror a Triton model repository from S3, Google Cloud Storage, Azure "
+        "Blob Storage or a folder into a local cache.",
     )
     add_arguments(p)
     return p

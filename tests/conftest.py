@@ -161,3 +161,133 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def s3(s3_endpoint: str):
     return boto3.client("s3", endpoint_url=s3_endpoint)
+
+
+def _serve(
+    argv: list[str], port: int, log_file: Path, what: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """Start ``argv`` (a server on 127.0.0.1:``port``) and wait until it accepts connections."""
+    with open(log_file, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def answers() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
+
+    def watch() -> None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} did not start: {log_file.read_text()}")
+
+    if not wait_until(answers, 30, watch=watch, every=0.05):
+        _end(proc)
+        raise RuntimeError(f"{what} did not start: {log_file.read_text()}")
+    return proc
+
+
+def _end(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Google Cloud Storage emulator (the gcp-storage-emulator package, in memory) on a free
+    loopback port, and STORAGE_EMULATOR_HOST pointing google-cloud-storage at it."""
+    pytest.importorskip("gcp_storage_emulator", reason="pip install -e '.[dev]'")
+    port = free_port()
+    log_file = tmp_path_factory.mktemp("gcs") / "gcs.log"
+    argv = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1"]
+    proc = _serve([*argv, "--port", str(port), "--in-memory"], port, log_file, "the GCS emulator")
+    url = f"http://127.0.0.1:{port}"
+    saved = dict(os.environ)
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        os.environ.pop(var, None)
+    try:
+        yield url
+    finally:
+        _end(proc)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def gcs(gcs_endpoint: str):
+    """A google-cloud-storage client of the emulator (anonymous, as emulators take)."""
+    from google.cloud import storage
+
+    return storage.Client(project="conch-tests")
+
+
+def gcs_bucket(gcs, files: dict[str, bytes], prefix: str = "") -> str:
+    """A new bucket holding ``files`` (relative key -> bytes) under ``prefix``; its name."""
+    import uuid
+
+    bucket = gcs.create_bucket(f"models-{uuid.uuid4().hex[:12]}")
+    for rel, data in files.items():
+        bucket.blob(f"{prefix}/{rel}" if prefix else rel).upload_from_string(data)
+    return bucket.name
+
+
+# Azurite's well-known development account (published in Azure's documentation).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+AZURITE_BLOB = TESTS.parent / ".cache" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+
+
+@pytest.fixture(scope="session")
+def azure_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Azurite's blob service (npm's azurite, installed by `make azurite`) on a free loopback
+    port, and Triton's AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY for its development
+    account, with AZURE_STORAGE_BLOB_ENDPOINT naming it; the endpoint's URL."""
+    pytest.importorskip("azure.storage.blob", reason="pip install -e '.[azure]'")
+    if not AZURITE_BLOB.exists():
+        pytest.skip("run make test (it installs azurite)")
+    port = free_port()
+    folder = tmp_path_factory.mktemp("azurite")
+    argv = [str(AZURITE_BLOB), "--blobHost", "127.0.0.1", "--blobPort", str(port)]
+    argv += ["--location", str(folder / "data"), "--silent", "--skipApiVersionCheck"]
+    argv += ["--disableTelemetry"]
+    proc = _serve(argv, port, folder / "azurite.log", "azurite")
+    url = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+    saved = dict(os.environ)
+    os.environ.update(
+        AZURE_STORAGE_ACCOUNT=AZURITE_ACCOUNT,
+        AZURE_STORAGE_KEY=AZURITE_KEY,
+        AZURE_STORAGE_BLOB_ENDPOINT=url,
+    )
+    os.environ.pop("AZURE_STORAGE_CONNECTION_STRING", None)
+    try:
+        yield url
+    finally:
+        _end(proc)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def azure_blob(azure_endpoint: str):
+    """An azure-storage-blob service client of Azurite, with the development account's key."""
+    from azure.storage.blob import BlobServiceClient
+
+    key = {"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY}
+    return BlobServiceClient(azure_endpoint, credential=key)
+
+
+def azure_container(azure_blob, files: dict[str, bytes], prefix: str = "") -> str:
+    """A new container holding ``files`` (relative key -> bytes) under ``prefix``; its name."""
+    import uuid
+
+    container = azure_blob.create_container(f"models-{uuid.uuid4().hex[:12]}")
+    for rel, data in files.items():
+        container.upload_blob(f"{prefix}/{rel}" if prefix else rel, data)
+    return container.container_name

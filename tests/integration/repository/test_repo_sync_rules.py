@@ -400,7 +400,7 @@ def test_open_source_forms(tmp_path: Path, monkeypatch):
     assert open_source(str(tmp_path)).root == tmp_path
     assert open_source(f"file://{tmp_path}").root == tmp_path
     with pytest.raises(ValueError):
-        open_source("gs://bucket/x")
+        open_source("ftp://bucket/x")
     with pytest.raises(ValueError):
         open_source("s3://")
     with pytest.raises(ValueError):
