@@ -26,6 +26,7 @@ _LAZY = {
     "SyncOptions": "sync",
     "PassResult": "sync",
     "CacheError": "sync",
+    "CacheBusy": "sync",
     "open_source": "sources",
     "S3Source": "sources",
     "LocalSource": "sources",
@@ -43,6 +44,7 @@ def __getattr__(name: str) -> Any:  # the sync machinery is imported on first us
 __all__ = [
     "CHANNEL",
     "GENERATION_KEY",
+    "CacheBusy",
     "CacheError",
     "LocalSource",
     "PassResult",

@@ -53,6 +53,10 @@ class CacheError(RuntimeError):
     """The cache folder cannot be used (not ours, or already synced by another process)."""
 
 
+class CacheBusy(CacheError):
+    """The cache folder is being synced by another process (which holds its lock)."""
+
+
 @dataclass
 class SyncOptions:
     poll_secs: float = 15.0
@@ -204,7 +208,7 @@ class Syncer:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise CacheError(f"{self.cache} is being synced by another process") from None
+            raise CacheBusy(f"{self.cache} is being synced by another process") from None
         self._lock_fd = fd
         try:
             if self.scratch.exists():

@@ -263,18 +263,19 @@ def start_serve(
     *extra: str,
     name: str = "serve",
     env: dict[str, str] | None = None,
+    argv: tuple[str, ...] | None = None,
 ) -> tuple[Service, str, str]:
     """``conch serve`` (what ``make serve`` runs) on free loopback ports: the process, its
     HTTP URL and its gRPC URL; not yet ready. No ``redis_url``: serve finds or starts
-    its own Redis, as ``make serve`` does."""
+    its own Redis, as ``make serve`` does. ``argv``: a launch line of its own in place of
+    ``--model-repository repo`` (the ports and Redis follow it)."""
     port, grpc_port = free_port(), free_port()
     redis_args = ["--redis-url", redis_url] if redis_url else []
     svc = Service(
         name,
         conch(
             "serve",
-            "--model-repository",
-            str(repo),
+            *(argv if argv is not None else ("--model-repository", str(repo))),
             *redis_args,
             "--http-address",
             "127.0.0.1",

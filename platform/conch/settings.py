@@ -6,8 +6,8 @@ variables, which win over the defaults. Each setting is declared once, as a fiel
 can set it (``CONCH_*``, ``REDIS_URL``, ``AWS_DEFAULT_REGION``/``AWS_REGION``), and its
 command-line flags (``Flag``: Triton's names where Triton has them, the subcommands that
 take it, its help, and the check its value must pass). What a flag does with its value
-follows from the field's type unless the flag says otherwise: a ``bool`` is Triton's
-``--flag=true|false``, an ``int`` or ``float`` is parsed as one, a ``StrEnum`` gives the
+follows from the field's type unless the flag says otherwise: a ``bool`` takes Triton's
+``--flag=true|false`` (on/off/1/0 too, any case; bare ``--flag`` is true), an ``int`` or ``float`` is parsed as one, a ``StrEnum`` gives the
 choices, and a config class with ``parse`` and ``items`` takes a repeatable flag's values
 together and writes them back. A help text shows the field's default, never a copy of it: ``{default}`` in the
 text, or ``(default X)`` added when the text does not speak of a default.
@@ -223,6 +223,61 @@ class WorkerRange:
         return f"{self.minimum}:{self.maximum}"
 
 
+class RateLimitMode(StrEnum):
+    """Triton's ``--rate-limit``: off runs a request on an instance as soon as one is free;
+    execution_count picks instances by priority and use, each waiting for the resources
+    its config's ``rate_limiter`` asks for, counted across the fleet
+    (``conch.worker.rate_limiter``)."""
+
+    OFF = "off"
+    EXECUTION_COUNT = "execution_count"
+
+
+RESOURCE_FORM = "<name>:<count> or <name>:<count>:<device>"
+NO_SAGEMAKER = "conch serves no SageMaker endpoint"
+NO_VERTEX_AI = "conch serves no Vertex AI endpoint"
+
+
+@dataclass
+class RateLimitResources:
+    """Triton's ``--rate-limit-resource NAME:COUNT[:DEVICE]`` values: how many of each
+    resource there are, on every device (``None``; Triton's ``-1``) or on one.
+
+    As in Triton, a resource given again for the same device keeps the smaller count (so
+    ``R:2`` and ``R:3:-1``, two spellings of one thing, leave ``R`` at 2 on every device);
+    names are kept as written, as Triton's core compares them.
+    """
+
+    counts: dict[tuple[str, int | None], int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, items: Iterable[str]) -> RateLimitResources:
+        """Raises ValueError naming the malformed value and the form it should have."""
+        counts: dict[tuple[str, int | None], int] = {}
+        for item in items:
+            name, *numbers = item.split(":")
+            bad = f"--rate-limit-resource option format is {RESOURCE_FORM}; got {item!r}"
+            if not name or len(numbers) not in (1, 2):
+                raise ValueError(bad)
+            try:
+                count = int(numbers[0])
+                device = int(numbers[1]) if len(numbers) == 2 else -1
+            except ValueError:
+                raise ValueError(f"{bad}: count and device are whole numbers") from None
+            if count < 0 or device < -1:
+                raise ValueError(f"{bad}: count is 0 or more, device 0 or more (-1: every one)")
+            key = (name, None if device == -1 else device)
+            counts[key] = min(count, counts.get(key, count))
+        return cls(counts)
+
+    def items(self) -> list[str]:
+        """The ``--rate-limit-resource`` values that reproduce these counts."""
+        return [
+            f"{name}:{count}" if device is None else f"{name}:{count}:{device}"
+            for (name, device), count in self.counts.items()
+        ]
+
+
 # --- flags: what a command line can say about a setting ------------------------------------
 
 ALL_ROLES = frozenset(Role)
@@ -275,6 +330,26 @@ def _parse_protocols(values: Iterable[str]) -> RestrictedApis:
     )
 
 
+# The schemes of object storage that --model-repository takes, as Triton spells them.
+REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
+
+
+def is_remote_repository(spec: Path | str) -> bool:
+    return isinstance(spec, str) and spec.startswith(REPOSITORY_SCHEMES)
+
+
+def _repositories(values: Iterable[str]) -> tuple[Path | str, ...]:
+    """``--model-repository`` values: a URL of object storage kept as given, a folder made
+    absolute; one given twice is refused, as it would serve each of its models twice."""
+    out: list[Path | str] = []
+    for value in values:
+        spec: Path | str = value if is_remote_repository(value) else Path(value).resolve()
+        if spec in out:
+            raise ValueError(f"--model-repository {value} is given twice")
+        out.append(spec)
+    return tuple(out)
+
+
 def _bool(text: str) -> bool:
     """A boolean flag's value, as Triton reads one: true/on/1 or false/off/0, any case."""
     word = text.strip().lower()
@@ -283,6 +358,17 @@ def _bool(text: str) -> bool:
     if word in ("false", "off", "0"):
         return False
     raise argparse.ArgumentTypeError(f"invalid value for bool option: {text!r}")
+
+
+def _verbosity(text: str) -> int:
+    """``--log-verbose``'s value: a level, or true/false (1/0), any case, as Triton reads it."""
+    word = text.strip().lower()
+    if word in ("true", "false"):
+        return int(word == "true")
+    try:
+        return int(word)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value for --log-verbose: {text!r}") from None
 
 
 def _bool_arg(name: str, on: bool) -> list[str]:
@@ -296,6 +382,22 @@ def _switch_args(name: str, on: bool) -> list[str]:
 
 def _never(name: str, value: Any) -> list[str]:
     return []
+
+
+def _cache_byte_size(size: int) -> CacheConfig | None:
+    """``--response-cache-byte-size N``: Triton's older spelling of a local cache of N bytes."""
+    if size < 0:
+        raise ValueError(f"--response-cache-byte-size {size}: must be 0 or more")
+    return CacheConfig.parse([f"local,size={size}"]) if size else None
+
+
+def _ignored(name: str, reason: str, metavar: str | None = None, **kwargs: Any) -> Flag:
+    """A tritonserver flag that tunes what conch does not have (Triton's memory pools, its
+    shared libraries' folders, endpoints conch does not serve): any subcommand takes it, so
+    that a Triton launch line starts unchanged, and the CLI names it once with ``reason``."""
+    return Flag(
+        name, ALL_ROLES, f"Triton's; ignored: {reason}", metavar=metavar, ignored=reason, **kwargs
+    )
 
 
 def _seconds(flag: str, value: int) -> int:
@@ -356,7 +458,8 @@ class Flag:
     Declared inside ``setting()``; ``Settings`` binds it to its field, filling in from the
     field's type what the declaration left out (``bound``). ``check(flag, value)`` refuses
     a value (ValueError) after ``read``. ``ignored``: a Triton flag taken so that a Triton
-    launch line starts, but with no effect here; the CLI warns with this reason when given.
+    launch line starts, but with no effect here; the CLI warns once with this reason when
+    its field is away from the default, and it is never written back for children.
     """
 
     name: str
@@ -364,7 +467,8 @@ class Flag:
     help: str | None = None
     type: Callable[[str], Any] | None = None
     metavar: str | None = None
-    action: str = "store"  # or "append", "store_true"
+    # or "append", or "store_true": a switch, which Triton's --flag=true|false also spell
+    action: str = "store"
     nargs: str | None = None  # "?": the value may be left out, and then is ``const``
     const: Any = None
     choices: tuple[str, ...] | None = None
@@ -395,8 +499,9 @@ class Flag:
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         # default None everywhere: a flag not given leaves the environment's value.
         kwargs: dict[str, Any] = {"action": self.action, "default": None, "help": self.help}
-        if self.action != "store_true":
-            kwargs.update(type=self.type, metavar=self.metavar, choices=self.choices)
+        kwargs.update(type=self.type, metavar=self.metavar, choices=self.choices)
+        if self.action == "store_true":  # a switch: bare, or with Triton's =true|false forms
+            kwargs.update(action="store", nargs="?", const=True, type=self.type or _bool)
         if self.nargs is not None:
             kwargs.update(nargs=self.nargs, const=self.const)
         if self.required:
@@ -406,14 +511,19 @@ class Flag:
     def bound(self, name: str, kind: Any, default: Any) -> Flag:
         """This flag set on field ``name`` of type ``kind``, its help showing ``default``."""
         typed: dict[str, Any] = {}
-        if kind is bool and self.action == "store":
-            typed = {"type": _bool, "metavar": "BOOL", "as_args": _bool_arg}
-        elif kind in (int, float):
-            typed = {"type": kind}
+        plain = _plain(kind)
+        if plain is bool:  # Triton's forms, and bare for true: --flag, --flag=false, --flag 0
+            typed = {"type": _bool, "metavar": "BOOL", "nargs": "?", "const": True}
+            if self.action == "store":
+                typed["as_args"] = _bool_arg
+        elif plain in (int, float):
+            typed = {"type": plain}
         elif isinstance(kind, type) and issubclass(kind, StrEnum):
             typed = {"choices": tuple(kind), "read": kind}
         elif self.action == "append" and isinstance(kind, type) and _is_config(kind):
             typed = {"read": kind.parse, "as_args": _config_args}
+        if self.ignored:  # never written back: conch serve's children do not warn again
+            typed["as_args"] = _never
         filled = {k: v for k, v in typed.items() if getattr(self, k) is None}
         return replace(self, field=name, help=self._help(default), **filled)
 
@@ -477,17 +587,44 @@ def _pool_size(name: str) -> Flag:
 class Settings:
     """Every setting of every role, each declared once (see the module's docstring)."""
 
-    model_repository: Path = setting(
-        Path("functions"),
+    # What Triton takes: folders, or object storage, which the CLI mirrors into local
+    # caches (conch.cli.repository_mirror) before a role starts, so the roles read folders.
+    model_repository: tuple[Path | str, ...] = setting(
+        (Path("functions"),),
         Flag(
             "--model-repository",
             ALL_ROLES,
-            "the Triton-layout model repository to serve",
-            type=Path,
-            metavar="DIR",
-            required=True,
-            read=lambda path: path.resolve(),
+            "a Triton-layout model repository to serve: a folder, s3://bucket/path, "
+            "s3://host:port/bucket/path, gs://bucket/path or as://account/container/path; "
+            "repeat it for several",
+            metavar="DIR|URL",
+            action="append",
+            read=_repositories,
+            as_args=lambda name, values: _each(name, [str(v) for v in values]),
         ),
+        # Triton's older name of the same flag; written back as the one above.
+        Flag(
+            "--model-store",
+            ALL_ROLES,
+            argparse.SUPPRESS,
+            action="append",
+            read=_repositories,
+            as_args=_never,
+        ),
+    )
+    # Where object storage repositories are mirrored; empty: $XDG_CACHE_HOME/conch/repositories
+    # (~/.cache/conch/repositories).
+    model_repository_cache: str = setting(
+        "",
+        Flag(
+            "--model-repository-cache",
+            ALL_ROLES,
+            "the folder where a --model-repository in object storage is mirrored "
+            "(default: ~/.cache/conch/repositories)",
+            metavar="DIR",
+            read=_given,
+        ),
+        env="CONCH_MODEL_REPOSITORY_CACHE",
     )
     # Empty: a Redis answering on local_redis_url, else a private redis-server.
     redis_url: str = setting(
@@ -498,7 +635,10 @@ class Settings:
     # The Redis tried when no redis_url is given (tests point it at nothing).
     local_redis_url: str = setting(LOCAL_REDIS_URL, env="CONCH_LOCAL_REDIS_URL")
     log_verbose: int = setting(
-        0, Flag("--log-verbose", ALL_ROLES, "verbose logging when N > 0", metavar="N")
+        0,
+        Flag(
+            "--log-verbose", ALL_ROLES, "verbose logging when N > 0", metavar="N", type=_verbosity
+        ),
     )
     log_info: bool = setting(True, Flag("--log-info", ALL_ROLES, "log info lines"))
     log_warning: bool = setting(True, Flag("--log-warning", ALL_ROLES, "log warnings"))
@@ -536,6 +676,17 @@ class Settings:
     )
     auto_complete: bool = setting(
         True,
+        # Triton's older spelling, inverted: =true is no auto-complete, =false (what Triton
+        # launch lines say) is auto-complete. Written back as the one below, which is read
+        # after it and so wins when both are given, as in Triton.
+        Flag(
+            "--strict-model-config",
+            ALL_ROLES,
+            argparse.SUPPRESS,
+            action="store_true",
+            read=lambda strict: not strict,
+            as_args=_never,
+        ),
         Flag(
             "--disable-auto-complete-config",
             ALL_ROLES,
@@ -543,15 +694,6 @@ class Settings:
             action="store_true",
             read=lambda on: False if on else None,
             as_args=lambda name, auto_complete: [] if auto_complete else [name],
-        ),
-        # Triton's older spelling of the same switch; written back as the one above.
-        Flag(
-            "--strict-model-config",
-            ALL_ROLES,
-            argparse.SUPPRESS,
-            action="store_true",
-            read=lambda on: False if on else None,
-            as_args=_never,
         ),
     )
     backend_config: BackendConfig = setting(
@@ -763,6 +905,17 @@ class Settings:
             action="append",
             read=CacheConfig.parse,
             to_env=lambda config: "\n".join(config.to_values()) if config else "",
+        ),
+        # Triton's older spelling of a local cache; refused beside --cache-config, as in
+        # Triton. It reaches children as the --cache-config above (in the environment).
+        Flag(
+            "--response-cache-byte-size",
+            FRONTEND_ROLES,
+            "Triton's older form of --cache-config local,size=BYTES (0: no cache)",
+            metavar="BYTES",
+            type=int,
+            read=_cache_byte_size,
+            as_args=_never,
         ),
         env=CACHE_CONFIG_ENV,
         parse=lambda text: CacheConfig.parse(text.splitlines()),
@@ -1103,6 +1256,213 @@ class Settings:
     )
     # Batch jobs' S3 region; boto3 reads the rest of the AWS settings itself.
     s3_region: str | None = setting(None, env=("AWS_DEFAULT_REGION", "AWS_REGION"))
+    # Triton's rate limiter, with Triton's grammar, applied across the fleet by the workers
+    # (conch.worker.rate_limiter, conch.wire.rate_limits).
+    rate_limit: RateLimitMode = setting(
+        RateLimitMode.OFF,
+        Flag(
+            "--rate-limit",
+            WORKER_ROLES,
+            "Triton's rate limiter mode: off, or execution_count (each instance executes "
+            "while it holds the resources its rate_limiter asks for, counted across workers)",
+            type=str.lower,  # Triton lower-cases the mode
+            as_args=lambda name, mode: [] if mode is RateLimitMode.OFF else [name, str(mode)],
+        ),
+    )
+    rate_limit_resources: RateLimitResources = setting(
+        Flag(
+            "--rate-limit-resource",
+            WORKER_ROLES,
+            "Triton's: how many of a resource the rate limiter has, on every device or on "
+            "the one given; repeatable",
+            metavar="NAME:COUNT[:DEVICE]",
+            action="append",
+        ),
+        factory=RateLimitResources,
+    )
+    # The rest of tritonserver's flags: what they tune conch does not have, so they are
+    # taken (a Triton launch line starts unchanged) and named once as ignored when they
+    # ask for something other than what conch does. A bool is named only when true.
+    server_id: str | None = setting(
+        None, _ignored("--id", "the server metadata's name is conch's", "ID")
+    )
+    exit_on_error: bool = setting(
+        False,
+        _ignored(
+            "--exit-on-error",
+            "a model that fails to load at start is reported unavailable, with its reason, "
+            "and the others are served",
+        ),
+    )
+    model_config_name: str | None = setting(
+        None, _ignored("--model-config-name", "models are read from their config.pbtxt", "NAME")
+    )
+    model_load_thread_count: int | None = setting(
+        None,
+        _ignored(
+            "--model-load-thread-count",
+            "a worker loads its models one after another; more workers load more at once",
+            "N",
+            type=int,
+        ),
+    )
+    model_load_retry_count: int | None = setting(
+        None,
+        _ignored(
+            "--model-load-retry-count",
+            "a failed load is tried again when its files change (poll) or it is loaded again",
+            "N",
+            type=int,
+        ),
+    )
+    model_namespacing: bool = setting(
+        False,
+        _ignored(
+            "--model-namespacing",
+            "a model name is served from the first repository that holds it",
+        ),
+    )
+    enable_peer_access: bool | None = setting(
+        None, _ignored("--enable-peer-access", "GPU peer access is the frameworks' to set up")
+    )
+    reuse_http_port: bool = setting(
+        False,
+        _ignored("--reuse-http-port", "the HTTP port is shared by conch's gateway processes only"),
+    )
+    http_header_forward_pattern: str | None = setting(
+        None,
+        _ignored(
+            "--http-header-forward-pattern",
+            "HTTP headers are not forwarded as request parameters",
+            "REGEX",
+        ),
+    )
+    reuse_grpc_port: bool = setting(
+        False,
+        _ignored("--reuse-grpc-port", "the gRPC port is shared by conch's --grpc-workers only"),
+    )
+    grpc_header_forward_pattern: str | None = setting(
+        None,
+        _ignored(
+            "--grpc-header-forward-pattern",
+            "gRPC metadata is not forwarded as request parameters",
+            "REGEX",
+        ),
+    )
+    allow_sagemaker: bool = setting(False, _ignored("--allow-sagemaker", NO_SAGEMAKER))
+    sagemaker_port: int | None = setting(
+        None, _ignored("--sagemaker-port", NO_SAGEMAKER, "PORT", type=int)
+    )
+    sagemaker_safe_port_range: str | None = setting(
+        None, _ignored("--sagemaker-safe-port-range", NO_SAGEMAKER, "LOW-HIGH")
+    )
+    sagemaker_thread_count: int | None = setting(
+        None, _ignored("--sagemaker-thread-count", NO_SAGEMAKER, "N", type=int)
+    )
+    allow_vertex_ai: bool = setting(False, _ignored("--allow-vertex-ai", NO_VERTEX_AI))
+    vertex_ai_port: int | None = setting(
+        None, _ignored("--vertex-ai-port", NO_VERTEX_AI, "PORT", type=int)
+    )
+    vertex_ai_thread_count: int | None = setting(
+        None, _ignored("--vertex-ai-thread-count", NO_VERTEX_AI, "N", type=int)
+    )
+    vertex_ai_default_model: str | None = setting(
+        None, _ignored("--vertex-ai-default-model", NO_VERTEX_AI, "MODEL")
+    )
+    # Triton's deprecated tracing flags; --trace-config says the same and is applied.
+    trace_file: str | None = setting(
+        None, _ignored("--trace-file", "conch writes no trace files; see --trace-config", "FILE")
+    )
+    trace_level: list[str] = setting(
+        _ignored("--trace-level", "use --trace-config level=...", "LEVEL", action="append"),
+        factory=list,
+    )
+    trace_rate: int | None = setting(
+        None, _ignored("--trace-rate", "use --trace-config rate=N", "N", type=int)
+    )
+    trace_count: int | None = setting(
+        None, _ignored("--trace-count", "use --trace-config count=N", "N", type=int)
+    )
+    trace_log_frequency: int | None = setting(
+        None,
+        _ignored("--trace-log-frequency", "conch writes no trace files", "N", type=int),
+    )
+    backend_directory: str | None = setting(
+        None,
+        _ignored(
+            "--backend-directory", "conch's backends are Python modules, not libraries", "DIR"
+        ),
+    )
+    repoagent_directory: str | None = setting(
+        None, _ignored("--repoagent-directory", "conch has no repository agents", "DIR")
+    )
+    cache_directory: str | None = setting(
+        None,
+        _ignored("--cache-directory", "conch's response caches are its own, not libraries", "DIR"),
+    )
+    pinned_memory_pool_byte_size: int | None = setting(
+        None,
+        _ignored(
+            "--pinned-memory-pool-byte-size",
+            "the frameworks allocate their own pinned host memory",
+            "BYTES",
+            type=int,
+        ),
+    )
+    cuda_memory_pool_byte_size: list[str] = setting(
+        _ignored(
+            "--cuda-memory-pool-byte-size",
+            "the frameworks allocate their own GPU memory",
+            "DEVICE:BYTES",
+            action="append",
+        ),
+        factory=list,
+    )
+    cuda_virtual_address_size: list[str] = setting(
+        _ignored(
+            "--cuda-virtual-address-size",
+            "conch keeps implicit sequence state in Redis, not in GPU memory",
+            "DEVICE:BYTES",
+            action="append",
+        ),
+        factory=list,
+    )
+    min_supported_compute_capability: float | None = setting(
+        None,
+        _ignored(
+            "--min-supported-compute-capability",
+            "a backend uses the GPUs its framework can use",
+            "CC",
+            type=float,
+        ),
+    )
+    buffer_manager_thread_count: int | None = setting(
+        None,
+        _ignored(
+            "--buffer-manager-thread-count",
+            "conch has no pool of tensor-copy threads",
+            "N",
+            type=int,
+        ),
+    )
+    host_policy: list[str] = setting(
+        _ignored(
+            "--host-policy",
+            "NUMA nodes and CPU cores are the deployment's to pin (taskset, a cpuset)",
+            "POLICY,SETTING=VALUE",
+            action="append",
+        ),
+        factory=list,
+    )
+    model_load_gpu_limit: list[str] = setting(
+        _ignored(
+            "--model-load-gpu-limit",
+            "a load is not refused on the GPU memory in use",
+            "DEVICE:FRACTION",
+            action="append",
+        ),
+        factory=list,
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -1130,6 +1490,20 @@ class Settings:
         a negative ``--exit-timeout-secs``) and for flags that contradict each other.
         """
         settings = cls.from_env(environ)
+        parsed = vars(namespace)
+        if parsed.get("response_cache_byte_size") is not None and parsed.get("cache_config"):
+            raise ValueError(
+                "--response-cache-byte-size and --cache-config are both given: give one or "
+                "the other (--response-cache-byte-size N is --cache-config local,size=N)"
+            )
+        if "model_repository" in parsed:  # a role's parser: a repository is required
+            stores = (parsed.get("model_repository") or []) + (parsed.get("model_store") or [])
+            if not stores:
+                raise ValueError(
+                    "--model-repository is required: a folder, or s3://, gs:// or as:// URL"
+                )
+            namespace.model_repository = stores
+            namespace.model_store = None
         for flag in FLAGS:
             given = getattr(namespace, flag.dest, None)
             value = None if given is None else flag.value(given)
@@ -1163,6 +1537,27 @@ class Settings:
                 if text:
                     env[env_names[flag.field][0]] = text
         return env
+
+    def __post_init__(self) -> None:
+        # One repository may be given alone (Settings(model_repository=path)), or a list.
+        if isinstance(self.model_repository, str | Path):
+            self.model_repository = (self.model_repository,)
+        self.model_repository = tuple(self.model_repository)
+
+    @property
+    def repository_folders(self) -> tuple[Path, ...]:
+        """The model repositories as folders: every role reads these (a URL is mirrored
+        into a folder before a role starts, ``conch.cli.repository_mirror``)."""
+        remote = [str(r) for r in self.model_repository if not isinstance(r, Path)]
+        if remote:
+            raise ValueError(f"--model-repository {remote[0]} is not mirrored into a folder")
+        return tuple(Path(r) for r in self.model_repository)
+
+    def model_folder(self, name: str) -> Path:
+        """Model ``name``'s folder: in the first repository that has it, else where the
+        first repository would hold it."""
+        folders = self.repository_folders
+        return next((f / name for f in folders if (f / name).is_dir()), folders[0] / name)
 
     def scales_to_zero(self, model: str) -> bool:
         """``--scale-to-zero`` names ``model`` (or every model)."""

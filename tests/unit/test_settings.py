@@ -141,7 +141,7 @@ def test_from_args_reads_each_flag(tmp_path: Path, monkeypatch):
             *("--exit-timeout-secs", "7", "--strict-readiness=false"),
         )
     )
-    assert s.model_repository == tmp_path / "repo" and s.model_repository.is_absolute()
+    assert s.model_repository == (tmp_path / "repo",) and s.model_repository[0].is_absolute()
     assert s.model_control_mode is ModelControlMode.EXPLICIT
     assert (s.log_verbose, s.auto_complete) == (1, False)
     assert s.backend_config.max_batch_sizes == {"onnxruntime": 8}

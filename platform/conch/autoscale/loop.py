@@ -44,12 +44,13 @@ def group_models(settings: Settings) -> list[str]:
     load request's ``file:`` parameters needs ``--models``)."""
     if settings.models:
         return list(settings.models)
-    try:
-        folders = settings.model_repository.iterdir()
-        return sorted(p.name for p in folders if is_model_name(p.name) and p.is_dir())
-    except OSError as exc:
-        log.warning("cannot list %s: %s", settings.model_repository, exc)
-        return []
+    names: set[str] = set()
+    for repository in settings.repository_folders:
+        try:
+            names |= {p.name for p in repository.iterdir() if is_model_name(p.name) and p.is_dir()}
+        except OSError as exc:
+            log.warning("cannot list %s: %s", repository, exc)
+    return sorted(names)
 
 
 class Autoscaler:

@@ -75,8 +75,9 @@ def _warn_ignored(settings: Settings) -> None:
     config = settings.backend_config
     for item in config.ignored:
         log.warning("--backend-config %s ignored: conch applies only default-max-batch-size", item)
-    for flag in FLAGS:
-        if flag.ignored and getattr(settings, flag.field):
+    defaults = Settings()
+    for flag in FLAGS:  # each flag that asks for what conch does not do (its default does not)
+        if flag.ignored and getattr(settings, flag.field) != getattr(defaults, flag.field):
             log.warning("%s ignored: %s", flag.name, flag.ignored)
     for backend in sorted(set(config.max_batch_sizes) - {"", *BACKENDS}):
         log.warning(
@@ -109,15 +110,48 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"conch: {exc}") from None
     server_log.configure(settings)
     _warn_ignored(settings)
-    if not settings.model_repository.is_dir():
-        raise SystemExit(f"conch: --model-repository {args.model_repository} is not a folder")
-    if args.command == Role.WORKER:
+    from conch.cli import repository_mirror
+
+    try:
+        settings, mirrors = repository_mirror.mirror(settings)
+    except repository_mirror.MirrorError as exc:
+        raise SystemExit(f"conch: {exc}") from None
+    try:
+        for folder in settings.repository_folders:
+            if not folder.is_dir():
+                raise SystemExit(f"conch: --model-repository {folder} is not a folder")
+        _check_rate_limits(args.command, settings)
+        return _run_role(args.command, settings)
+    finally:
+        repository_mirror.stop(mirrors)
+
+
+def _check_rate_limits(command: str, settings: Settings) -> None:
+    """A process that runs workers refuses to start, as Triton does, when the repository
+    lists a rate-limit resource both as global and per device."""
+    from conch.settings import RateLimitMode
+
+    if command not in (Role.SERVE, Role.WORKER, Role.AUTOSCALE):
+        return
+    if settings.rate_limit is not RateLimitMode.EXECUTION_COUNT:
+        return
+    from conch.core.repository import ModelRepository
+    from conch.worker.rate_limiter import resource_conflict
+
+    entries = ModelRepository(settings.repository_folders).scan().values()
+    problem = resource_conflict(entries)
+    if problem:
+        raise SystemExit(f"conch: --rate-limit execution_count: {problem}")
+
+
+def _run_role(command: str, settings: Settings) -> int:
+    if command == Role.WORKER:
         return worker(settings)
-    if args.command == Role.GATEWAY:
+    if command == Role.GATEWAY:
         return gateway(settings)
-    if args.command == Role.GRPC:
+    if command == Role.GRPC:
         return grpc_server(settings)
-    if args.command == Role.AUTOSCALE:
+    if command == Role.AUTOSCALE:
         return autoscale(settings)
     from conch.cli import serve
 

@@ -58,14 +58,14 @@ def run(settings: Settings) -> int:
     if settings.allow_http:
         log.info(
             "serving %s on http://%s:%d",
-            settings.model_repository,
+            ", ".join(map(str, settings.model_repository)),
             settings.http_address,
             settings.http_port,
         )
     if settings.allow_grpc:
         log.info(
             "serving %s over gRPC on %s:%d",
-            settings.model_repository,
+            ", ".join(map(str, settings.model_repository)),
             settings.grpc_address,
             settings.grpc_port,
         )

@@ -10,7 +10,7 @@ affected.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -219,7 +219,7 @@ class ModelRepository:
 
     def __init__(
         self,
-        root: Path,
+        root: Path | Sequence[Path],
         *,
         complete: Completer | None = None,
         auto_complete: bool = True,
@@ -229,7 +229,10 @@ class ModelRepository:
         folder_override: Callable[[str], Path | None] | None = None,
         extra_models: Callable[[], Iterable[str]] | None = None,
     ) -> None:
-        self.root = Path(root)
+        # Several repositories serve as one, as Triton's repeated --model-repository does;
+        # a model name in more than one of them is an error of that model.
+        self.roots = (Path(root),) if isinstance(root, str | Path) else tuple(map(Path, root))
+        self.root = self.roots[0]
         self.complete = complete
         self.auto_complete = auto_complete
         # Explicit model control: a config given with a load request (JSON) replaces
@@ -257,23 +260,33 @@ class ModelRepository:
             return 0
         return self.complete.gpu_count(backend)
 
+    def folders(self, name: str) -> list[Path]:
+        """Model ``name``'s folders, one for each repository that holds it."""
+        return [root / name for root in self.roots if (root / name).is_dir()]
+
+    def folder(self, name: str) -> Path:
+        """Model ``name``'s folder: where a repository holds it, else where the first would."""
+        return next(iter(self.folders(name)), self.root / name)
+
     def scan(self) -> dict[str, ModelEntry]:
-        if not self.root.is_dir():
-            raise ModelLoadError(f"model repository {self.root} is not a directory")
-        entries: dict[str, ModelEntry] = {}
-        for child in sorted(self.root.iterdir()):
-            if child.name.startswith(".") or not child.is_dir():
-                continue
-            problem = model_name_problem(child.name)
-            if problem:
-                log.warning(
-                    "model repository %s: skipping %r: not a valid model name: %s",
-                    self.root,
-                    child.name,
-                    problem,
-                )
-                continue
-            entries[child.name] = self.read_model(child.name)
+        names: set[str] = set()
+        for root in self.roots:
+            if not root.is_dir():
+                raise ModelLoadError(f"model repository {root} is not a directory")
+            for child in root.iterdir():
+                if child.name.startswith(".") or not child.is_dir():
+                    continue
+                problem = model_name_problem(child.name)
+                if problem:
+                    log.warning(
+                        "model repository %s: skipping %r: not a valid model name: %s",
+                        root,
+                        child.name,
+                        problem,
+                    )
+                    continue
+                names.add(child.name)
+        entries: dict[str, ModelEntry] = {name: self.read_model(name) for name in sorted(names)}
         for name in sorted(self.extra_models() if self.extra_models else ()):
             if name not in entries and is_model_name(name):
                 entries[name] = self.read_model(name)
@@ -288,8 +301,15 @@ class ModelRepository:
     def read_model(self, name: str) -> ModelEntry:
         """Read and complete one model; failures land in ``error``, never raise."""
         folder = self.folder_override(name) if self.folder_override else None
-        entry = ModelEntry(name=name, path=folder or self.root / name)
+        entry = ModelEntry(name=name, path=folder or self.folder(name))
         try:
+            found = self.folders(name)
+            if folder is None and len(found) > 1:
+                raise ModelLoadError(
+                    f"model '{name}' is in more than one model repository "
+                    f"({', '.join(str(f.parent) for f in found)}): a name must be unique "
+                    "across them"
+                )
             self._read(entry)
         except ConchError as exc:
             entry.error = exc.message

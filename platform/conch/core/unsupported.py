@@ -119,13 +119,6 @@ FEATURES: tuple[Feature, ...] = (
         _has("model_repository_agents"),
     ),
     Feature(
-        "instance_group.rate_limiter",
-        Action.WARN,
-        "conch has no rate limiter (nor does Triton unless started with "
-        "--rate-limit=execution_count): instances run as soon as they have work",
-        _any_group(lambda g: g.HasField("rate_limiter")),
-    ),
-    Feature(
         "instance_group.passive",
         Action.WARN,
         "conch schedules work on passive instances like any other",

@@ -104,7 +104,7 @@ def load(
             checked[control_bus.check_file_path(model, key.removeprefix("file:"))] = bytes(data)
         except ValueError as exc:
             raise InvalidArgument(f"failed to load '{model}': {exc}") from None
-    if not checked and not (settings.model_repository / model).is_dir():
+    if not checked and not settings.model_folder(model).is_dir():
         raise InvalidArgument(f"failed to load '{model}': it is not in the model repository")
     steps = _ensemble_steps(client, settings, model, parsed)
     for step in steps:

@@ -111,7 +111,7 @@ class _OnDemand:
         override = self.repository.folder_override
         if override is not None and override(name):
             return True
-        return (self.repository.root / name).is_dir()
+        return bool(self.repository.folders(name))
 
     def refresh(self) -> None:
         with self._lock:

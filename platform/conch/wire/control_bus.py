@@ -238,7 +238,7 @@ def open_repository(
     """
     explicit = settings.model_control_mode.explicit
     return ModelRepository(
-        settings.model_repository,
+        settings.repository_folders,
         complete=complete,
         auto_complete=settings.auto_complete,
         default_max_batch_size=settings.backend_config.max_batch_sizes,

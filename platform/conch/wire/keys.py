@@ -37,6 +37,9 @@ Model queues and messages in flight (``conch.wire.broker``)::
       [ATTEMPTS]                            deliveries                   the limit); ack (HDEL)
     conch.deadletter               list     worker: JSON tag, reason,    operators (10,000 kept)
       [DEADLETTER]                          at, message
+    conch.ratelimit.<pool>         zset     worker (rate limiter):       the acquire script drops
+      [RATE_LIMIT_PREFIX]                   "<hold>|<copies>" -> lease   holds whose lease ended;
+                                            end (wire.rate_limits)       release (ZREM)
     conch.untagged                 string   the pop script (a counter    nobody; named inside the
                                             for messages with no tag)    Lua, which stays intact
 
@@ -145,6 +148,9 @@ DEADLETTER = "conch.deadletter"
 REPLY_PREFIX = "conch.reply."
 STREAM_PREFIX = "conch.stream."  # + a request's message id (32 hex digits)
 STREAM_LEASE_SUFFIX = "/lease"
+# + "global.<resource>" or "host.<host>.<device>.<resource>": a sorted set of the holds of a
+# rate-limit resource's copies, by lease end (conch.wire.rate_limits)
+RATE_LIMIT_PREFIX = "conch.ratelimit."
 JOB_RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
 JOB_RECORD_PREFIX = "conch.job."
 DATASET = "conch.dataset"  # names what Redis holds: gone or changed when Redis lost it
@@ -209,6 +215,7 @@ __all__ = [
     "STATS_PREFIX",
     "STREAM_LEASE_SUFFIX",
     "STREAM_PREFIX",
+    "RATE_LIMIT_PREFIX",
     "TRACE_COMMANDS",
     "TRACE_SETTINGS",
     "UNACKED",

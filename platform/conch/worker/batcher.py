@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -158,8 +159,11 @@ class Batcher(threading.Thread):
         sequencer: Sequencer | None = None,
         samples: bool = False,
         name: str = "",
+        gate: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         super().__init__(name=name or f"batcher-{model}", daemon=True)
+        # Each execution runs inside it: the rate limiter's resources held (worker.rate_limiter).
+        self.gate = gate
         self.client = client
         self.model = model
         self.backends = backends
@@ -397,8 +401,9 @@ class Batcher(threading.Thread):
                 len(batch),
                 sum(i.rows for i in batch),
             )
-            started = time.time()
-            result = self.runner.run(batch, alone=alone, cut=cut)
+            with self.gate() if self.gate is not None else nullcontext():
+                started = time.time()
+                result = self.runner.run(batch, alone=alone, cut=cut)
             self._ran(batch, time.time() - started, alone)
             if self.sequencer is None:
                 # The next pop rides with these replies: one round trip per batch, not two.

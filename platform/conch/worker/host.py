@@ -27,7 +27,8 @@ from conch.core.errors import ConchError, ModelLoadError
 from conch.core.repository import ModelEntry, ModelRepository
 from conch.settings import InstanceForm, Settings
 from conch.wire import control_bus, model_metrics, statistics, worker_reports
-from conch.worker import instance
+from conch.wire.rate_limits import FleetLimiter
+from conch.worker import instance, rate_limiter
 from conch.worker.batcher import InFlight, Sequencer
 from conch.worker.host_metrics import HostMetrics
 from conch.worker.instance_supervisor import KILL_AFTER_S, InstanceMain, InstanceProcess
@@ -98,6 +99,8 @@ class ModelHost:
             interval_s=settings.metrics_interval_ms / 1000,
         )
         self._changes = threading.Lock()  # one load/unload at a time
+        # Triton's rate limiter across the fleet (--rate-limit execution_count), from start.
+        self.limiter: FleetLimiter | None = None
         self._fingerprints: dict[str, Any] = {}
         # The report is published from start's LOADING announcement until stop begins,
         # and never after it is withdrawn (the lock orders a heartbeat's publish with both).
@@ -118,11 +121,13 @@ class ModelHost:
     def start(self) -> None:
         """Report the models this worker will serve as LOADING, then load each."""
         entries = self.repository.scan()
+        self.settings = rate_limiter.with_default_counts(self.settings, entries.values())
+        self.limiter = rate_limiter.fleet_limiter(self.settings, self.client)
         for missing in sorted(set(self.settings.models or ()) - set(entries)):
             log.error(
                 "model '%s' asked for with --models is not in %s",
                 missing,
-                self.settings.model_repository,
+                ", ".join(map(str, self.settings.repository_folders)),
             )
         # Ensembles have no queue of their own: gateways run their steps.
         wanted = self.wanted(entries)
@@ -144,7 +149,7 @@ class ModelHost:
 
     def _fingerprint(self, name: str) -> Any:
         """What changes when a model's config or version folders are replaced."""
-        path = self.settings.model_repository / name
+        path = self.repository.folder(name)
         try:
             items = sorted(path.iterdir())
         except OSError:
@@ -270,6 +275,7 @@ class ModelHost:
                 on_batch=self.telemetry.add,
                 on_send=self.metrics.queue,
                 sequencer=sequencer,
+                limiter=self.limiter,
             )
             for slot, spec in zip(slots, specs, strict=True)
         ]

@@ -20,7 +20,9 @@ from conch.backends.base import BlsPort, InstanceSpec
 from conch.core.repository import ModelEntry
 from conch.core.sequence import SequenceSpec, state_in_redis
 from conch.settings import Settings
+from conch.wire.rate_limits import FleetLimiter
 from conch.wire.redis_link import CommandQueue
+from conch.worker import rate_limiter
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from conch.worker.sequence_batcher import SequenceBatcher
 from conch.worker.warmup import run_warmup
@@ -76,10 +78,19 @@ def drain_loop(
     on_batch: Callable[[str, dict[str, int]], None] | None = None,
     on_send: Callable[[CommandQueue], None] | None = None,
     sequencer: Sequencer | None = None,
+    limiter: FleetLimiter | None = None,
 ) -> DrainLoop:
-    """The loop that drains ``entry``'s queue into one instance's ``backends`` (not started)."""
+    """The loop that drains ``entry``'s queue into one instance's ``backends`` (not
+    started); with ``limiter``, each execution holds the instance's rate-limit resources."""
     seq = SequenceSpec.from_config(entry.config)
+    limits = rate_limiter.instance_limits(entry, spec)
     if seq is not None:
+        if limiter is not None and limits.needs:
+            log.warning(
+                "model '%s': a sequence model's instances are not rate limited; its "
+                "rate_limiter is not applied",
+                entry.name,
+            )
         return SequenceBatcher(
             client=client,
             model=entry.name,
@@ -105,4 +116,5 @@ def drain_loop(
         on_send=on_send,
         sequencer=sequencer,
         samples=settings.metrics_config.summary_latencies,
+        gate=rate_limiter.gate(limiter, limits, spec),
     )

@@ -40,7 +40,7 @@ from conch.core.model_config import new_config
 from conch.core.repository import ModelEntry
 from conch.settings import Settings
 from conch.wire import broker, worker_reports
-from conch.worker import instance
+from conch.worker import instance, rate_limiter
 from conch.worker.batcher import InFlight
 from conch.worker.metrics_publisher import MetricsPublisher
 from conch.worker.sequence_batcher import SequenceBatcher
@@ -196,6 +196,7 @@ def _drain(
         inflight=inflight,
         on_batch=counts.add,
         on_send=metrics.queue,
+        limiter=rate_limiter.fleet_limiter(plan.settings, client),
     )
     if plan.generation and isinstance(loop, SequenceBatcher):
         loop.release_own()  # sequences the instance's earlier life held when it died

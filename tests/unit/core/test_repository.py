@@ -613,3 +613,23 @@ def test_output_labels(tmp_path):
     (tmp_path / "m" / "labels.txt").unlink()
     e = only(tmp_path, "m")
     assert "label_filename" in e.error and "labels.txt" in e.error
+
+
+# -- several repositories ----------------------------------------------------------------
+
+
+def test_several_repositories_serve_as_one_and_a_name_in_two_is_an_error(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    write_model(first, "mlp")
+    write_model(second, "other")
+    write_model(first, "both")
+    write_model(second, "both")
+    repo = ModelRepository([first, second], complete=complete, gpu_count=0)
+    entries = repo.scan()
+    assert sorted(entries) == ["both", "mlp", "other"]
+    assert entries["mlp"].error is None and entries["other"].error is None
+    assert entries["other"].path == second / "other"
+    assert "more than one model repository" in (entries["both"].error or "")
+    assert str(first) in entries["both"].error and str(second) in entries["both"].error
+    assert repo.folder("other") == second / "other"
+    assert repo.folder("absent") == first / "absent"

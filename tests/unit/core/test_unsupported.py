@@ -33,8 +33,6 @@ REFUSED = {
     "model_repository_agents": 'model_repository_agents { agents [ { name: "checksum" } ] }',
 }
 WARNED = {
-    "instance_group.rate_limiter": "instance_group [ { count: 1 kind: KIND_CPU "
-    'rate_limiter { resources [ { name: "R1" count: 2 } ] } } ]',
     "instance_group.passive": "instance_group [ { count: 1 kind: KIND_CPU passive: true } ]",
     "instance_group.host_policy": 'instance_group [ { count: 1 kind: KIND_CPU host_policy: "numa0" } ]',
     "optimization.cuda": "optimization { cuda { graphs: true } }",
@@ -113,3 +111,16 @@ def test_a_decoupled_model_may_not_enable_the_response_cache(tmp_path) -> None:
     error = _scan(tmp_path)["streamed"].error or ""
     assert "Response Cache does not currently support model 'streamed'" in error, error
     assert "'decoupled' transaction policy" in error
+
+
+def test_a_rate_limiter_is_applied_not_ignored(tmp_path, caplog) -> None:
+    """--rate-limit execution_count applies it (conch.worker.rate_limiter): no warning."""
+    config = MLP_CONFIG + (
+        'instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R1" '
+        "count: 2 } ] priority: 2 } } ]"
+    )
+    write_model(tmp_path, "limited", mlp, config=config)
+    with caplog.at_level(logging.WARNING, logger=unsupported.__name__):
+        entry = _scan(tmp_path)["limited"]
+    assert entry.error is None, entry.error
+    assert not [r for r in caplog.records if r.name == unsupported.__name__]
