@@ -8,7 +8,8 @@ drifted apart (the "latest version" rule was written out five ways). The rules, 
 - **Version.** A request that names no version ("" or -1) is sent as -1: the worker
   answers with the latest version it serves, so such requests share batches however the
   repository moved meanwhile, and the reply says which version ran. A named version is
-  checked against the repository and sent as is.
+  checked against the repository and sent as is. (A gateway's client request to a model
+  with a traffic split gets a version drawn by weight first: ``conch.frontend.traffic``.)
 - **Lane.** Where the message waits in its model's queue (``Lane``): an online call that
   someone waits on takes the step the target's queue policy gives it (``admission``),
   unless the work it is made for sits below online work (an async job's or a batch
@@ -56,6 +57,9 @@ class Target:
     entry: ModelEntry
     version: int  # resolved now: what a response names when the worker does not say
     latest: bool  # no version asked for: the message carries LATEST
+    # A copy also goes to this version, its answer recorded, not returned (the model's
+    # traffic split: ``conch.frontend.traffic``); 0: none.
+    shadow: int = 0
 
     @property
     def wire_version(self) -> int:

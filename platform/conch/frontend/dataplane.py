@@ -49,6 +49,7 @@ from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher, ResponseStream
 from conch.frontend.response_cache import ResponseCache
 from conch.frontend.sequence_route import SequenceRoute
+from conch.frontend.traffic import Traffic
 from conch.settings import Settings
 from conch.wire import (
     broker,
@@ -228,6 +229,7 @@ class DataPlane:
         self.cache = cache  # --cache-config's; None: no model is cached
         self._client = dispatcher.client
         self.sequences = SequenceRoute(self._client)  # sequence models' mailboxes
+        self.traffic = Traffic(settings, view, dispatcher)  # traffic splits across versions
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -444,6 +446,19 @@ class DataPlane:
             refresh=self.view.refresh,
         )
 
+    def traffic_split(self, model: str) -> dict[str, Any]:
+        """The model's traffic split across its versions (``conch.frontend.traffic``);
+        read and cleared for any model the repository holds, loaded or not."""
+        return self.traffic.read(self.view.entry(model))
+
+    def set_traffic_split(self, model: str, split: Any) -> dict[str, Any]:
+        """Set it for every process (checked against the versions ready now); an empty
+        one clears it. The split that follows."""
+        return self.traffic.set(self.view.serving(model), split)
+
+    def clear_traffic_split(self, model: str) -> dict[str, Any]:
+        return self.traffic.clear(self.view.entry(model))
+
     # -- inference ---------------------------------------------------------------------
 
     def target(self, model: str, version: str = "", *, endpoint: str = "") -> calls.Target:
@@ -451,8 +466,10 @@ class DataPlane:
 
         ``endpoint`` names an adapter's call that answers once (Triton's name for it:
         "HTTP end point", "ModelInfer RPC"): it refuses a decoupled model, as Triton does.
+        No version named, for a model with a traffic split: a version drawn by its
+        weights, and maybe a shadow (``conch.frontend.traffic``).
         """
-        to = calls.target(self.view.serving(model), version)
+        to = self.traffic.route(calls.target(self.view.serving(model), version))
         if endpoint and to.decoupled:
             raise _refuse_decoupled(endpoint)
         return to
@@ -544,6 +561,7 @@ class DataPlane:
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
         with about(RequestTag(request.id)):
             call = self._prepare(to, request, calls.Lane.ONLINE, caller)
+            self.traffic.shadow(to, request, call)  # a copy to the split's shadow, if any
         span.set_attribute("conch.id", call.msg.id)
         trace_id = tracing.trace_id(call.msg.traceparent)
         with about(RequestTag(request.id, call.msg.id, trace_id)):

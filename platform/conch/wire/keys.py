@@ -106,6 +106,11 @@ Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
       [TRACE_COMMANDS]                      settings a POST changed
     conch.trace.settings           string   trace API: JSON, every       workers, gateways (at start
       [TRACE_SETTINGS]                      setting the API has changed  and on what pub/sub lost)
+    conch.traffic                  hash     traffic split API: model ->  gateways, gRPC servers
+      [TRAFFIC_SPLITS]                      JSON weights by version and  (HGETALL, at most once a
+                                            shadow (wire.traffic_split)  second per process)
+    conch.shadow.<model>           stream   gateways: a shadow copy's    operators (XRANGE); capped
+      [SHADOW_PREFIX]                       answer, one entry each       at about 1,000 entries
 
 The shared response cache (``--cache-config redis,...``; ``conch.wire.cache_store``)::
 
@@ -143,14 +148,14 @@ UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
 ATTEMPTS = "conch.attempts"
 DEADLETTER = "conch.deadletter"
+# + "global.<resource>" or "host.<host>.<device>.<resource>": a sorted set of the holds of a
+# rate-limit resource's copies, by lease end (conch.wire.rate_limits)
+RATE_LIMIT_PREFIX = "conch.ratelimit."
 
 # Replies and job results.
 REPLY_PREFIX = "conch.reply."
 STREAM_PREFIX = "conch.stream."  # + a request's message id (32 hex digits)
 STREAM_LEASE_SUFFIX = "/lease"
-# + "global.<resource>" or "host.<host>.<device>.<resource>": a sorted set of the holds of a
-# rate-limit resource's copies, by lease end (conch.wire.rate_limits)
-RATE_LIMIT_PREFIX = "conch.ratelimit."
 JOB_RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
 JOB_RECORD_PREFIX = "conch.job."
 DATASET = "conch.dataset"  # names what Redis holds: gone or changed when Redis lost it
@@ -175,6 +180,8 @@ LOG_COMMANDS = "conch.logging"  # {"log_info": false, ...}: what one logging req
 LOG_SETTINGS = "conch.logging.settings"  # JSON: every log setting the logging API changed
 TRACE_COMMANDS = "conch.trace"  # {"trace_rate": "10", ...}: what one trace request changed
 TRACE_SETTINGS = "conch.trace.settings"  # JSON: every trace setting the trace API changed
+TRAFFIC_SPLITS = "conch.traffic"  # model -> JSON traffic split (conch.wire.traffic_split)
+SHADOW_PREFIX = "conch.shadow."  # + model: a stream of its shadow copies' answers
 
 # The shared response cache (conch.wire.cache_store): entries, and the LRU bookkeeping.
 CACHE_ENTRY_PREFIX = "conch.cache.entry."  # + the request's hash (hex)
@@ -208,16 +215,18 @@ __all__ = [
     "OVERRIDE_PREFIX",
     "PRIORITY_SEP",
     "QUEUE_PREFIX",
+    "RATE_LIMIT_PREFIX",
     "REPLY_PREFIX",
     "REPOSITORY_EVENTS",
     "REPOSITORY_GENERATION",
     "SAMPLES_PREFIX",
+    "SHADOW_PREFIX",
     "STATS_PREFIX",
     "STREAM_LEASE_SUFFIX",
     "STREAM_PREFIX",
-    "RATE_LIMIT_PREFIX",
     "TRACE_COMMANDS",
     "TRACE_SETTINGS",
+    "TRAFFIC_SPLITS",
     "UNACKED",
     "UNACKED_INDEX",
     "WAKE_SUFFIX",

@@ -29,7 +29,7 @@ from conch.frontend.http import openai_routes
 from conch.frontend.http.http_codec import HEADER_LENGTH
 from conch.frontend.http.job_routes import MAX_BATCH_SPEC_BYTES
 from conch.settings import LogFormat
-from conch.wire import job_store, statistics, worker_reports
+from conch.wire import job_store, statistics, traffic_split, worker_reports
 
 Schema = dict[str, Any]
 
@@ -394,6 +394,34 @@ def _schemas() -> dict[str, Schema]:
                 }
             },
         },
+        "TrafficSplit": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "conch's traffic split across a model's versions: requests that "
+            "name no version go to a version drawn by weight among these that are ready "
+            "(none: the latest); a shadow's share of them also sends a copy to its version, "
+            "whose answer is recorded (Redis stream `conch.shadow.<model>`), not returned. "
+            "No weights and no shadow: no split.",
+            "properties": {
+                "weights": {
+                    "type": ["object", "null"],
+                    "propertyNames": {"pattern": f"^{traffic_split.VERSION_PATTERN}$"},
+                    "additionalProperties": {"type": "number", "minimum": 0},
+                    "description": "Version -> weight (at least one above 0, each version "
+                    "ready now).",
+                },
+                "shadow": {
+                    "type": ["object", "null"],
+                    "additionalProperties": False,
+                    "required": ["version", "share"],
+                    "properties": {
+                        "version": {"type": "integer", "minimum": 1},
+                        "share": {"type": "number", "minimum": 0, "maximum": 1},
+                    },
+                },
+            },
+            "example": {"weights": {"1": 90, "2": 10}, "shadow": {"version": 3, "share": 0.1}},
+        },
         "BatchJobRequest": {
             "type": "object",
             "required": ["input", "output"],
@@ -739,6 +767,28 @@ def _server_paths() -> dict[str, Schema]:
             ),
             ("model",),
         ),
+        "/v2/repository/models/{model}/traffic": {
+            "parameters": [_ref("parameters", "model")],
+            "get": _op(
+                "repositoryModelTraffic",
+                "model-repository",
+                "The model's traffic split across its versions (conch's own)",
+                _ok("TrafficSplit", "The split (no weights: none)."),
+            ),
+            "post": _op(
+                "repositoryModelTrafficSet",
+                "model-repository",
+                "Set the model's traffic split, for every gateway",
+                _ok("TrafficSplit", "The split that follows."),
+                body=_json_body("TrafficSplit", True),
+            ),
+            "delete": _op(
+                "repositoryModelTrafficClear",
+                "model-repository",
+                "Clear the model's traffic split: requests go to the latest version",
+                _ok("TrafficSplit", "No split."),
+            ),
+        },
         "/v2/logging": {
             "get": _op(
                 "logSettings",

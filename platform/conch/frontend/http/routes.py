@@ -1,7 +1,7 @@
 """Triton's HTTP/REST routes, other than infer: HTTP in, a ``DataPlane`` call, HTTP out.
 
 Health, server and model metadata, model config and readiness, statistics, the
-repository API (index, load, unload) and the logging extension. A route parses its URL, query and body, calls
+repository API (index, load, unload, and conch's traffic splits) and the logging extension. A route parses its URL, query and body, calls
 the data plane, and encodes the answer; it never reaches Redis or the model view
 itself. Infer calls are answered by ``fast_path.serve_infer`` before Flask sees them;
 the infer route here only makes their path known to Flask.
@@ -211,6 +211,35 @@ def unload_model(model: str) -> Response:
     params = _control_params(request.get_data(cache=False))
     plane().unload(model, unload_dependents=_flag(params, "unload_dependents"))
     return _empty()
+
+
+# Traffic splits across a model's versions (conch's own: canary, A/B, shadow), in the
+# model-repository group with load and unload (``conch.frontend.traffic``).
+@v2.get("/v2/repository/models/<model>/traffic")
+@api_group(ApiGroup.MODEL_REPOSITORY)
+def traffic_split(model: str) -> Response:
+    return _json(plane().traffic_split(model))
+
+
+@v2.post("/v2/repository/models/<model>/traffic")
+@api_group(ApiGroup.MODEL_REPOSITORY)
+def set_traffic_split(model: str) -> Response:
+    """``{"weights": {"<version>": <weight>, ...}, "shadow": {"version": v, "share": s}}``;
+    no weights and no shadow clear it. Answers the split that follows."""
+    data_plane = plane()
+    limit = data_plane.settings.max_input_bytes
+    if (request.content_length or 0) > limit:
+        raise too_large(request.content_length or 0, limit)
+    body = request.get_data(cache=False)
+    if not body.strip():
+        raise InvalidArgument(f"the traffic split of model '{model}' needs a JSON body")
+    return _json(data_plane.set_traffic_split(model, _parse(body)))
+
+
+@v2.delete("/v2/repository/models/<model>/traffic")
+@api_group(ApiGroup.MODEL_REPOSITORY)
+def clear_traffic_split(model: str) -> Response:
+    return _json(plane().clear_traffic_split(model))
 
 
 # -- logging ----------------------------------------------------------------------------
