@@ -733,7 +733,9 @@ def test_dockerfile_is_what_the_chart_expects() -> None:
     build = (ROOT / "Dockerfile").read_text().split("\nFROM ")[1]
     assert "WORKDIR /src" in build and "COPY functions functions" in build
     # Every build step of `make functions` (the shipped models' build outputs) runs there too.
-    make_functions = re.search(r"^functions:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
+    make_functions = re.search(
+        r"^functions:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M
+    )
     assert make_functions, "the Makefile has a functions target"
     scripts = re.findall(r"functions/build_\w+\.py", make_functions[1])
     assert len(scripts) >= 2
