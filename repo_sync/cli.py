@@ -9,23 +9,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from conch.core.byte_sizes import parse_byte_size
+
 log = logging.getLogger("repo_sync")
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
 
 def byte_size(text: str) -> int:
     """``1048576``, ``512M``, ``64G`` (binary units), for --max-object-bytes."""
-    m = re.fullmatch(r"\s*([0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1048576, 512M, 64G)")
-    return int(m[1]) * _UNITS[m[2].upper()]
+    try:
+        return parse_byte_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, get_type_hints
 
+from conch.core.byte_sizes import parse_byte_size
 from conch.core.cache_config import CacheConfig
 from conch.core.inference import MAX_STREAM_KEEP_S
 from conch.core.metrics_config import MetricsConfig
@@ -348,6 +349,13 @@ def _repositories(values: Iterable[str]) -> tuple[Path | str, ...]:
             raise ValueError(f"--model-repository {value} is given twice")
         out.append(spec)
     return tuple(out)
+
+
+def _byte_size(text: str) -> int:
+    try:
+        return parse_byte_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bool(text: str) -> bool:
@@ -1279,6 +1287,23 @@ class Settings:
             action="append",
         ),
         factory=RateLimitResources,
+    )
+    # conch's own: a worker keeps its models resident within this many bytes, loading one
+    # when work for it waits and unloading the least recently used (conch.worker.residency);
+    # 0: every model is loaded at start and stays.
+    model_memory_budget: int = setting(
+        0,
+        Flag(
+            "--model-memory-budget",
+            WORKER_ROLES,
+            "keep models resident within SIZE (e.g. 4G): a model is loaded when work for it "
+            "waits, and the least recently used unloaded to make room; 0: all stay loaded",
+            type=_byte_size,
+            metavar="SIZE",
+            as_args=lambda name, size: [name, str(size)] if size else [],
+        ),
+        env="CONCH_MODEL_MEMORY_BUDGET",
+        parse=parse_byte_size,
     )
     # The rest of tritonserver's flags: what they tune conch does not have, so they are
     # taken (a Triton launch line starts unchanged) and named once as ignored when they

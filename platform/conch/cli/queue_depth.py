@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from conch.core.repository_keys import model_name_problem
+    from conch.wire import worker_reports
     from conch.wire.redis_client import open_client
     from conch.wire.work_owed import (
         PRIORITY_CLASSES,
@@ -75,10 +76,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         work = work_owed(client, args.model or queued_models(client))
         jobs = jobs_owed(client) if args.jobs else None
+        where = worker_reports.residency(worker_reports.snapshot(client))
     except redis.RedisError as exc:
         print(f"conch queue-depth: Redis at {url} did not answer: {exc}", file=sys.stderr)
         return 2
-    total = summary(work, jobs)
+    total = summary(work, jobs, where)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(total, option=orjson.OPT_INDENT_2) + b"\n")
         return 0

@@ -343,6 +343,10 @@ class DataPlane:
         """The work the batch jobs queue owes (``conch.wire.work_owed.jobs_owed``)."""
         return jobs_owed(self._client)
 
+    def residency(self) -> dict[str, dict[str, list[str]]]:
+        """Where each model is resident, or on standby (``worker_reports.residency``)."""
+        return worker_reports.residency(worker_reports.snapshot(self._client))
+
     def hosts(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         """The live workers' hosts: CPU use per host and GPU use per GPU UUID
         (``worker_reports.hosts``)."""

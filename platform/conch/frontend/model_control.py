@@ -43,7 +43,9 @@ def _fresh_states(client: redis.Redis) -> States:
 
 
 def _serving(st: dict[str, Any]) -> bool:
-    return any(v == worker_reports.READY for v in st.get("versions", {}).values())
+    """A worker serves a version: resident, or on standby (loaded when its work waits)."""
+    served = (worker_reports.READY, worker_reports.STANDBY)
+    return any(v in served for v in st.get("versions", {}).values())
 
 
 def _wait(read: States, model: str, seconds: float, done: Callable[[dict[str, Any]], bool]) -> bool:

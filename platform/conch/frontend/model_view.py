@@ -43,6 +43,10 @@ from conch.wire import control_bus, worker_reports
 STATES_MAX_AGE_S = 1.0  # how stale the workers' reports may be for readiness checks
 # The index's reason for a --scale-to-zero model's version that reads ready with no worker.
 SCALED_TO_ZERO = "no worker yet (scale to zero): requests wait in the queue for one to start"
+STANDBY_REASON = (
+    "not resident (--model-memory-budget): a worker loads it when work for it waits, "
+    "which waits in the queue meanwhile"
+)
 
 
 class _Scanned:
@@ -287,13 +291,17 @@ class ModelView:
         none failed: the group is at zero (no live worker reports on the model) or a
         worker is loading it (scaling up). Its requests wait in the queue, within their
         timeout, for that worker, so it reads as ready: a client that waits for
-        readiness before it sends would otherwise never send what starts one.
+        readiness before it sends would otherwise never send what starts one. Likewise a
+        version that a worker with ``--model-memory-budget`` holds on standby (not
+        resident): that worker loads it when its requests wait.
 
         Any other model keeps Triton's meaning: ready once a live worker serves it.
         """
+        st = self.states().get(name)
+        if st is not None and st["versions"].get(str(version)) == worker_reports.STANDBY:
+            return True  # a worker with a memory budget loads it when its work waits
         if not self.settings.scales_to_zero(name):
             return False
-        st = self.states().get(name)
         return st is None or st["versions"].get(str(version)) == worker_reports.LOADING
 
     def not_served(self) -> str | None:
@@ -371,11 +379,14 @@ class ModelView:
                     continue
                 row = {"name": name, "version": str(v), "state": state}
                 if waits:
-                    row["state"], row["reason"] = worker_reports.READY, SCALED_TO_ZERO
+                    row["state"] = worker_reports.READY
+                    row["reason"] = (
+                        STANDBY_REASON if state == worker_reports.STANDBY else SCALED_TO_ZERO
+                    )
                 elif state != worker_reports.READY:
                     row["reason"] = st.get("reason") or "no live worker has loaded this version"
                 out.append(row)
         return out
 
 
-__all__ = ["SCALED_TO_ZERO", "STATES_MAX_AGE_S", "ModelView"]
+__all__ = ["SCALED_TO_ZERO", "STANDBY_REASON", "STATES_MAX_AGE_S", "ModelView"]

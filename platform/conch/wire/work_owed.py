@@ -246,15 +246,23 @@ def queued_models(client: redis.Redis) -> list[str]:
     return sorted(names)
 
 
-def summary(work: Mapping[str, ModelWork], jobs: JobsWork | None = None) -> dict[str, Any]:
+def summary(
+    work: Mapping[str, ModelWork],
+    jobs: JobsWork | None = None,
+    where: Mapping[str, Mapping[str, list[str]]] | None = None,
+) -> dict[str, Any]:
     """The JSON of ``GET /queue-depth`` and ``conch queue-depth --json``: totals, by model,
-    and the batch jobs queue when it was counted (then in the totals too)."""
+    and the batch jobs queue when it was counted (then in the totals too). ``where``
+    (``worker_reports.residency``) adds each model's ``resident_on`` and ``standby_on``
+    worker ids."""
     parts: list[_Owed] = [*work.values(), *([jobs] if jobs is not None else [])]
     out: dict[str, Any] = {
         "owed": sum(w.owed for w in parts),
         "waiting": sum(w.waiting for w in parts),
         "in_flight": sum(w.in_flight for w in parts),
-        "models": {name: w.to_json() for name, w in work.items()},
+        "models": {
+            name: {**w.to_json(), **(where or {}).get(name, {})} for name, w in work.items()
+        },
     }
     live = sum(w.sequences for w in parts)
     if live:  # sequence models' live sequences, in "owed" too

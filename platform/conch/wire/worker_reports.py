@@ -23,6 +23,9 @@ REPORT_TTL_S = HEARTBEAT_S * 4
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
 LOADING = "LOADING"
+# Not resident on a worker with --model-memory-budget, which loads it when work for it
+# waits (conch.worker.residency): its requests wait in the queue, so it reads as ready.
+STANDBY = "STANDBY"
 
 
 def publish(
@@ -89,6 +92,21 @@ def model_states(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                     merged["versions"][v] = state
             if m.get("reason") and not merged["reason"]:
                 merged["reason"] = m["reason"]
+    return out
+
+
+def residency(reports: list[dict[str, Any]]) -> dict[str, dict[str, list[str]]]:
+    """Model -> the live workers it is resident on (a version READY there) and those that
+    hold it on standby (``--model-memory-budget``), by worker id: where each model is."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for report in reports:
+        for name, m in report.get("models", {}).items():
+            states = set(m.get("versions", {}).values())
+            where = out.setdefault(name, {"resident_on": [], "standby_on": []})
+            if READY in states:
+                where["resident_on"].append(report.get("id", ""))
+            elif STANDBY in states:
+                where["standby_on"].append(report.get("id", ""))
     return out
 
 

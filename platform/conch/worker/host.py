@@ -28,7 +28,7 @@ from conch.core.repository import ModelEntry, ModelRepository
 from conch.settings import InstanceForm, Settings
 from conch.wire import control_bus, model_metrics, statistics, worker_reports
 from conch.wire.rate_limits import FleetLimiter
-from conch.worker import instance, rate_limiter
+from conch.worker import instance, rate_limiter, residency
 from conch.worker.batcher import InFlight, Sequencer
 from conch.worker.host_metrics import HostMetrics
 from conch.worker.instance_supervisor import KILL_AFTER_S, InstanceMain, InstanceProcess
@@ -58,6 +58,7 @@ class LoadedModel:
     planned: list[int] = field(default_factory=list)  # versions being loaded
     batchers: list[Instance] = field(default_factory=list)  # each instance's drain loop
     load_id: str = ""  # the load command this state answers (explicit mode)
+    standby: bool = False  # not resident: loaded when its work waits (--model-memory-budget)
 
 
 class ModelHost:
@@ -101,6 +102,9 @@ class ModelHost:
         self._changes = threading.Lock()  # one load/unload at a time
         # Triton's rate limiter across the fleet (--rate-limit execution_count), from start.
         self.limiter: FleetLimiter | None = None
+        # --model-memory-budget: models loaded when their work waits, within the budget.
+        budget = settings.model_memory_budget
+        self.residency = residency.Residency(self, budget) if budget > 0 else None
         self._fingerprints: dict[str, Any] = {}
         # The report is published from start's LOADING announcement until stop begins,
         # and never after it is withdrawn (the lock orders a heartbeat's publish with both).
@@ -133,11 +137,22 @@ class ModelHost:
         wanted = self.wanted(entries)
         for name in wanted:
             self.models[name] = LoadedModel(
-                name, loading=True, planned=list(entries[name].versions)
+                name,
+                loading=self.residency is None,
+                planned=list(entries[name].versions),
+                standby=self.residency is not None,
             )
         with self._report_lock:
             self._reporting = True
         self.report()  # LOADING, so readiness and the index say so while models load
+        if self.residency is not None:  # each is loaded when its work waits
+            for name in wanted:
+                self._fingerprints[name] = self._fingerprint(name)
+                problem = entries[name].error or self.residency.too_large(entries[name])
+                if problem:
+                    self.refuse(name, problem)
+            self.residency.start()
+            return
         explicit = self.settings.model_control_mode.explicit
         for name in wanted:
             load_id = control_bus.last_load_id(self.client, name) if explicit else ""
@@ -161,6 +176,17 @@ class ModelHost:
         if entry.backend == ensemble_graph.ENSEMBLE:
             return
         if self.settings.models and name not in self.settings.models:
+            return
+        if self.residency is not None and not self.models.get(name, LoadedModel(name)).versions:
+            # Not resident: on standby, read afresh when its work waits (a changed model
+            # that is resident is loaded again at once, as without a budget).
+            with self._changes:
+                self._fingerprints[name] = self._fingerprint(name)
+                planned = list(entry.versions)
+                self.models[name] = LoadedModel(
+                    name, planned=planned, standby=True, load_id=load_id
+                )
+                self.report()
             return
         self.serve(name, entry, load_id=load_id)
 
@@ -226,6 +252,37 @@ class ModelHost:
         except redis.RedisError as exc:  # a metric: the load itself went well
             log.warning("model '%s': load time not recorded: %s", name, exc)
 
+    def resident(self) -> list[str]:
+        """The models with versions loaded here now."""
+        return [n for n, m in list(self.models.items()) if m.versions]
+
+    def standby(self) -> list[str]:
+        """The models waiting here for work to load them (--model-memory-budget)."""
+        return [n for n, m in list(self.models.items()) if m.standby]
+
+    def evict(self, name: str) -> None:
+        """Unload ``name`` to make room, leaving it on standby: its batches finish and
+        what it held goes back to the queue, for when it is loaded again."""
+        with self._changes:
+            old = self.models.get(name)
+            if old is None or not old.versions:
+                return
+            self.models[name] = LoadedModel(name, planned=sorted(old.versions), standby=True)
+            self.report()
+            self._retire(old)
+
+    def refuse(self, name: str, reason: str) -> None:
+        """``name`` cannot be resident here: unavailable, with ``reason``."""
+        with self._changes:
+            self.models[name] = LoadedModel(name, reason=reason)
+            log.error("model '%s' is unavailable: %s", name, reason)
+            self.report()
+
+    def _on_batch(self, model: str, counts: dict[str, int]) -> None:
+        self.telemetry.add(model, counts)
+        if self.residency is not None:
+            self.residency.used(model)
+
     def withdraw(self, name: str) -> None:
         with self._changes:
             old = self.models.get(name)
@@ -272,7 +329,7 @@ class ModelHost:
                 settings=self.settings,
                 worker_id=self.worker_id,
                 inflight=self.inflight,
-                on_batch=self.telemetry.add,
+                on_batch=self._on_batch,
                 on_send=self.metrics.queue,
                 sequencer=sequencer,
                 limiter=self.limiter,
@@ -332,6 +389,8 @@ class ModelHost:
         out = {}
         for name, m in list(self.models.items()):
             versions = {str(v): worker_reports.READY for v in m.versions}
+            if m.standby:
+                versions = {str(v): worker_reports.STANDBY for v in m.planned}
             if m.loading:
                 versions.update(
                     {str(v): worker_reports.LOADING for v in m.planned if v not in m.versions}
@@ -392,6 +451,8 @@ class ModelHost:
 
     def stop(self) -> None:
         """Finish the batches in progress, hand back what is held, unload, withdraw."""
+        if self.residency is not None:
+            self.residency.stop()
         with self._changes:
             models = list(self.models.values())
             for m in models:

@@ -198,7 +198,11 @@ def three_ways(s: Stack) -> list[dict]:
     assert {k: endpoint[k] for k in ("owed", "waiting", "in_flight")} == {
         k: endpoint["models"][MODEL][k] for k in ("owed", "waiting", "in_flight")
     }
-    return [json.loads(cli.stdout)["models"][MODEL], endpoint["models"][MODEL], metrics]
+    counted = [json.loads(cli.stdout)["models"][MODEL], endpoint["models"][MODEL]]
+    # Where the model is resident (worker ids) is the CLI's and the endpoint's alone.
+    where = [{k: c.pop(k) for k in ("resident_on", "standby_on")} for c in counted]
+    assert where[0] == where[1] and where[0]["resident_on"], where
+    return [*counted, metrics]
 
 
 def by_class(steps: dict[int, int]) -> dict[str, int]:

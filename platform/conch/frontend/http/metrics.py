@@ -519,7 +519,7 @@ def queue_depth(plane: DataPlane, query: str) -> bytes:
         raise InvalidArgument(f"'{work_owed.JOBS_PARAM}' must be given once, as 1 or 0")
     models = plane.queue_depth(params.get("model", []))
     jobs = plane.jobs_depth() if _SWITCH[switch[0].lower()] else None
-    return orjson.dumps(work_owed.summary(models, jobs))
+    return orjson.dumps(work_owed.summary(models, jobs, plane.residency()))
 
 
 class MetricsPort:
