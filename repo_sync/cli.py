@@ -18,6 +18,7 @@ from conch.core.byte_sizes import parse_byte_size
 
 log = logging.getLogger("repo_sync")
 
+
 def byte_size(text: str) -> int:
     """``1048576``, ``512M``, ``64G`` (binary units), for --max-object-bytes."""
     try:
