@@ -14,7 +14,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,functions,fil,openvino,tensorflow,gcs,azure]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,functions,fil,openvino,tensorflow,gcs,azure,analyze]'
 	@touch $@
 
 # The build outputs of the shipped repository that are not committed: text_embedding's ONNX

@@ -8,7 +8,8 @@ only builds the parser from them and starts the role asked for: ``worker``,
 (``cli/serve.py``) as the first three (the worker, or an autoscaler of workers) in child
 processes, plus ``batch``
 (``cli/batch.py``, a client of a running gateway), ``queue-depth`` (``cli/queue_depth.py``,
-the work owed, read from Redis) and ``sync`` (``repo_sync.cli``). The
+the work owed, read from Redis), ``analyze`` (``cli/analyze.py``, the model analyzer) and
+``sync`` (``repo_sync.cli``). The
 CLI sits above every room, so it is the one place in conch that may import repo_sync.
 
 Imports stay lazy: ``conch gateway``, and ``conch grpc`` on ``--grpc-transport h2``, must
@@ -37,7 +38,7 @@ _ROLE_HELP = {
 
 
 def parser() -> argparse.ArgumentParser:
-    from conch.cli import batch, queue_depth
+    from conch.cli import analyze, batch, queue_depth
     from repo_sync.cli import add_arguments as sync_arguments
 
     top = argparse.ArgumentParser(prog="conch", description=DESCRIPTION)
@@ -58,6 +59,13 @@ def parser() -> argparse.ArgumentParser:
         sub.add_parser(
             "queue-depth",
             help="show the work each model's workers owe (waiting and in flight), from Redis",
+        )
+    )
+    analyze.add_arguments(
+        sub.add_parser(
+            "analyze",
+            help="sweep a model's batching and instance settings with perf_analyzer, "
+            "rank them within a p99 latency budget",
         )
     )
     return top
@@ -104,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         from conch.cli import queue_depth
 
         return queue_depth.run(args)
+    if args.command == "analyze":
+        from conch.cli import analyze
+
+        return analyze.run(args)
     try:
         settings = Settings.from_args(args)
     except ValueError as exc:
