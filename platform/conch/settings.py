@@ -880,6 +880,19 @@ class Settings:
             check=at_least(1),
         ),
     )
+    # Triton's shared-memory extension (conch.frontend.shared_memory): off unless asked for.
+    allow_client_shm: bool = setting(
+        False,
+        Flag(
+            "--allow-client-shm",
+            FRONTEND_ROLES,
+            "let clients register system shared-memory regions (/dev/shm) and give infer "
+            "inputs and outputs in them, over HTTP and gRPC (default {default}, as Triton's "
+            "flag of that name; its APIs form the restricted group 'shared-memory'). Zero-copy "
+            "ends at the frontend: tensors still cross Redis to the worker",
+        ),
+        env="CONCH_ALLOW_CLIENT_SHM",
+    )
     # Its environment variable holds the flag's values one per line: conch serve hands the
     # secrets to its gateway that way, out of the process list.
     http_restricted_api: RestrictedApis = setting(
@@ -1522,7 +1535,11 @@ class Settings:
                 "the other (--response-cache-byte-size N is --cache-config local,size=N)"
             )
         if "model_repository" in parsed:  # a role's parser: a repository is required
-            stores = (parsed.get("model_repository") or []) + (parsed.get("model_store") or [])
+            stores = [
+                spec
+                for given in (parsed.get("model_repository"), parsed.get("model_store"))
+                for spec in (given if isinstance(given, list) else [given] if given else [])
+            ]
             if not stores:
                 raise ValueError(
                     "--model-repository is required: a folder, or s3://, gs:// or as:// URL"

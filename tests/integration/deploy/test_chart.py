@@ -668,7 +668,7 @@ def test_volume_repository_and_repo_sync() -> None:
         volumes = {v["name"]: v for v in spec["volumes"]}
         for c in spec["containers"]:
             if c["args"][0] != "sync":
-                assert conch_settings(c)[1].model_repository == repository
+                assert conch_settings(c)[1].model_repository == (repository,)
             (mount,) = [m for m in c["volumeMounts"] if repository.is_relative_to(m["mountPath"])]
             claim_name = volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
             assert claim_name == claim["metadata"]["name"]
