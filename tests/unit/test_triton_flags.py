@@ -88,6 +88,7 @@ TRITON_FLAGS: list[tuple[str, str | None]] = [
     ("--vertex-ai-thread-count", "8"),
     ("--vertex-ai-default-model", "simple"),
     ("--allow-metrics", "true"),
+    ("--allow-client-shm", "true"),
     ("--allow-gpu-metrics", "false"),
     ("--allow-cpu-metrics", "true"),
     ("--metrics-address", "0.0.0.0"),

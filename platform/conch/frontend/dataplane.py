@@ -49,6 +49,7 @@ from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Abandonment, Dispatcher, ResponseStream
 from conch.frontend.response_cache import ResponseCache
 from conch.frontend.sequence_route import SequenceRoute
+from conch.frontend.shared_memory import SharedMemory
 from conch.frontend.traffic import Traffic
 from conch.settings import Settings
 from conch.wire import (
@@ -230,6 +231,8 @@ class DataPlane:
         self._client = dispatcher.client
         self.sequences = SequenceRoute(self._client)  # sequence models' mailboxes
         self.traffic = Traffic(settings, view, dispatcher)  # traffic splits across versions
+        # --allow-client-shm: the regions clients register, read and written by the codecs.
+        self.shared_memory = SharedMemory(self._client, settings.allow_client_shm)
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -249,7 +252,8 @@ class DataPlane:
         return why is None
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "conch", "version": __version__, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS + (["system_shared_memory"] if self.shared_memory.enabled else [])
+        return {"name": "conch", "version": __version__, "extensions": extensions}
 
     def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
         entry = self.view.serving(model)

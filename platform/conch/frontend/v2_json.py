@@ -14,8 +14,8 @@ come out in raw (Triton binary) form. Every client mistake becomes an
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -150,7 +150,9 @@ def _input_header(entry: Any, index: int) -> tuple[str, str, tuple[int, ...], di
     return name, datatype, tuple(shape), params
 
 
-def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
+def _requested_outputs(
+    entries: Any, shm: SharedMemoryPort | None = None
+) -> list[RequestedOutput] | None:
     if entries is None:
         return None
     if not isinstance(entries, list):
@@ -173,7 +175,8 @@ def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
             params = {}
         elif not isinstance(params, dict):
             raise InvalidArgument(f"'parameters' of output '{name}' must be a JSON object")
-        if "shared_memory_region" in params:
+        in_shm = not SHM_PARAMETERS.isdisjoint(params)
+        if in_shm and shm is None:
             raise InvalidArgument(f"output '{name}': shared memory is not supported")
         binary = params.get("binary_data", False)
         if type(binary) is not bool:
@@ -183,7 +186,10 @@ def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
             raise InvalidArgument(
                 f"'classification' of output '{name}' must be a non-negative integer"
             )
-        outputs.append(RequestedOutput(name, binary, class_count))
+        if in_shm and shm is not None:
+            outputs.append(shm.output(name, binary, class_count, params))
+        else:
+            outputs.append(RequestedOutput(name, binary, class_count))
     return outputs
 
 
@@ -191,12 +197,36 @@ def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
 # binary extension (HTTP's: the bytes after the JSON). None where there is none.
 BinaryData = Callable[[str, int], bytes]
 
+# Triton's shared-memory parameters of an input or a requested output.
+SHM_PARAMETERS = frozenset(
+    {"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"}
+)
 
-def decode_request(text: bytes, binary: BinaryData | None = None) -> InferRequest:
+
+class SharedMemoryPort(Protocol):
+    """Where a carrier that has the shared-memory extension (HTTP's and gRPC's
+    frontends: ``conch.frontend.shared_memory``) reads an input given as a region and
+    makes a requested output to be written into one. Without one (a JSON line) either
+    is refused."""
+
+    def input_bytes(
+        self, name: str, datatype: str, shape: tuple[int, ...], params: Mapping[str, Any]
+    ) -> bytes: ...
+
+    def output(
+        self, name: str, binary: bool, class_count: int, params: Mapping[str, Any]
+    ) -> RequestedOutput: ...
+
+
+def decode_request(
+    text: bytes, binary: BinaryData | None = None, shm: SharedMemoryPort | None = None
+) -> InferRequest:
     """Parse a request document into raw-tensor form, validating its structure.
 
     An input whose ``parameters`` give a ``binary_data_size`` takes that many bytes
-    from ``binary``; without one (a JSON line) such an input is refused.
+    from ``binary``; without one (a JSON line) such an input is refused. An input or
+    output whose ``parameters`` name a ``shared_memory_region`` goes through ``shm``
+    (refused without one).
     """
     doc = _parse_json(text)
 
@@ -227,8 +257,10 @@ def decode_request(text: bytes, binary: BinaryData | None = None) -> InferReques
                 f"'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'"
             )
         if has_shm:
-            raise InvalidArgument(f"input '{name}': shared memory is not supported")
-        if has_binary:
+            if shm is None:
+                raise InvalidArgument(f"input '{name}': shared memory is not supported")
+            raw = shm.input_bytes(name, datatype, shape, params)
+        elif has_binary:
             nbytes = params["binary_data_size"]
             if not _is_uint(nbytes):
                 raise InvalidArgument(
@@ -248,7 +280,7 @@ def decode_request(text: bytes, binary: BinaryData | None = None) -> InferReques
     return InferRequest(
         id=request_id,
         inputs=inputs,
-        outputs=_requested_outputs(doc.get("outputs")),
+        outputs=_requested_outputs(doc.get("outputs"), shm),
         binary_data_output=bool(parameters.get("binary_data_output", False)),
         parameters=parameters,
     )

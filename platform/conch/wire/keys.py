@@ -111,6 +111,9 @@ Control plane (``conch.wire.control_bus``, ``repo_sync.events``)::
                                             shadow (wire.traffic_split)  second per process)
     conch.shadow.<model>           stream   gateways: a shadow copy's    operators (XRANGE); capped
       [SHADOW_PREFIX]                       answer, one entry each       at about 1,000 entries
+    conch.shm.system.<host>        hash     shared-memory API (register, gateways and gRPC servers on
+      [SHM_REGIONS_PREFIX]                  unregister): region -> JSON  that host (an infer call
+                                            key, offset, byte_size       naming a region, status)
 
 The shared response cache (``--cache-config redis,...``; ``conch.wire.cache_store``)::
 
@@ -182,6 +185,9 @@ TRACE_COMMANDS = "conch.trace"  # {"trace_rate": "10", ...}: what one trace requ
 TRACE_SETTINGS = "conch.trace.settings"  # JSON: every trace setting the trace API changed
 TRAFFIC_SPLITS = "conch.traffic"  # model -> JSON traffic split (conch.wire.traffic_split)
 SHADOW_PREFIX = "conch.shadow."  # + model: a stream of its shadow copies' answers
+# + a host name: the system shared-memory regions registered with the frontends on that
+# host (conch.frontend.shared_memory); /dev/shm is the host's, so its regions are too.
+SHM_REGIONS_PREFIX = "conch.shm.system."
 
 # The shared response cache (conch.wire.cache_store): entries, and the LRU bookkeeping.
 CACHE_ENTRY_PREFIX = "conch.cache.entry."  # + the request's hash (hex)
@@ -221,6 +227,7 @@ __all__ = [
     "REPOSITORY_GENERATION",
     "SAMPLES_PREFIX",
     "SHADOW_PREFIX",
+    "SHM_REGIONS_PREFIX",
     "STATS_PREFIX",
     "STREAM_LEASE_SUFFIX",
     "STREAM_PREFIX",

@@ -570,15 +570,16 @@ def test_a_cancelled_call_stops_an_ensemble_between_steps(client) -> None:
 
 
 def test_unimplemented_rpcs_say_so(client) -> None:
-    for call, what in (
-        (client.get_system_shared_memory_status, "shared memory"),
-        (client.get_cuda_shared_memory_status, "CUDA shared memory"),
-        (client.get_trace_settings, "trace settings"),
-    ):
+    with pytest.raises(InferenceServerException) as err:
+        client.get_trace_settings()
+    assert _code(err.value) == "StatusCode.UNIMPLEMENTED"
+    assert "conch does not support trace settings" in err.value.message()
+    # Shared memory is off unless --allow-client-shm (tests/integration/http/test_shared_memory.py).
+    for call in (client.get_system_shared_memory_status, client.get_cuda_shared_memory_status):
         with pytest.raises(InferenceServerException) as err:
             call()
-        assert _code(err.value) == "StatusCode.UNIMPLEMENTED"
-        assert f"conch does not support {what}" in err.value.message()
+        assert _code(err.value) == "StatusCode.UNAVAILABLE"
+        assert "--allow-client-shm=true" in err.value.message()
 
 
 # -- streaming -----------------------------------------------------------------------------

@@ -11,7 +11,11 @@ What is gRPC's own lives here; every check that is not is the shared one:
   custom ones reach the model as Python values;
 - outputs always go back in ``raw_output_contents``, as Triton sends them; which ones,
   in what order, and the classification extension are the shared rules
-  (``v2_json.select_outputs``).
+  (``v2_json.select_outputs``);
+- Triton's shared-memory extension: an input or output whose parameters name a
+  ``shared_memory_region`` is read from (written to) the region through
+  ``conch.frontend.shared_memory``; such an input takes no ``raw_input_contents`` entry,
+  and such an output's entry there is empty, as Triton keeps the two lists in step.
 
 Checking the request against the model's config (``validation``) is the data plane's.
 """
@@ -28,7 +32,7 @@ from conch.core.inference import (
     InputTensor,
     RequestedOutput,
 )
-from conch.frontend import v2_json
+from conch.frontend import shared_memory, v2_json
 from conch.frontend.dataplane import InferOutcome
 from conch.frontend.grpc.protos import triton_messages
 
@@ -139,7 +143,9 @@ def _typed_contents(io: Any, datatype: str, shape: tuple[int, ...], model: str) 
     return tensors.json_to_raw(datatype, shape, values, io.name)
 
 
-def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
+def _requested_outputs(
+    entries: Any, shm: v2_json.SharedMemoryPort | None = None
+) -> list[RequestedOutput] | None:
     if not entries:
         return None  # Triton returns every output when none are named
     outputs: list[RequestedOutput] = []
@@ -150,7 +156,8 @@ def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
             raise InvalidArgument(f"output '{name}' is requested more than once")
         seen.add(name)
         params = entry.parameters
-        if "shared_memory_region" in params:
+        in_shm = not v2_json.SHM_PARAMETERS.isdisjoint(params)
+        if in_shm and shm is None:
             raise InvalidArgument(f"output '{name}': shared memory is not supported")
         class_count = 0
         if "classification" in params:
@@ -159,15 +166,25 @@ def _requested_outputs(entries: Any) -> list[RequestedOutput] | None:
                 raise InvalidArgument(
                     f"'classification' of output '{name}' must be a non-negative integer"
                 )
-        outputs.append(RequestedOutput(name, True, class_count))
+        if in_shm and shm is not None:
+            outputs.append(shm.output(name, True, class_count, _values(params)))
+        else:
+            outputs.append(RequestedOutput(name, True, class_count))
     return outputs
 
 
-def decode_request(request: Any) -> InferRequest:
+def _values(params: Any) -> dict[str, Any]:
+    """An ``InferParameter`` map as Python values."""
+    return {key: parameter_value(param) for key, param in params.items()}
+
+
+def decode_request(request: Any, shm: v2_json.SharedMemoryPort | None = None) -> InferRequest:
     """A ``ModelInferRequest`` as an ``InferRequest`` with raw tensors; every structural
-    mistake is an ``InvalidArgument`` that names the input or output."""
+    mistake is an ``InvalidArgument`` that names the input or output. Inputs and outputs
+    in shared-memory regions go through ``shm`` (refused without one)."""
     model = request.model_name
     raws = request.raw_input_contents
+    next_raw = 0  # inputs in shared memory take no raw_input_contents entry
     inputs: list[InputTensor] = []
     seen: set[str] = set()
     for index, io in enumerate(request.inputs):
@@ -184,8 +201,15 @@ def decode_request(request: Any) -> InferRequest:
             )
         shape = tuple(io.shape)
         if "shared_memory_region" in io.parameters:
-            raise InvalidArgument(f"input '{name}': shared memory is not supported")
-        if io.HasField("contents"):
+            if shm is None:
+                raise InvalidArgument(f"input '{name}': shared memory is not supported")
+            if io.HasField("contents"):
+                raise InvalidArgument(
+                    f"input '{name}' must set only one of 'contents' and "
+                    "'shared_memory_region' in 'parameters'"
+                )
+            raw = shm.input_bytes(name, datatype, shape, _values(io.parameters))
+        elif io.HasField("contents"):
             if raws:
                 raise InvalidArgument(
                     "contents field must not be specified when using raw_input_contents "
@@ -193,14 +217,15 @@ def decode_request(request: Any) -> InferRequest:
                 )
             raw = _typed_contents(io, datatype, shape, model)
         else:
-            if index >= len(raws):
+            if next_raw >= len(raws):
                 raise InvalidArgument(
                     f"unable to find data for input tensor '{name}' for model '{model}' in request."
                 )
-            raw = raws[index]
+            raw = raws[next_raw]
+            next_raw += 1
             tensors.raw_size_ok(datatype, shape, raw, name)
         inputs.append(InputTensor(name, datatype, shape, raw))
-    if len(raws) > len(inputs):
+    if len(raws) > next_raw:
         raise InvalidArgument(
             f"unexpected additional input data: {len(raws)} raw_input_contents for "
             f"{len(inputs)} inputs of model '{model}'"
@@ -208,7 +233,7 @@ def decode_request(request: Any) -> InferRequest:
     return InferRequest(
         id=request.id,
         inputs=inputs,
-        outputs=_requested_outputs(request.outputs),
+        outputs=_requested_outputs(request.outputs, shm),
         binary_data_output=True,
         parameters=_parameters(request.parameters),
     )
@@ -227,9 +252,15 @@ def encode_outcome(outcome: InferOutcome) -> Any:
         labels=outcome.labels,
         batched=outcome.batched,
     )
+    slots = shared_memory.output_slots(outcome.request.outputs)  # written to regions
     for out, _binary in selected:
         response.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
-        response.raw_output_contents.append(out.raw)
+        slot = slots.get(out.name)
+        if slot is None:
+            response.raw_output_contents.append(out.raw)
+            continue
+        slot.write(out.raw)
+        response.raw_output_contents.append(b"")  # kept in step with ``outputs``
     return response
 
 

@@ -11,8 +11,10 @@ place.
 
 ``--grpc-restricted-protocol``: an RPC of a restricted group needs the metadata key
 ``triton-grpc-protocol-<key>`` with the secret, else UNAVAILABLE with Triton's message.
-The RPCs of features conch does not have (shared memory, trace) answer UNIMPLEMENTED,
-saying so.
+System shared memory (Triton's extension) is served with ``--allow-client-shm``
+(``conch.frontend.shared_memory``; UNAVAILABLE saying so without it); CUDA shared memory
+is refused (INVALID_ARGUMENT, with the reason). The RPCs of features conch does not have
+(trace) answer UNIMPLEMENTED, saying so.
 """
 
 from __future__ import annotations
@@ -255,7 +257,7 @@ class InferenceService:
         never run."""
         outcome = self.plane.infer(
             to,
-            codec.decode_request(request),
+            codec.decode_request(request, self.plane.shared_memory),
             deadline=_deadline(context),
             abandonment=abandonment,
             traceparent=_traceparent(context),
@@ -290,7 +292,7 @@ class InferenceService:
                 answer = self._infer(to, request, context, abandonment)
                 yield _final(pb.ModelStreamInferResponse(infer_response=answer), True)
                 return
-            decoded = codec.decode_request(request)
+            decoded = codec.decode_request(request, self.plane.shared_memory)
             responses = self.plane.infer_stream(
                 to,
                 decoded,
@@ -417,14 +419,46 @@ class InferenceService:
                 field.string_param = value
         return answer
 
+    # -- shared memory (--allow-client-shm) ----------------------------------------------
+
+    @rpc(ApiGroup.SHARED_MEMORY)
+    def SystemSharedMemoryStatus(self, request: Any, context: ServicerContext) -> Any:
+        answer = pb.SystemSharedMemoryStatusResponse()
+        for region in self.plane.shared_memory.status(request.name):
+            answer.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return answer
+
+    @rpc(ApiGroup.SHARED_MEMORY)
+    def SystemSharedMemoryRegister(self, request: Any, context: ServicerContext) -> Any:
+        self.plane.shared_memory.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc(ApiGroup.SHARED_MEMORY)
+    def SystemSharedMemoryUnregister(self, request: Any, context: ServicerContext) -> Any:
+        self.plane.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc(ApiGroup.SHARED_MEMORY)
+    def CudaSharedMemoryStatus(self, request: Any, context: ServicerContext) -> Any:
+        self.plane.shared_memory.cuda_status(request.name)  # none is ever registered
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @rpc(ApiGroup.SHARED_MEMORY)
+    def CudaSharedMemoryRegister(self, request: Any, context: ServicerContext) -> Any:
+        self.plane.shared_memory.cuda_register()  # refused, with the reason
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @rpc(ApiGroup.SHARED_MEMORY)
+    def CudaSharedMemoryUnregister(self, request: Any, context: ServicerContext) -> Any:
+        self.plane.shared_memory.cuda_unregister(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # -- features conch does not have ----------------------------------------------------
 
-    SystemSharedMemoryStatus = _unsupported(ApiGroup.SHARED_MEMORY, "shared memory")
-    SystemSharedMemoryRegister = _unsupported(ApiGroup.SHARED_MEMORY, "shared memory")
-    SystemSharedMemoryUnregister = _unsupported(ApiGroup.SHARED_MEMORY, "shared memory")
-    CudaSharedMemoryStatus = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
-    CudaSharedMemoryRegister = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
-    CudaSharedMemoryUnregister = _unsupported(ApiGroup.SHARED_MEMORY, "CUDA shared memory")
     TraceSetting = _unsupported(ApiGroup.TRACE, "trace settings")
 
 

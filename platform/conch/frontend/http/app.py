@@ -11,6 +11,7 @@ Nothing here handles a request. The pieces, each in its own module:
   mapping of errors to Triton's body and status;
 - ``generate``: Triton's generate extension (``generate``, ``generate_stream``: SSE);
 - ``openai_routes``: OpenAI's ``/v1`` models, embeddings and completions;
+- ``shared_memory_routes``: Triton's shared-memory extension (``--allow-client-shm``);
 - ``api_groups``: ``--http-restricted-api``, each route's group and the header check;
 - ``docs_routes``: the OpenAPI document of all of them (``openapi``) and its docs page;
 - ``metrics``: the metrics port.
@@ -28,6 +29,7 @@ from conch.frontend.http import (
     job_routes,
     openai_routes,
     routes,
+    shared_memory_routes,
 )
 from conch.frontend.http.fast_path import InferFastPath
 from conch.frontend.http.metrics import MetricsPort
@@ -45,6 +47,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(job_routes.bp)
     app.register_blueprint(generate.bp)
     app.register_blueprint(openai_routes.bp)
+    app.register_blueprint(shared_memory_routes.bp)
     if settings.http_restricted_api:
         app.before_request(api_groups.checker(settings.http_restricted_api))
     docs_routes.register(app)

@@ -102,10 +102,13 @@ def decode_call(
     header: Header,
     *,
     endpoint: str = "HTTP end point",
+    regions: bool = False,
 ) -> tuple[calls.Target, InferRequest]:
     """The model and version an infer (or job) body is for, then the body decoded: the
     errors about the model come first, whatever the body holds (a decoupled model's
-    too, refused as Triton refuses it where ``endpoint`` answers once; "" takes it)."""
+    too, refused as Triton refuses it where ``endpoint`` answers once; "" takes it).
+    ``regions``: inputs and outputs may be shared-memory regions (an infer call's; a
+    job's may not, as it outlives the call)."""
     to = plane.target(model, version, endpoint=endpoint)
     limit = plane.settings.max_input_bytes
     header_length = header(http_codec.HEADER_LENGTH)
@@ -118,6 +121,7 @@ def decode_call(
         max_body_bytes=limit,
         config=to.entry.config,  # a raw binary request's one input is the config's
         model_name=to.entry.name,
+        shm=plane.shared_memory if regions else None,
     )
     return to, request
 
@@ -144,7 +148,9 @@ def serve_infer(
         if length > limit:
             raise too_large(length, limit, raw=header(http_codec.HEADER_LENGTH) == "0")
         body = read(length) if length else read(limit + 1)
-        to, request = decode_call(plane, path_model(call), call.group(2) or "", body, header)
+        to, request = decode_call(
+            plane, path_model(call), call.group(2) or "", body, header, regions=True
+        )
         payload, headers = http_codec.encode_outcome(
             plane.infer(to, request, traceparent=header("traceparent") or ""),
             header("Accept-Encoding"),

@@ -10,6 +10,9 @@ own lives here:
   one input's bytes, described by the model's config; ``raw_request``);
 - ``Content-Encoding`` of the request (gzip, deflate), bounded against zip bombs;
 - ``Accept-Encoding``: the response compressed when the client accepts it.
+- an infer call's inputs and outputs in shared-memory regions (``decode_request``'s
+  ``shm``, ``conch.frontend.shared_memory``): an output written to its region is answered
+  with its name, datatype and shape only, as Triton answers it.
 
 ``decode_request`` turns a body and two headers into an ``InferRequest`` with tensors in
 raw (Triton binary) form; ``encode_response`` turns raw output tensors back into a body
@@ -28,7 +31,7 @@ from conch.core.datatypes import ITEMSIZE
 from conch.core.errors import InvalidArgument
 from conch.core.inference import InferRequest, InputTensor, OutputTensor
 from conch.core.model_config import wire_type
-from conch.frontend import v2_json
+from conch.frontend import shared_memory, v2_json
 from conch.frontend.dataplane import CollectedOutcome, InferOutcome
 
 if TYPE_CHECKING:
@@ -82,6 +85,7 @@ def decode_request(
     max_body_bytes: int,
     config: ModelConfig | None = None,
     model_name: str = "",
+    shm: v2_json.SharedMemoryPort | None = None,
 ) -> InferRequest:
     """Parse an infer request body into raw-tensor form, validating its structure.
 
@@ -130,7 +134,7 @@ def decode_request(
         offset = end
         return raw
 
-    request = v2_json.decode_request(bytes(view[:json_len]), binary)
+    request = v2_json.decode_request(bytes(view[:json_len]), binary, shm)
     if offset != size:
         raise InvalidArgument(
             f"unexpected additional input data: {size - offset} bytes after the last input"
@@ -250,8 +254,13 @@ def encode_response(
     selected = v2_json.select_outputs(
         outputs, request, model_name=model_name, labels=labels, batched=batched
     )
+    slots = shared_memory.output_slots(request.outputs)  # outputs written to regions
     for out, binary in selected:
-        if binary:
+        slot = slots.get(out.name)
+        if slot is not None:  # the bytes go into the region: the entry has no data
+            slot.write(out.raw)  # and no parameters, as Triton's (its C++ client reads
+            entry = v2_json.output_header(out)  # any output parameters as binary data)
+        elif binary:
             any_binary = True
             entry = v2_json.output_header(out)
             entry["parameters"] = {"binary_data_size": len(out.raw)}

@@ -1041,6 +1041,128 @@ def _model_paths() -> dict[str, Schema]:
     return paths
 
 
+_SHM_DISABLED = {
+    "403": "Shared memory is off (`--allow-client-shm`), or the API is restricted "
+    "(`--http-restricted-api shared-memory:...`) and the request lacks its header."
+}
+_SHM_REGION = {
+    "name": "region",
+    "in": "path",
+    "required": True,
+    "description": "The region's name.",
+    "schema": {"type": "string", "pattern": "^[^/]+$"},
+}
+
+
+def _shared_memory_paths() -> dict[str, Schema]:
+    """Triton's shared-memory extension: system regions' status, register and
+    unregister, and the CUDA twins (refused: conch has no CUDA shared memory)."""
+    system_region = _object(
+        {"name": _STR, "key": _STR, "offset": _uint(), "byte_size": _uint()},
+        "name",
+        "key",
+        "offset",
+        "byte_size",
+    )
+    cuda_region = _object(
+        {"name": _STR, "device_id": _uint(), "byte_size": _uint()}, "name", "byte_size"
+    )
+    register = {
+        "required": True,
+        "content": _json(
+            _object(
+                {
+                    "key": {**_STR, "description": "A POSIX shared-memory name: /dev/shm<key>."},
+                    "offset": _uint("Where the region starts in the object, in bytes."),
+                    "byte_size": _uint("The region's size in bytes."),
+                },
+                "key",
+                "offset",
+                "byte_size",
+            )
+        ),
+    }
+    cuda_register = {
+        "required": True,
+        "content": _json(
+            _object(
+                {
+                    "raw_handle": _object({"b64": _STR}),
+                    "device_id": _uint(),
+                    "byte_size": _uint(),
+                }
+            )
+        ),
+    }
+    out: dict[str, Schema] = {}
+    for kind, name, region, register_body in (
+        ("system", "system", system_region, register),
+        ("cuda", "CUDA", cuda_region, cuda_register),
+    ):
+        base = f"/v2/{kind}sharedmemory"
+        listed = {
+            "200": {
+                "description": "The regions registered (one when a region is named).",
+                "content": _json({"type": "array", "items": region}),
+            }
+        }
+        not_found = {"404": "No region of that name is registered."}
+        tag = "shared-memory"
+        out[f"{base}/status"] = _path(
+            "get",
+            _op(
+                f"{kind}SharedMemoryStatus",
+                tag,
+                f"Every {name} shared-memory region",
+                listed,
+                errors=(_SHM_DISABLED,),
+            ),
+        )
+        out[f"{base}/region/{{region}}/status"] = {
+            "parameters": [_SHM_REGION],
+            "get": _op(
+                f"{kind}SharedMemoryRegionStatus",
+                tag,
+                f"One {name} shared-memory region",
+                listed,
+                errors=(_SHM_DISABLED, not_found),
+            ),
+        }
+        out[f"{base}/region/{{region}}/register"] = {
+            "parameters": [_SHM_REGION],
+            "post": _op(
+                f"{kind}SharedMemoryRegister",
+                tag,
+                f"Register a {name} shared-memory region"
+                + (" (refused: conch has no CUDA shared memory)" if kind == "cuda" else ""),
+                {"200": _EMPTY},
+                errors=(_SHM_DISABLED,),
+                body=register_body,
+            ),
+        }
+        out[f"{base}/unregister"] = _path(
+            "post",
+            _op(
+                f"{kind}SharedMemoryUnregisterAll",
+                tag,
+                f"Unregister every {name} region",
+                {"200": _EMPTY},
+                errors=(_SHM_DISABLED,),
+            ),
+        )
+        out[f"{base}/region/{{region}}/unregister"] = {
+            "parameters": [_SHM_REGION],
+            "post": _op(
+                f"{kind}SharedMemoryUnregister",
+                tag,
+                f"Unregister a {name} region",
+                {"200": _EMPTY},
+                errors=(_SHM_DISABLED,),
+            ),
+        }
+    return out
+
+
 @cache
 def document() -> dict[str, Any]:
     """The whole document (built once; callers must not change it)."""
@@ -1065,6 +1187,10 @@ def document() -> dict[str, Any]:
             {"name": "statistics"},
             {"name": "model-repository"},
             {"name": "logging"},
+            {
+                "name": "shared-memory",
+                "description": "Triton's shared-memory extension (`--allow-client-shm`).",
+            },
             {"name": "trace", "description": "Triton's trace extension (OpenTelemetry)."},
             {"name": "jobs", "description": "conch's async and offline batch jobs."},
             {"name": "openai", "description": "OpenAI's API, where conch has the model for it."},
@@ -1074,6 +1200,7 @@ def document() -> dict[str, Any]:
             **_server_paths(),
             **_model_paths(),
             **_trace_paths(),
+            **_shared_memory_paths(),
             **openai_routes.openapi_paths(GENERIC_ERRORS, _ref("schemas", "Error")),
         },
         "components": {

@@ -26,6 +26,8 @@ WAIT_S = 5.0
 class HeldPlane:
     """Answers each infer call (UNAVAILABLE, as a stream error) once ``release`` is set."""
 
+    shared_memory = None  # no regions: the codec refuses them
+
     def __init__(self) -> None:
         self.release = threading.Event()
         self.calls = 0
@@ -94,6 +96,8 @@ class Responses:
 
 class StreamingPlane:
     """A decoupled model: each request's responses are ``script(request)``."""
+
+    shared_memory = None  # no regions: the codec refuses them
 
     def __init__(self, script: Any) -> None:
         self.script = script
@@ -206,6 +210,8 @@ def test_a_stream_of_many_responses_per_request_reads_no_more_than_it_can_answer
 
 def test_a_model_that_is_not_decoupled_answers_once_and_final() -> None:
     class OncePlane:
+        shared_memory = None
+
         def target(self, model: str, version: str) -> Any:
             return SimpleNamespace(name=model, decoupled=False)
 
