@@ -23,14 +23,8 @@ benchmark could not run.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
 import sys
-import time
-import traceback
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -198,44 +192,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, run._interrupt)
-    started = time.monotonic()
-    run_dir = run.CACHE / "runs" / time.strftime("ov-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    results = run.Results(
-        settings={
-            "argv": sys.argv[1:],
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "cpus": os.cpu_count(),
-            "window_ms": args.window_ms,
-            "loadavg_before": " ".join(f"{v:.2f}" for v in os.getloadavg()),
-            "cpu_busy_before": run.cpu_busy_fraction(),
-        }
-    )
-    try:
+
+    def measure(run_dir: Path, results: run.Results) -> None:
         repo = build_repository(run_dir / "repo")
         pa = run.PaOptions(perf_analyzer.binary(), args.window_ms, 100, 5)
         run.bench_conch(args.conch, repo, pa, run_dir, results, hop_floor=False)
         bench_inprocess(args, repo, results)
-    except KeyboardInterrupt:
-        say("interrupted: the processes it started are stopped")
-        return 130
-    except Exception:
-        traceback.print_exc(file=sys.stderr)
-        say("the OpenVINO benchmark failed (above); results.json has what was measured")
-        return 2
-    finally:
-        results.settings["loadavg_after"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
-        (run_dir / "results.json").write_text(json.dumps(asdict(results), indent=2))
-    print(report(results, args))
-    s = results.settings
-    print(
-        f"\n{s['started']}; {s['cpus']} CPUs; load average before {s['loadavg_before']}, after "
-        f"{s['loadavg_after']}; results in {run_dir} (took {time.monotonic() - started:.0f} s)"
+
+    return run.run_script(
+        "ov", "OpenVINO", args.window_ms, measure, lambda results: report(results, args)
     )
-    return 0
 
 
 if __name__ == "__main__":

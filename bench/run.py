@@ -227,24 +227,15 @@ def run_perf_analyzer(
         csv_path = (
             out_dir / f"pa-{tag}-{model}-c{concurrency}{rows}{'-retry' if attempt else ''}.csv"
         )
-        args = [
-            "-m",
+        args = perf_analyzer.window_args(
             model,
-            "-u",
             url,
-            "-i",
             protocol,
-            "--concurrency-range",
-            str(concurrency),
-            "--measurement-mode",
-            "time_windows",
-            "--measurement-interval",
-            str(pa.window_ms),
-            "--stability-percentage",
-            str(stability),
-            "--max-trials",
-            str(pa.max_trials),
-        ]
+            concurrency,
+            window_ms=pa.window_ms,
+            stability_pct=stability,
+            max_trials=pa.max_trials,
+        )
         if model in pa.input_files:
             args += ["--input-data", str(pa.input_files[model])]
         if json:
@@ -1270,6 +1261,54 @@ def floors(results: Results, repo: Path) -> list[tuple[str, str, str]]:
 
 
 # --------------------------------------------------------------------------- main
+
+
+def run_script(
+    prefix: str,
+    what: str,
+    window_ms: int,
+    measure: Callable[[Path, Results], None],
+    report: Callable[[Results], str],
+) -> int:
+    """A benchmark script's whole run (bench/trees.py, bench/onnx_runtimes.py): signals
+    that stop what it started, a run folder ``<prefix>-<time>``, ``measure(run_dir,
+    results)``, ``results.json`` whatever happens, then ``report``'s tables and a footer.
+    0 when the tables were printed, 2 when the benchmark could not run, 130 interrupted."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
+    started = time.monotonic()
+    run_dir = CACHE / "runs" / time.strftime(f"{prefix}-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    results = Results(
+        settings={
+            "argv": sys.argv[1:],
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "cpus": os.cpu_count(),
+            "window_ms": window_ms,
+            "loadavg_before": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+            "cpu_busy_before": cpu_busy_fraction(),
+        }
+    )
+    try:
+        measure(run_dir, results)
+    except KeyboardInterrupt:
+        say("interrupted: the processes it started are stopped")
+        return 130
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
+        say(f"the {what} benchmark failed (above); results.json has what was measured")
+        return 2
+    finally:
+        results.settings["loadavg_after"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
+        (run_dir / "results.json").write_text(json.dumps(asdict(results), indent=2))
+    print(report(results))
+    s = results.settings
+    print(
+        f"\n{s['started']}; {s['cpus']} CPUs; load average before {s['loadavg_before']}, after "
+        f"{s['loadavg_after']}; results in {run_dir} (took {time.monotonic() - started:.0f} s)"
+    )
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

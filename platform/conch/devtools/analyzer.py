@@ -373,25 +373,16 @@ def measure(pa: PaSettings, url: str, model: str, concurrency: int, out: Path) -
 
     point = Point(concurrency)
     for attempt, stability in enumerate((pa.stability_pct, FALLBACK_STABILITY_PCT)):
-        args = [
-            "-m",
+        args = perf_analyzer.window_args(
             model,
-            "-u",
             url,
-            "-i",
             "http",
-            "--concurrency-range",
-            str(concurrency),
-            "--measurement-mode",
-            "time_windows",
-            "--measurement-interval",
-            str(pa.window_ms),
-            "--stability-percentage",
-            str(stability),
-            "--max-trials",
-            str(pa.max_trials),
-            *pa.extra,
-        ]
+            concurrency,
+            window_ms=pa.window_ms,
+            stability_pct=stability,
+            max_trials=pa.max_trials,
+        )
+        args += pa.extra
         csv_path = out / f"pa-c{concurrency}{'-retry' if attempt else ''}.csv"
         timeout = pa.window_ms / 1000 * (pa.max_trials + 2) + 60
         ran = perf_analyzer.run(pa.binary, args, csv_path, timeout_s=timeout)

@@ -33,6 +33,26 @@ def binary() -> str:
     return path
 
 
+def window_args(
+    model: str,
+    url: str,
+    protocol: str,
+    concurrency: int,
+    *,
+    window_ms: int,
+    stability_pct: int,
+    max_trials: int,
+) -> list[str]:
+    """The flags of one measured point in fixed time windows, as conch's benchmark and its
+    model analyzer both drive perf_analyzer."""
+    return [
+        *("-m", model, "-u", url, "-i", protocol),
+        *("--concurrency-range", str(concurrency)),
+        *("--measurement-mode", "time_windows", "--measurement-interval", str(window_ms)),
+        *("--stability-percentage", str(stability_pct), "--max-trials", str(max_trials)),
+    ]
+
+
 @dataclass
 class Outcome:
     """One perf_analyzer run: its exit status (None: killed past its time), its output
