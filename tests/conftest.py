@@ -125,35 +125,14 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ.pop(var, None)
     port = free_port()
     log_file = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log_file, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     try:
-
-        def answers() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return True
-            except OSError:
-                return False
-
-        def watch() -> None:
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto server did not start: {log_file.read_text()}")
-
-        if not wait_until(answers, 30, watch=watch, every=0.05):
-            raise RuntimeError(f"moto server did not start: {log_file.read_text()}")
-        yield url
-    finally:
-        proc.terminate()
+        proc = _serve(argv, port, log_file, "moto server")
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            _end(proc)
+    finally:
         os.environ.clear()
         os.environ.update(saved)
 
