@@ -428,6 +428,9 @@ def test_the_requests_deadline_bounds_the_whole_document(stack, splitter) -> Non
         s.close()
     *passed, (_, _, error) = got
     assert all(e is None for _, _, e in passed) and len(passed) < count
-    assert "Request timeout expired" in error.message(), error.message()
+    # The deadline ends it: the worker's timeout error, or, when the gateway's deadline
+    # passes before that error arrives (a loaded machine), the gateway's own.
+    deadline_ends = ("Request timeout expired", "sent no final response")
+    assert any(m in error.message() for m in deadline_ends), error.message()
     _wait_idle(url)
     assert _encoder_requests(url) - before < count
