@@ -211,6 +211,13 @@ def test_metrics_are_exact_across_two_gateways_and_two_workers(
             return {k: v for k, v in got.items() if k in expected}
 
         wait_until(lambda: failure_counts(scrape(ga)) == expected, 20, f"failures {expected}")
+        # A gateway calls a model ready once one worker has it; on a busy machine the other
+        # may still be loading it when the requests above ran.
+        wait_until(
+            lambda: series(scrape(ga), "conch_model_loads_total").get('model="cut"') == "2",
+            60,
+            "both workers loaded cut",
+        )
         texts = [scrape(ga), scrape(gb)]
         for text in texts:  # the same counts through either gateway
             assert failure_counts(text) == expected
