@@ -8,6 +8,7 @@ backends that want the batch as a list of requests (python) implement ``execute`
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from conch.core.model_spec import BlsPort, InstanceSpec, ModelSpec
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 def to_model_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np.ndarray:
@@ -216,6 +219,22 @@ class TensorBackend(Backend):
         ]
 
 
+def execute_answered(
+    backend: Backend, requests: list[BackendRequest], where: str
+) -> list[BackendResult | None]:
+    """``backend``'s results for ``requests``, its failure given as each request's error,
+    so one batch's failure never escapes the loop that runs it (a worker's drain loop, an
+    embedded server's instance thread); ``where`` names that loop in the log."""
+    try:
+        return backend.execute(requests)
+    except ConchError as exc:
+        return [exc] * len(requests)
+    except Exception as exc:
+        log.exception("%s: backend failed", where)
+        model = backend.spec.name
+        return [Internal(f"model '{model}' failed to execute: {exc}")] * len(requests)
+
+
 __all__ = [
     "Backend",
     "BackendRequest",
@@ -225,6 +244,7 @@ __all__ = [
     "ModelSpec",
     "Responder",
     "TensorBackend",
+    "execute_answered",
     "to_config_shape",
     "to_model_shape",
 ]

@@ -55,16 +55,15 @@ conch refuses both, the same way every time.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import redis
 
-from conch.core import ensemble_graph, inference, tensors, validation
+from conch.core import bls_call, ensemble_graph, tensors
 from conch.core.call_context import CURRENT, CallContext
 from conch.core.errors import (
     ConchError,
@@ -72,7 +71,6 @@ from conch.core.errors import (
     InvalidArgument,
     Unavailable,
 )
-from conch.core.model_config import wire_type
 from conch.core.model_spec import BlsRequest, BlsResponse
 from conch.core.repository import ModelEntry, ModelRepository
 from conch.frontend import calls, ensemble_runner, model_control
@@ -84,35 +82,23 @@ from conch.wire.messages import MAX_CHAIN, InferMessage, WireTensor
 from conch.wire.redis_client import open_client
 
 if TYPE_CHECKING:
-    from conch.core.model_config import ModelConfig
+    pass
 
 log = logging.getLogger(__name__)
 
-MAX_DEPTH = 16  # models on one path, from the outer request's model to the deepest call
 CONFIG_MAX_AGE_S = 2.0  # how stale a target's config may be (models reload at run time)
 
 
 def check_call(ctx: CallContext, target: str) -> ConchError | None:
-    """Why a call from ``ctx`` to ``target`` must not be made, or None."""
-    cycle = ctx.cycle(target)
-    if cycle is not None:
-        return InvalidArgument(
-            f"BLS call from model '{ctx.model}' to model '{target}' would wait on itself "
-            f"({' -> '.join(cycle)}): '{target}' is busy waiting for this call, so conch "
-            "refuses it instead of deadlocking"
-        )
-    path = [*ctx.longest(), target]
-    if len(path) > MAX_DEPTH:
-        return InvalidArgument(
-            f"BLS call from model '{ctx.model}' to model '{target}' would make a call chain "
-            f"of {len(path)} models ({' -> '.join(path)}); conch allows at most {MAX_DEPTH}"
-        )
-    if len(ctx.waiting()) > MAX_CHAIN:  # the chain the call's message would carry
+    """Why a call from ``ctx`` to ``target`` must not be made, or None: a cycle or a path
+    too long (``bls_call.refusal``), or more models waiting on it than a message carries."""
+    problem = bls_call.refusal(ctx, target)
+    if problem is None and len(ctx.waiting()) > MAX_CHAIN:
         return InvalidArgument(
             f"BLS call from model '{ctx.model}' to model '{target}': more than {MAX_CHAIN} "
             "models would be waiting on it"
         )
-    return None
+    return problem
 
 
 # -- the client ---------------------------------------------------------------------------
@@ -290,11 +276,7 @@ class BlsClient:
         """The checked message for ``request`` and the target's queue bound; raises the
         ``ConchError`` that answers the call when it cannot be made. ``decoupled``: the
         caller takes any number of responses (else a decoupled target is refused)."""
-        target = request.model_name
-        if not isinstance(target, str) or not target:
-            raise InvalidArgument(
-                f"a BLS request needs a model_name (a non-empty string), got {target!r}"
-            )
+        target = bls_call.target_name(request)
         if ctx is None:
             self._warn_no_context(target)
         else:
@@ -302,121 +284,20 @@ class BlsClient:
             if problem is not None:
                 raise problem
         entry = self.view.serving(target)
-        to = calls.target(entry, self._version(entry, request.model_version))
+        checked = bls_call.check(request, entry)
+        to = calls.target(entry, checked.version)
         if to.decoupled and not decoupled:
-            raise Internal(  # Triton's words, and its code
-                f"Model '{target}' is using the decoupled transaction policy. The current "
-                "BLS request call doesn't support models using the decoupled transaction "
-                "policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' "
-                "calls for decoupled models."
-            )
-        config = entry.config
-        request_id = request.request_id
-        if not isinstance(request_id, str):
-            raise InvalidArgument(
-                f"BLS request to model '{target}': request_id must be a string, "
-                f"got {type(request_id).__name__}"
-            )
-        wanted = self._outputs(request.requested_output_names, target)
-        neutral = inference.InferRequest(
-            id=request_id,
-            inputs=[
-                inference.InputTensor(*t) for t in self._inputs(request.inputs, config, target)
-            ],
-            outputs=[inference.RequestedOutput(n, True) for n in wanted] or None,
-            binary_data_output=True,
-            parameters={},
-        )
-        validation.validate_request(neutral, config, model_name=target)
+            raise bls_call.decoupled_refused(target)
         self.view.check_available(target)
-        params = self._parameters(request.parameters, target)
-        timeout_us = request.timeout
-        if isinstance(timeout_us, bool) or not isinstance(timeout_us, int | np.integer):
-            raise InvalidArgument(
-                f"BLS request to model '{target}': timeout must be an integer number of "
-                f"microseconds, got {timeout_us!r}"
-            )
-        if timeout_us > 0:
-            params["timeout"] = int(timeout_us)
-        neutral.parameters = params
         caller = (
             calls.Caller(ctx.deadline, ctx.priority, tuple(ctx.waiting()))
             if ctx is not None
             else calls.CLIENT
         )
         built = calls.build(
-            to, neutral, caller=caller, default_timeout_s=self.settings.request_timeout_s
+            to, checked.request, caller=caller, default_timeout_s=self.settings.request_timeout_s
         )
         return built.msg, built.max_queue_size
-
-    @staticmethod
-    def _version(entry: ModelEntry, version: Any) -> str:
-        """The version a call asks for, as text ("" and "-1" are the latest)."""
-        if isinstance(version, bool) or not isinstance(version, int | np.integer | str):
-            raise InvalidArgument(
-                f"BLS request to model '{entry.name}': model_version must be an integer, "
-                f"got {version!r}"
-            )
-        return str(version)
-
-    @staticmethod
-    def _inputs(given: Sequence[tuple[str, Any]], config: ModelConfig, target: str) -> list[tuple]:
-        expected = {i.name: wire_type(i.data_type) for i in config.input}
-        out: list[tuple] = []
-        seen: set[str] = set()
-        for name, arr in given:
-            if name in seen:
-                raise InvalidArgument(
-                    f"BLS request to model '{target}': input '{name}' is given more than once"
-                )
-            seen.add(name)
-            as_bf16 = expected.get(name) == "BF16" and (
-                arr.dtype == np.uint16 or arr.dtype.name == "bfloat16"
-            )
-            try:
-                datatype, raw = tensors.from_numpy(arr, "BF16" if as_bf16 else None)
-            except ConchError as exc:
-                raise InvalidArgument(
-                    f"input '{name}' for model '{target}': {exc.message}"
-                ) from None
-            out.append((name, datatype, tuple(int(d) for d in arr.shape), raw))
-        return out
-
-    @staticmethod
-    def _outputs(names: Iterable[Any], target: str) -> list[str]:
-        wanted: list[str] = []
-        for name in names:
-            if not isinstance(name, str):
-                raise InvalidArgument(
-                    f"BLS request to model '{target}': requested output names must be "
-                    f"strings, got {name!r}"
-                )
-            if name in wanted:
-                raise InvalidArgument(
-                    f"BLS request to model '{target}': output '{name}' is requested more than once"
-                )
-            wanted.append(name)
-        return wanted  # empty: every output, as in Triton
-
-    @staticmethod
-    def _parameters(raw: str, target: str) -> dict[str, Any]:
-        try:
-            params = json.loads(raw) if raw else {}
-        except ValueError as exc:
-            raise InvalidArgument(
-                f"BLS request to model '{target}': parameters are not JSON: {exc}"
-            ) from None
-        if not isinstance(params, dict):
-            raise InvalidArgument(
-                f"BLS request to model '{target}': parameters must be a dict (a JSON object)"
-            )
-        for key, value in params.items():
-            if not isinstance(value, str | int | float):  # bool is an int
-                raise InvalidArgument(
-                    f"BLS request to model '{target}': parameter '{key}' must be a string, "
-                    f"integer, boolean or number, got {type(value).__name__}"
-                )
-        return {k: v for k, v in params.items() if k not in inference.RESERVED_PARAMETERS}
 
     def _warn_no_context(self, target: str) -> None:
         if self._warned_no_context:
@@ -524,7 +405,6 @@ def _broker_error(exc: redis.RedisError) -> ConchError:
 
 
 __all__ = [
-    "MAX_DEPTH",
     "BlsClient",
     "BlsStream",
     "check_call",

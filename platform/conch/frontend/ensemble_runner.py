@@ -10,25 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from conch.core import validation
-from conch.core.ensemble_graph import (
-    ENSEMBLE,
-    MAX_DEPTH,
-    Step,
-    Tensor,
-    batch_of,
-    fit_batch,
-    inner_shape,
-    needed,
-    outer_shape,
-    output_dims,
-    steps,
-)
-from conch.core.errors import Cancelled, ConchError, Internal, InvalidArgument, Unsupported
+from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor
+from conch.core.ensemble_run import Done, StepCall, run
+from conch.core.errors import Cancelled, ConchError, InvalidArgument, Unsupported
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
 from conch.frontend.producer import Abandonment, Dispatcher, Pending
@@ -39,22 +28,6 @@ from conch.wire.messages import InferMessage, Reply, WireTensor
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
     from conch.core.repository import ModelEntry
-
-
-class StepCall(Protocol):
-    """A step in flight."""
-
-    def wait(self) -> dict[str, Tensor]:
-        """The step model's outputs by name; raises its error."""
-        ...
-
-    def cancel(self) -> None:
-        """Nobody will wait for this step (a sibling failed)."""
-        ...
-
-
-# Starts one step: (step, its input tensors, names of outputs wanted) -> the step in flight.
-StepRunner = Callable[[Step, dict[str, Tensor], list[str]], StepCall]
 
 
 class _Queued:
@@ -95,92 +68,6 @@ class _Queued:
 
 def _tensors(outputs: Iterable[WireTensor]) -> dict[str, Tensor]:
     return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in outputs}
-
-
-class _Done:
-    """A step already run (a nested ensemble)."""
-
-    def __init__(self, outputs: dict[str, Tensor]) -> None:
-        self.outputs = outputs
-
-    def wait(self) -> dict[str, Tensor]:
-        return self.outputs
-
-    def cancel(self) -> None:
-        pass
-
-
-def run(
-    entry: ModelEntry,
-    inputs: dict[str, Tensor],
-    wanted: list[str],
-    start: StepRunner,
-    config_of: Callable[[Step], ModelConfig],
-) -> dict[str, Tensor]:
-    """Execute the steps the ``wanted`` outputs need; a failing step fails the request
-    with its error and model.
-
-    ``config_of`` gives a step model's config, or raises why the step may not be sent;
-    each input is fitted to that config (``ensemble_graph.fit_batch``), so batching and
-    non-batching models mix as in Triton. As in Triton, the ensemble's inputs enter the
-    graph in their ``reshape`` shape where they declare one, and its outputs leave it in
-    their ``dims`` (the bytes never change, only the shape they are read in).
-    """
-    cfg = entry.config
-    # None: a tensor that exists in the graph but holds nothing, as in Triton: an optional
-    # ensemble input the request left out, or an output a step did not return. A step
-    # is sent without it (its model must take it as optional, or refuse the request).
-    tensors: dict[str, Tensor | None] = {
-        name: (dt, inner_shape(cfg, name, shape), raw) for name, (dt, shape, raw) in inputs.items()
-    }
-    batch = {name: batch_of(cfg, shape) for name, (_, shape, _) in inputs.items()}
-    for absent in (i.name for i in cfg.input if i.optional and i.name not in inputs):
-        tensors[absent], batch[absent] = None, 0
-
-    def publish(step: Step) -> tuple[StepCall, int]:
-        """Send the step; the batch its outputs carry (0: none)."""
-        step_cfg = config_of(step)
-        dims = {i.name: i.dims for i in step_cfg.input}
-        batching = step_cfg.max_batch_size > 0
-        fitted: dict[str, Tensor] = {}
-        for name, t in step.inputs.items():
-            tensor = tensors[t]
-            if tensor is None:
-                continue
-            dt, shape, raw = tensor
-            fitted[name] = (dt, fit_batch(dims.get(name, ()), batching, batch[t], shape), raw)
-        rows = next((batch_of(step_cfg, shape) for _, shape, _ in fitted.values()), 0)
-        return start(step, fitted, list(step.outputs)), rows
-
-    remaining = needed(steps(cfg), wanted)
-    while remaining:
-        ready = [s for s in remaining if all(t in tensors for t in s.inputs.values())]
-        if not ready:  # check() rules this out; never loop forever on a bad graph
-            raise Internal(f"ensemble '{entry.name}': no step can run with the tensors produced")
-        started: list[tuple[Step, StepCall, int]] = []
-        try:
-            for step in ready:  # publish every ready step before waiting on any
-                started.append((step, *_guard(entry, step, lambda s=step: publish(s))))
-            while started:
-                step, call, rows = started.pop(0)
-                out = _guard(entry, step, call.wait)
-                for name, tensor in step.outputs.items():
-                    tensors[tensor], batch[tensor] = out.get(name), rows
-        except BaseException:
-            for _, later, _ in started:  # nobody will wait for these replies now
-                later.cancel()
-            raise
-        done = {s.index for s in ready}
-        remaining = [s for s in remaining if s.index not in done]
-    result: dict[str, Tensor] = {}
-    for name in wanted:  # as the ensemble declares them: its own batch dimension or none
-        tensor = tensors[name]
-        if tensor is None:  # nothing produced it: the response leaves it out, as Triton's
-            continue
-        dt, shape, raw = tensor
-        fitted = fit_batch(output_dims(cfg, name), cfg.max_batch_size > 0, batch[name], shape)
-        result[name] = (dt, outer_shape(cfg, name, fitted), raw)
-    return result
 
 
 def execute(
@@ -253,7 +140,7 @@ def execute(
                 depth=depth + 1,
                 cache=cache,
             )
-            return _Done(result)
+            return Done(result)
         call = calls.build(to, request, lane=lane, caller=caller)
         answered = None
         if cache is not None and cache.applies(to.entry.config):
@@ -261,7 +148,7 @@ def execute(
             lookup = cache.lookup(step.model, to.version, msg.inputs, msg.outputs, msg.params)
             if lookup.found is not None:
                 cache.hit(lookup, since)
-                return _Done(_tensors(lookup.found[1]))
+                return Done(_tensors(lookup.found[1]))
 
             def answered(reply: Reply) -> None:
                 ran = reply.version if reply.version > 0 else call.version
@@ -339,12 +226,3 @@ class GraphRunner:
             return Reply(msg.id, error=exc, version=version)
         outputs = [(name, *produced[name]) for name in msg.outputs if name in produced]
         return Reply(msg.id, outputs=outputs, version=version)
-
-
-def _guard(entry: ModelEntry, step: Step, fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except ConchError as exc:
-        raise type(exc)(
-            f"ensemble '{entry.name}' {step.label} failed: {exc.message}", exc.status
-        ) from None

@@ -35,6 +35,7 @@ from typing import Any
 
 import redis
 
+from conch.core.batch_policy import CUT_DELAY, CUT_DRAINED, CUT_FULL, CUT_PREFERRED, CUT_REASONS
 from conch.wire.keys import SAMPLES_PREFIX, STATS_PREFIX
 from conch.wire.redis_link import CommandQueue
 
@@ -55,9 +56,6 @@ BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
 # Triton's failure reasons (``nv_inference_request_failure``'s ``reason`` label).
 REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
-# Why the dynamic batcher cut a batch (conch's ``conch_batch_cut_total``'s ``reason``).
-CUT_FULL, CUT_PREFERRED, CUT_DELAY, CUT_DRAINED = "full", "preferred", "delay", "drained"
-CUT_REASONS = (CUT_FULL, CUT_PREFERRED, CUT_DELAY, CUT_DRAINED)
 # Triton's nv_inference_first_response_histogram_ms default buckets, in ms.
 FIRST_RESPONSE_BUCKETS_MS = (100, 500, 2000, 5000)
 FIRST_RESPONSE_NS = "first_response.ns"  # its sum
@@ -125,11 +123,9 @@ class Execution:
         self.failures[reason] = self.failures.get(reason, 0) + 1
 
 
-def record(
-    pipe: CommandQueue, model: str, run: Execution, now_ms: int, *, samples: bool = False
-) -> None:
-    """Queue ``run``'s increments on ``pipe`` (the caller executes it); with ``samples``,
-    its requests' latencies for the summaries too."""
+def execution_counts(run: Execution) -> dict[str, int]:
+    """``run``'s increments to its version's counters, as Triton accounts them. Workers add
+    them in Redis (``record``); an embedded server adds them in its own memory."""
     ok = run.success
     increments = {
         "inference_count": run.rows,
@@ -160,7 +156,15 @@ def record(
         increments[bucket] = increments.get(bucket, 0) + 1
     if run.responses_ns:
         increments[FIRST_RESPONSE_NS] = sum(run.responses_ns)
-    _add(pipe, model, run.version, now_ms if ok else 0, increments)
+    return increments
+
+
+def record(
+    pipe: CommandQueue, model: str, run: Execution, now_ms: int, *, samples: bool = False
+) -> None:
+    """Queue ``run``'s increments on ``pipe`` (the caller executes it); with ``samples``,
+    its requests' latencies for the summaries too."""
+    _add(pipe, model, run.version, now_ms if run.success else 0, execution_counts(run))
     if samples and run.responses_ns:
         phases = (run.input_ns // 1000, run.infer_ns // 1000, run.output_ns // 1000)
         entries = [
@@ -486,6 +490,7 @@ __all__ = [
     "count_model",
     "cut_field",
     "cuts_by_reason",
+    "execution_counts",
     "failure_field",
     "failures_by_reason",
     "first_response_counts",

@@ -24,14 +24,14 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from conch.backends import Backend
+from conch.core.batch_policy import BatchPolicy
 from conch.core.request_scope import about
-from conch.wire import broker, outage, statistics
+from conch.wire import broker, outage
 from conch.wire.redis_link import CommandQueue, RedisLink
 from conch.worker.admission import Admission, Item, request_tag
 from conch.worker.bundle_ledger import BundleLedger
@@ -41,9 +41,6 @@ from conch.worker.offline_share import OfflineShare
 from conch.worker.replies import ReplySink
 from conch.worker.reply_order import Sequencer
 from conch.worker.runner import Runner, telemetry
-
-if TYPE_CHECKING:
-    from conch.core.model_config import ModelConfig
 
 __all__ = ["BatchPolicy", "Batcher", "InFlight", "OfflineShare", "Sequencer"]
 
@@ -55,58 +52,6 @@ log = logging.getLogger(__name__)
 ALONE_BUDGET_S = 0.0005
 ALONE_MAX_POP = 16
 _NEVER = float("inf")
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    max_batch_size: int  # rows; 1 when the model does not batch dynamically
-    max_queue_delay: float  # seconds, measured from the oldest request's enqueue time
-    preferred: tuple[int, ...] = ()
-
-    @classmethod
-    def from_config(cls, config: ModelConfig) -> BatchPolicy:
-        if config.max_batch_size > 0 and config.HasField("dynamic_batching"):
-            db = config.dynamic_batching
-            preferred = tuple(
-                sorted(p for p in db.preferred_batch_size if 0 < p <= config.max_batch_size)
-            )
-            return cls(config.max_batch_size, db.max_queue_delay_microseconds / 1e6, preferred)
-        return cls(1, 0.0)
-
-    def ready(self, rows: int) -> bool:
-        """A batch this size need not wait for more."""
-        return rows >= self.max_batch_size or rows in self.preferred
-
-    def why_cut(self, batch: list[Item], carry: list[Item], oldest: float, now: float) -> str:
-        """Why a batch went when it did (``conch_batch_cut_total``'s reason): it reached a
-        preferred size, it was full (or the next request did not fit), its oldest request
-        waited out ``max_queue_delay``, or the queue ran dry with no delay left to wait
-        for (no delay configured, or the worker stopping)."""
-        rows = sum(i.rows for i in batch)
-        if rows in self.preferred and rows < self.max_batch_size:
-            return statistics.CUT_PREFERRED
-        if rows >= self.max_batch_size or carry:
-            return statistics.CUT_FULL
-        if self.max_queue_delay > 0 and now >= oldest + self.max_queue_delay:
-            return statistics.CUT_DELAY
-        return statistics.CUT_DRAINED
-
-    def cut(self, rows: list[int]) -> int:
-        """How many of the queued requests (with these row counts) form the batch."""
-        total, n = 0, 0
-        for r in rows:
-            if total + r > self.max_batch_size and n:
-                break
-            total, n = total + r, n + 1
-        if total > self.max_batch_size or not self.preferred or total in self.preferred:
-            return n
-        # Prefer the largest preferred size that a prefix of the queue makes exactly.
-        best, acc = 0, 0
-        for k, r in enumerate(rows[:n], 1):
-            acc += r
-            if acc in self.preferred:
-                best = k
-        return best or n
 
 
 def _queue_order(item: Item) -> tuple[bool, int]:
@@ -280,7 +225,7 @@ class Batcher(threading.Thread):
         n = self.policy.cut([i.rows for i in items])
         batch, carry = items[:n], items[n:]
         oldest = min(i.msg.enqueued for i in batch)
-        cut = self.policy.why_cut(batch, carry, oldest, time.time())
+        cut = self.policy.why_cut(sum(i.rows for i in batch), bool(carry), oldest, time.time())
         # Offline messages past the batch go back to the queue rather than wait here,
         # where they would run before online requests that come meanwhile.
         offline = [i for i in carry if i.msg.priority >= broker.PRIORITY_OFFLINE]

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from conch.backends import Backend
+from conch.backends import Backend, loading
 from conch.backends.base import BlsPort, InstanceSpec
 from conch.core import ensemble_graph
 from conch.core.errors import ConchError, ModelLoadError
@@ -302,7 +302,7 @@ class ModelHost:
             b.stop()
         for b in old.batchers:
             b.join(timeout=60)
-        instance.unload(old.name, (b for backends in old.versions.values() for b in backends))
+        loading.unload(old.name, (b for backends in old.versions.values() for b in backends))
 
     def _load(self, entry: ModelEntry) -> tuple[dict[int, list[Backend]], list[Instance]]:
         """Every instance of ``entry`` loaded and warmed up, with its drain loop (not
@@ -313,10 +313,10 @@ class ModelHost:
         slots: list[dict[int, Backend]] = []
         try:
             for spec in specs:
-                slots.append(instance.load_backends(entry, spec, self.bls))
+                slots.append(loading.load_backends(entry, spec, self.bls))
         except Exception:
             for loaded in slots:
-                instance.unload(entry.name, loaded.values())
+                loading.unload(entry.name, loaded.values())
             raise
         versions = {v: [slot[v] for slot in slots] for v in entry.versions}
         sequencer = Sequencer() if instance.ordered(entry) else None

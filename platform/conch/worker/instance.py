@@ -9,14 +9,13 @@ form in a child of its own (``conch.worker.process_instance``), so the two canno
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import redis
 
-from conch.backends import Backend, backend_class
-from conch.backends.base import BlsPort, InstanceSpec
+from conch.backends import Backend
+from conch.backends.base import InstanceSpec
 from conch.core.repository import ModelEntry
 from conch.core.sequence import SequenceSpec, state_in_redis
 from conch.settings import Settings
@@ -25,37 +24,10 @@ from conch.wire.redis_link import CommandQueue
 from conch.worker import rate_limiter
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from conch.worker.sequence_batcher import SequenceBatcher
-from conch.worker.warmup import run_warmup
 
 log = logging.getLogger(__name__)
 
 DrainLoop = Batcher | SequenceBatcher
-
-
-def load_backends(entry: ModelEntry, spec: InstanceSpec, bls: BlsPort | None) -> dict[int, Backend]:
-    """Every version's backend for the instance ``spec``, loaded and warmed up (before
-    the model is reported ready); what was loaded is unloaded again if one fails."""
-    cls = backend_class(entry.backend)
-    loaded: dict[int, Backend] = {}
-    try:
-        for version in entry.versions:
-            backend = cls(dataclasses.replace(entry.spec(version), bls=bls), spec)
-            backend.load()
-            loaded[version] = backend
-            run_warmup(backend, backend.spec)
-    except Exception:
-        unload(entry.name, loaded.values())
-        raise
-    return loaded
-
-
-def unload(model: str, backends: Iterable[Backend]) -> None:
-    """Unload ``backends``; a failure is logged, and the others are unloaded all the same."""
-    for backend in backends:
-        try:
-            backend.unload()
-        except Exception:
-            log.exception("model '%s': unload failed", model)
 
 
 def ordered(entry: ModelEntry) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 
 import redis
 
+from conch.backends import loading
 from conch.backends.base import BlsPort, InstanceSpec
 from conch.core.errors import ConchError
 from conch.core.model_config import new_config
@@ -144,7 +145,7 @@ def serve(plan: InstancePlan, conn: Connection, *, client: redis.Redis, bls: Bls
     entry = plan.entry()
     name = f"{plan.model}/{plan.instance.name}"
     try:
-        backends = instance.load_backends(entry, plan.instance, bls)
+        backends = loading.load_backends(entry, plan.instance, bls)
     except Exception as exc:
         reason = (
             exc.message
@@ -160,7 +161,7 @@ def serve(plan: InstancePlan, conn: Connection, *, client: redis.Redis, bls: Bls
         if _wait_for(conn, stopping) is Command.START:
             _drain(plan, entry, backends, conn, client, stopping)
     finally:
-        instance.unload(plan.model, backends.values())
+        loading.unload(plan.model, backends.values())
     return 0
 
 

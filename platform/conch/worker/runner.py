@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from conch.backends import Backend, BackendRequest, TensorBackend
+from conch.backends.base import execute_answered
 from conch.core import tensors, tracing
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unsupported
 from conch.core.model_config import output_types
@@ -175,16 +176,6 @@ class Runner:
                 run.failed(reason, took)
         return run
 
-    def _execute(self, backend: Backend, requests: list[BackendRequest]) -> list[Any]:
-        """The backend's results for ``requests``; its failure as each request's error."""
-        try:
-            return backend.execute(requests)
-        except ConchError as exc:
-            return [exc] * len(requests)
-        except Exception as exc:
-            log.exception("%s: backend failed", self.name)
-            return [Internal(f"model '{self.model}' failed to execute: {exc}")] * len(requests)
-
     def _run(
         self,
         backend: Backend,
@@ -220,7 +211,7 @@ class Runner:
         if not runnable:
             return None
         t0 = time.perf_counter_ns()
-        results = self._execute(backend, requests)
+        results = execute_answered(backend, requests, self.name)
         t_out = time.perf_counter_ns()
         compute_ns = t_out - t0
         rows = sum(i.rows for i in runnable)
@@ -273,7 +264,7 @@ class Runner:
         for request, stream in zip(requests, streams, strict=True):
             request.responder = stream
         t0 = time.perf_counter_ns()
-        results: list[Any] = self._execute(backend, requests)
+        results: list[Any] = execute_answered(backend, requests, self.name)
         t_out = time.perf_counter_ns()
         for item, stream, answer in zip(runnable, streams, results, strict=True):
             replies[item.key] = Reply(item.msg.id)

@@ -23,7 +23,7 @@ import redis
 from conch.backends import BackendRequest, backend_class
 from conch.backends.completion import complete
 from conch.backends.python import pb_utils as pb
-from conch.core import call_context, tensors
+from conch.core import bls_call, call_context, tensors
 from conch.core.errors import InvalidArgument, NotFound, Unavailable
 from conch.core.model_spec import BlsRequest
 from conch.core.repository import ModelRepository
@@ -70,12 +70,12 @@ def test_every_request_of_the_batch_waits_on_the_call() -> None:
 
 
 def test_the_chain_depth_is_bounded() -> None:
-    deep = tuple(f"m{i}" for i in range(bls.MAX_DEPTH - 2))
+    deep = tuple(f"m{i}" for i in range(bls_call.MAX_DEPTH - 2))
     assert bls.check_call(ctx("last", deep), "next") is None  # exactly MAX_DEPTH models
     err = bls.check_call(ctx("last", (*deep, "one_more")), "next")
     assert err is not None
-    assert f"call chain of {bls.MAX_DEPTH + 1} models" in err.message
-    assert f"at most {bls.MAX_DEPTH}" in err.message
+    assert f"call chain of {bls_call.MAX_DEPTH + 1} models" in err.message
+    assert f"at most {bls_call.MAX_DEPTH}" in err.message
 
 
 def test_batch_context_takes_the_smallest_deadline_and_best_priority() -> None:

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from conch.core import ensemble_run
 from conch.core.ensemble_graph import Step, Tensor
 from conch.core.model_config import parse_config
-from conch.frontend import ensemble_runner
 
 ENSEMBLE = """
 max_batch_size: {batch}
@@ -61,7 +61,7 @@ def test_steps_get_their_shape_and_the_caller_the_ensembles(
 
     raw = bytes(4 * 8)
     entry = SimpleNamespace(name="ens", config=cfg)
-    result = ensemble_runner.run(
+    result = ensemble_run.run(
         entry, {"IN": ("FP32", sent, raw)}, ["OUT"], start, lambda s: step_cfg
     )
     assert seen == [step_gets]

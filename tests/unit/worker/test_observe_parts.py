@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from conch.cli import parser
+from conch.core.batch_policy import BatchPolicy
 from conch.core.metrics_config import DEFAULT_QUANTILES, MetricsConfig
 from conch.settings import Role, Settings
 from conch.wire import statistics, worker_reports
-from conch.worker.batcher import BatchPolicy
 from conch.worker.host_metrics import CpuSampler, gpu_sampler
 
 
@@ -56,18 +55,14 @@ def test_metrics_flags_reach_the_settings() -> None:
     assert settings.metrics_interval_ms == 500
 
 
-def item(rows: int, enqueued: float = 0.0) -> SimpleNamespace:
-    return SimpleNamespace(rows=rows, msg=SimpleNamespace(enqueued=enqueued))
-
-
 def test_why_a_batch_was_cut() -> None:
     policy = BatchPolicy(8, 0.1, (4,))
-    assert policy.why_cut([item(4)], [], 0.0, 0.01) == statistics.CUT_PREFERRED
-    assert policy.why_cut([item(8)], [], 0.0, 0.01) == statistics.CUT_FULL
-    assert policy.why_cut([item(5)], [item(5)], 0.0, 0.01) == statistics.CUT_FULL  # no room
-    assert policy.why_cut([item(1)], [], 0.0, 0.2) == statistics.CUT_DELAY
-    assert policy.why_cut([item(1)], [], 0.0, 0.01) == statistics.CUT_DRAINED  # stopping
-    assert BatchPolicy(8, 0.0).why_cut([item(1)], [], 0.0, 0.0) == statistics.CUT_DRAINED
+    assert policy.why_cut(4, False, 0.0, 0.01) == statistics.CUT_PREFERRED
+    assert policy.why_cut(8, False, 0.0, 0.01) == statistics.CUT_FULL
+    assert policy.why_cut(5, True, 0.0, 0.01) == statistics.CUT_FULL  # no room
+    assert policy.why_cut(1, False, 0.0, 0.2) == statistics.CUT_DELAY
+    assert policy.why_cut(1, False, 0.0, 0.01) == statistics.CUT_DRAINED  # stopping
+    assert BatchPolicy(8, 0.0).why_cut(1, False, 0.0, 0.0) == statistics.CUT_DRAINED
 
 
 def test_cpu_use_is_measured_between_two_samples(tmp_path: Path) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from conch.core.batch_policy import BatchPolicy
 from conch.core.model_config import parse_config
 from conch.frontend.admission import admit
-from conch.worker.batcher import BatchPolicy, Sequencer
+from conch.worker.batcher import Sequencer
 
 
 def cfg(text: str):
