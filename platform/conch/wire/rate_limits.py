@@ -99,6 +99,11 @@ def pool_key(need: ResourceNeed, host: str, device: int) -> str:
     return f"{RATE_LIMIT_PREFIX}host.{host}.{device}.{need.name}"
 
 
+class Stopped(Exception):
+    """A wait for resources given up because its ``stop`` was set: the block it guarded
+    never ran, and must not run without its copies, so the caller hands its work back."""
+
+
 @dataclass(frozen=True)
 class Hold:
     """Copies held: the pools, and this hold's member in each."""
@@ -162,15 +167,20 @@ class FleetLimiter:
         priority: int = 1,
         stop: threading.Event | None = None,
     ) -> Hold | None:
-        """Wait until the copies are held (None if ``stop`` is set first)."""
+        """Wait until the copies are held (None if ``stop`` is set first). The wait
+        sleeps on ``stop`` itself, so setting it ends the wait at once."""
         wait = RETRY_S * max(1, priority)
         while True:
+            if stop is not None and stop.is_set():
+                return None
             hold = self.try_acquire(needs, device)
             if hold is not None:
                 return hold
-            if stop is not None and stop.is_set():
-                return None
-            time.sleep(wait * random.uniform(0.5, 1.5))
+            pause = wait * random.uniform(0.5, 1.5)
+            if stop is not None:
+                stop.wait(pause)
+            else:
+                time.sleep(pause)
 
     def release(self, hold: Hold) -> None:
         with self._lock:
@@ -192,8 +202,14 @@ class FleetLimiter:
         priority: int = 1,
         stop: threading.Event | None = None,
     ) -> Iterator[None]:
-        """Run the block while holding the copies ``needs`` asks for."""
-        hold = self.acquire(needs, device, priority=priority, stop=stop) if needs else None
+        """Run the block while holding the copies ``needs`` asks for. If ``stop`` is set
+        before they are held, raise ``Stopped`` instead: running the block without them
+        would break the limit the copies stand for."""
+        hold = None
+        if needs:
+            hold = self.acquire(needs, device, priority=priority, stop=stop)
+            if hold is None:
+                raise Stopped("stopped while waiting for rate-limit resources")
         try:
             yield
         finally:
@@ -221,4 +237,4 @@ class FleetLimiter:
                     log.warning("rate limiter: lease renewal failed: %s", exc)
 
 
-__all__ = ["LEASE_S", "FleetLimiter", "Hold", "Pool", "ResourceNeed", "pool_key"]
+__all__ = ["LEASE_S", "FleetLimiter", "Hold", "Pool", "ResourceNeed", "Stopped", "pool_key"]

@@ -32,6 +32,7 @@ from conch.backends import Backend
 from conch.core.batch_policy import BatchPolicy
 from conch.core.request_scope import about
 from conch.wire import broker, outage
+from conch.wire.rate_limits import Stopped
 from conch.wire.redis_link import CommandQueue, RedisLink
 from conch.worker.admission import Admission, Item, request_tag
 from conch.worker.bundle_ledger import BundleLedger
@@ -105,6 +106,7 @@ class Batcher(threading.Thread):
         samples: bool = False,
         name: str = "",
         gate: Callable[[], AbstractContextManager[None]] | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         super().__init__(name=name or f"batcher-{model}", daemon=True)
         # Each execution runs inside it: the rate limiter's resources held (worker.rate_limiter).
@@ -120,7 +122,9 @@ class Batcher(threading.Thread):
         self.drain = drain or Drain(client, model)  # where requests come from
         self.sink = sink or ReplySink(client, model)  # where their replies go
         self.link = link or RedisLink(client)  # this thread's own round trips
-        self.stopping = threading.Event()
+        # Set by ``stop``; given by the caller when ``gate`` must see it too (a wait for
+        # rate-limit resources ends when the loop stops).
+        self.stopping = stopping if stopping is not None else threading.Event()
         # What admission and running share: the model, its backends, this loop's seams.
         shared: dict[str, Any] = {
             "model": model,
@@ -346,9 +350,15 @@ class Batcher(threading.Thread):
                 len(batch),
                 sum(i.rows for i in batch),
             )
-            with self.gate() if self.gate is not None else nullcontext():
-                started = time.time()
-                result = self.runner.run(batch, alone=alone, cut=cut)
+            try:
+                with self.gate() if self.gate is not None else nullcontext():
+                    started = time.time()
+                    result = self.runner.run(batch, alone=alone, cut=cut)
+            except Stopped:
+                # The loop stopped while the batch waited for its rate-limit resources: it
+                # never ran, so it leads what the loop hands back as it ends.
+                self._carry = batch + self._carry
+                return
             self._ran(batch, time.time() - started, alone)
             if self.sequencer is None:
                 # The next pop rides with these replies: one round trip per batch, not two.

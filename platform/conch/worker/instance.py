@@ -10,6 +10,7 @@ form in a child of its own (``conch.worker.process_instance``), so the two canno
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import redis
@@ -76,6 +77,8 @@ def drain_loop(
             on_batch=on_batch,
             name=f"sequences-{spec.name}",
         )
+    # The loop's stop, shared with its gate: a stopping worker's wait for resources ends.
+    stopping = threading.Event()
     return Batcher(
         client=client,
         model=entry.name,
@@ -88,5 +91,6 @@ def drain_loop(
         on_send=on_send,
         sequencer=sequencer,
         samples=settings.metrics_config.summary_latencies,
-        gate=rate_limiter.gate(limiter, limits, spec),
+        gate=rate_limiter.gate(limiter, limits, spec, stop=stopping),
+        stopping=stopping,
     )

@@ -23,7 +23,7 @@ import redis
 from conch.core.model_spec import InstanceSpec
 from conch.core.repository import ModelEntry
 from conch.settings import RateLimitMode, RateLimitResources, Settings
-from conch.wire.rate_limits import FleetLimiter, ResourceNeed
+from conch.wire.rate_limits import FleetLimiter, ResourceNeed, Stopped
 
 Gate = Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -118,7 +118,12 @@ def gate(
     spec: InstanceSpec,
     stop: threading.Event | None = None,
 ) -> Gate | None:
-    """What an instance's drain loop runs each execution inside, or None (no limit)."""
+    """What an instance's drain loop runs each execution inside, or None (no limit).
+
+    ``stop`` is the drain loop's own stop: a worker that stops while an execution waits
+    for its resources must not wait for them (as long as another execution holds them),
+    so the wait ends and the gate raises ``Stopped``, for the loop to hand the batch back.
+    """
     if limiter is None or not limits.needs:
         return None
 
@@ -133,6 +138,7 @@ def gate(
 __all__ = [
     "Gate",
     "InstanceLimits",
+    "Stopped",
     "default_counts",
     "fleet_limiter",
     "gate",

@@ -14,7 +14,7 @@ import time
 import pytest
 import redis
 
-from conch.wire.rate_limits import FleetLimiter, ResourceNeed
+from conch.wire.rate_limits import FleetLimiter, ResourceNeed, Stopped
 
 from harness import fresh_db
 
@@ -70,6 +70,21 @@ def test_a_waiting_acquire_gets_the_copies_once_released(db: str) -> None:
     started = time.monotonic()
     assert b.acquire(need) is not None
     assert 0.25 < time.monotonic() - started < 5
+
+
+def test_a_stop_ends_a_wait_and_the_block_never_runs(db: str) -> None:
+    """A stopping worker must not wait for copies another holds, nor run without them."""
+    a, b = limiter(db), limiter(db)
+    need = [ResourceNeed("R", 1, shared=True)]
+    assert a.try_acquire(need) is not None
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    ran = False
+    started = time.monotonic()
+    with pytest.raises(Stopped), b.holding(need, stop=stop):
+        ran = True
+    assert not ran
+    assert time.monotonic() - started < 5
 
 
 def test_leases_are_renewed_while_held(db: str) -> None:

@@ -4,7 +4,8 @@ Two Python models share a global resource of one copy; two workers serve both, w
 ``--rate-limit execution_count``. Every execution records when it ran, and no two of them
 may overlap, over both models and both workers. Then a worker is SIGKILLed while one of
 its executions holds the copy: the copy is free again once that hold's lease ends, and
-the other worker runs.
+the other worker runs. A worker stopped while one of its instances waits for the copy
+exits at once, and the request it held is run by another worker.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ parameters {{ key: "LOG" value: {{ string_value: "{log}" }} }}
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("rate-limited")
     log = root / "executions.log"
-    for name in ("left", "right", "holder"):
+    for name in ("left", "right", "holder", "waiting"):
         python_model(root / "models" / name, config(name, log), RECORDER)
     return root
 
@@ -89,17 +90,18 @@ def db(redis_url: str) -> str:
     return fresh_db(redis_url, 14)
 
 
-def infer(url: str, model: str, seconds: float) -> None:
+def infer(url: str, model: str, seconds: float, timeout_s: float = 0) -> None:
+    """One execution of ``seconds``; ``timeout_s``, if given, is the request's deadline."""
     client = httpclient.InferenceServerClient(url, network_timeout=120)
     x = httpclient.InferInput("X", [1, 1], "FP32")
     x.set_data_from_numpy(np.full((1, 1), seconds, np.float32))
-    client.infer(model, [x])
+    client.infer(model, [x], timeout=int(timeout_s * 1e6) or None)
 
 
-def quietly(url: str, model: str, seconds: float) -> None:
+def quietly(url: str, model: str, seconds: float, timeout_s: float = 0) -> None:
     """``infer``, for a call that is meant to end badly (its worker killed)."""
     with contextlib.suppress(Exception):
-        infer(url, model, seconds)
+        infer(url, model, seconds, timeout_s)
 
 
 def executions(repo: Path) -> list[tuple[str, float, float]]:
@@ -147,7 +149,9 @@ def test_a_sigkilled_workers_hold_is_freed(fleet: str, repo: Path, db: str, log_
     holder = start_worker(models, db, log_dir, "--models", "holder", "--rate-limit=execution_count")
     try:
         wait_model_ready(fleet, "holder", 90, holder)
-        threading.Thread(target=quietly, args=(fleet, "holder", 60.0), daemon=True).start()
+        # Its deadline ends the call once the kill has been seen: a call with no worker
+        # left to answer it would keep the gateway waiting, at its stop, for its exit timeout.
+        threading.Thread(target=quietly, args=(fleet, "holder", 60.0, LEASE_S), daemon=True).start()
         # Once the holder's execution has the copy, nothing else runs.
         time.sleep(1.5)
         done = threading.Event()
@@ -161,6 +165,47 @@ def test_a_sigkilled_workers_hold_is_freed(fleet: str, repo: Path, db: str, log_
         assert time.monotonic() - killed < LEASE_S + 10
     finally:
         holder.stop()
+
+
+def test_a_worker_stopped_while_waiting_for_the_copy_hands_its_request_back(
+    fleet: str, repo: Path, db: str, log_dir: Path
+) -> None:
+    """The stop must end the wait (not the holder's execution, nor the worker's exit
+    timeout), and the request must be run elsewhere, not lost nor failed."""
+    models = repo / "models"
+    flags = ("--rate-limit=execution_count",)
+    holder = start_worker(models, db, log_dir, "--models", "holder", *flags)
+    waiter = start_worker(models, db, log_dir, "--models", "waiting", *flags)
+    successor = None
+    try:
+        wait_model_ready(fleet, "holder", 90, holder)
+        wait_model_ready(fleet, "waiting", 90, waiter)
+        held = threading.Event()
+        threading.Thread(
+            target=lambda: (quietly(fleet, "holder", 10.0), held.set()), daemon=True
+        ).start()
+        time.sleep(1.5)  # the holder's execution has the only copy
+        answered: list[str] = []
+
+        def wait_for_the_copy() -> None:
+            try:
+                infer(fleet, "waiting", 0.0)
+                answered.append("ok")
+            except Exception as exc:
+                answered.append(repr(exc))
+
+        threading.Thread(target=wait_for_the_copy, daemon=True).start()
+        time.sleep(1.0)  # the waiter popped it and waits for the copy
+        assert not answered, answered
+        waiter.stop()
+        assert not held.is_set(), "the waiter exited only once the holder let go of the copy"
+        successor = start_worker(models, db, log_dir, "--models", "waiting", *flags)
+        wait_until(lambda: bool(answered), 60, "the handed-back request to run", successor)
+        assert answered == ["ok"]
+    finally:
+        for w in (holder, waiter, successor):
+            if w is not None:
+                w.stop()
 
 
 def test_a_resource_both_global_and_per_device_refuses_the_start(
