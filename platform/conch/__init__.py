@@ -1,3 +1,32 @@
-"""conch: Triton-compatible inference serving on Celery and Redis."""
+"""conch: Triton-compatible inference serving on Celery and Redis.
 
-__version__ = "0.1.0"
+``conch.Server`` (``conch.server``) runs conch inside an application. It is imported on
+first use, so that ``import conch`` stays as light as every process needs it to be.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conch.version import __version__
+
+_LAZY = (
+    "AsyncResponseIterator",
+    "ConchError",
+    "InferenceResponse",
+    "Model",
+    "ModelControlMode",
+    "ResponseIterator",
+    "Server",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from conch import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module 'conch' has no attribute {name!r}")
+
+
+__all__ = ["__version__", *_LAZY]

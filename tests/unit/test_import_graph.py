@@ -108,3 +108,16 @@ def test_the_grpc_server_on_h2_reaches_no_grpcio(graph: grimp.ImportGraph) -> No
         if _under(m, ("grpc", "grpc_health", "conch.frontend.grpc.server"))
     )
     assert reached == [], f"the h2 server's import graph reaches grpcio: {reached}"
+
+
+def test_importing_conch_loads_no_role_and_the_embedded_server_no_fleet_code() -> None:
+    """``import conch`` (which every process does) loads no role: ``conch.Server`` is
+    imported on first use. An embedded server's engine loads neither a frontend nor the
+    worker's Redis-bound code, nor a server stack."""
+    bare = sorted(m for m in _loaded_by("conch") if m.startswith("conch."))
+    assert bare == ["conch.version"], f"import conch loads: {bare}"
+    loaded = _loaded_by("conch.server", "conch.embedded.engine")
+    found = sorted(
+        m for m in loaded if _under(m, ("conch.frontend", "conch.worker", "celery", *HTTP_STACK))
+    )
+    assert found == [], f"the embedded server loads fleet code: {found}"

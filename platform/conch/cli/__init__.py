@@ -21,9 +21,10 @@ from __future__ import annotations
 import argparse
 import logging
 
-from conch import __version__, server_log
+from conch import server_log
 from conch.core.backend_table import BACKENDS
 from conch.settings import FLAGS, GrpcTransport, Role, Settings, add_arguments
+from conch.version import __version__
 
 log = logging.getLogger("conch.cli")
 

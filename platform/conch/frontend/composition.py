@@ -31,6 +31,8 @@ def build_dataplane(settings: Settings) -> DataPlane:
     cache = response_cache.open_cache(settings.cache_config, client)
     plane = DataPlane(settings, view, Dispatcher(client), cache)
     view.follow()
-    log_control.follow(client, server_log.apply)
-    trace_control.TRACING.follow(client, tracing.apply)
+    plane.followers = [
+        log_control.follow(client, server_log.apply),
+        trace_control.TRACING.follow(client, tracing.apply),
+    ]
     return plane

@@ -25,11 +25,12 @@ such a model in Triton's words.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from conch import __version__, server_log
+from conch import server_log
 from conch.core import custom_metrics, ensemble_graph, trace_config, tracing, validation
 from conch.core.errors import (
     ConchError,
@@ -52,6 +53,7 @@ from conch.frontend.sequence_route import SequenceRoute
 from conch.frontend.shared_memory import SharedMemory
 from conch.frontend.traffic import Traffic
 from conch.settings import Settings
+from conch.version import __version__
 from conch.wire import (
     broker,
     job_store,
@@ -87,6 +89,7 @@ EXTENSIONS = [
 ]
 MAX_JOB_WAIT_S = 60.0  # the longest a job result call may be held waiting (long polling)
 _CONTROL_STATES_MAX_AGE_S = 0.05  # how stale worker states may be while a load waits
+FOLLOWER_STOP_S = 2.0  # a follower notices its stop within its one-second poll
 
 
 @dataclass
@@ -233,6 +236,9 @@ class DataPlane:
         self.traffic = Traffic(settings, view, dispatcher)  # traffic splits across versions
         # --allow-client-shm: the regions clients register, read and written by the codecs.
         self.shared_memory = SharedMemory(self._client, settings.allow_client_shm)
+        # What follows the process-wide settings APIs for this plane (``composition``),
+        # stopped with it by ``close``.
+        self.followers: list[threading.Thread] = []
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -250,6 +256,17 @@ class DataPlane:
         if why:
             log.debug("not ready: %s", why)
         return why is None
+
+    def close(self) -> None:
+        """Stop following the repository and let go of Redis: a data plane inside an
+        application (``conch.Server``, connected) ends with it; a frontend process never
+        calls this, it just exits. Replies still awaited fail as an outage would."""
+        self.view.stop_following()
+        for follower in self.followers:
+            follower.stop()
+        for follower in self.followers:
+            follower.join(FOLLOWER_STOP_S)
+        self._client.close()
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = EXTENSIONS + (["system_shared_memory"] if self.shared_memory.enabled else [])

@@ -188,6 +188,13 @@ class ModelView:
         )
         self._subscriber.start()
 
+    def stop_following(self) -> None:
+        """Stop following the repository (an in-process server that stops)."""
+        subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            subscriber.stop()
+            subscriber.join(2.0)  # it notices within its one-second poll
+
     def entry(self, name: str) -> ModelEntry:
         """The model's entry, broken or not; an unknown model is a 400."""
         entry = self._source.get(name)

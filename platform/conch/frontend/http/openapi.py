@@ -20,7 +20,7 @@ import dataclasses
 from functools import cache
 from typing import Any
 
-from conch import __version__, server_log
+from conch import server_log
 from conch.core import trace_config
 from conch.core.datatypes import WIRE_TO_NUMPY
 from conch.frontend import v2_json
@@ -29,6 +29,7 @@ from conch.frontend.http import openai_routes
 from conch.frontend.http.http_codec import HEADER_LENGTH
 from conch.frontend.http.job_routes import MAX_BATCH_SPEC_BYTES
 from conch.settings import LogFormat
+from conch.version import __version__
 from conch.wire import job_store, statistics, traffic_split, worker_reports
 
 Schema = dict[str, Any]
