@@ -46,6 +46,7 @@ from conch.wire import statistics
 log = logging.getLogger(__name__)
 
 ALL_MODELS = "*"  # Triton's --load-model=*: every model in the repository
+STOP_S = 30.0  # how long a stop waits for queued requests, as --exit-timeout-secs' default
 
 
 @dataclass
@@ -93,9 +94,16 @@ class Engine:
             except ConchError as exc:
                 log.error("model '%s' failed to load: %s", name, exc.message)
 
-    def stop(self) -> None:
-        """Run what is queued, then unload every model."""
+    def stop(self, timeout: float = STOP_S) -> None:
+        """Run what is queued, then unload every model. Every model keeps taking requests
+        until all are idle at once, so a Python model finishing its queue can still make
+        its BLS calls, and an ensemble's later steps still run."""
+        end = time.monotonic() + timeout
         with self._lock:
+            while time.monotonic() < end and not all(
+                s.scheduler is None or s.scheduler.idle for s in self._served.values()
+            ):
+                time.sleep(0.01)
             served, self._served = self._served, {}
         for model in served.values():
             _retire(model)

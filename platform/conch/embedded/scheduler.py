@@ -74,6 +74,7 @@ class ModelScheduler:
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._running = 0  # batches the threads are running now
         self._threads = [
             threading.Thread(
                 target=self._loop, args=(slot,), name=f"conch-{entry.name}-{i}", daemon=True
@@ -99,6 +100,12 @@ class ModelScheduler:
             self._queue.append(job)
             self._cond.notify()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and no batch running."""
+        with self._cond:
+            return not self._queue and not self._running
+
     def stop(self, timeout: float = 30.0) -> None:
         """Take no more requests, run those already queued, and let the threads end."""
         with self._cond:
@@ -120,6 +127,9 @@ class ModelScheduler:
                 for job in batch:
                     if not job.responses.over:
                         job.responses.fail(Internal(f"model '{self.name}' failed: {exc}"))
+            finally:
+                with self._cond:
+                    self._running -= 1
 
     def _next_batch(self) -> tuple[list[Job], str]:
         """The next batch to run, cut by the policy, and why it was cut; empty once the
@@ -143,6 +153,7 @@ class ModelScheduler:
                     break
                 self._cond.wait(min(due - now, _first_deadline(queue) - now))
             batch = [queue.popleft() for _ in range(n)]
+            self._running += 1
             cut = self.policy.why_cut(total, bool(queue), oldest, now) if self.dynamic else ""
             return batch, cut
 

@@ -312,6 +312,19 @@ def test_explicit_control_and_bls_in_process(tmp_path: Path) -> None:
         _one(server.model("echo"), x)
 
 
+def test_stop_runs_what_is_queued_bls_calls_included(tmp_path: Path) -> None:
+    """Requests queued when the server stops still run, and so do the BLS calls they make
+    to a model that has nothing queued of its own."""
+    python_model(tmp_path / "doubler", f'backend: "python"\nmax_batch_size: 4\n{IO}', SELF_CALL)
+    python_model(tmp_path / "echo", f'backend: "python"\nmax_batch_size: 4\n{IO}', ECHO)
+    server = conch.Server(tmp_path).start()
+    xs = [np.full((1, 2), k, np.float32) for k in range(8)]
+    queued = [server.model("doubler").infer({"X": x}) for x in xs]
+    server.stop()
+    for x, responses in zip(xs, queued, strict=True):
+        np.testing.assert_array_equal(next(iter(responses)).outputs["Y"], x * 2)
+
+
 def test_sequence_models_and_polling_are_refused_with_the_reason(tmp_path: Path) -> None:
     add_model(tmp_path / "seq", extra="sequence_batching { }")
     with pytest.raises(InvalidArgument, match="does not poll"):
