@@ -266,6 +266,7 @@ class DataPlane:
             follower.stop()
         for follower in self.followers:
             follower.join(FOLLOWER_STOP_S)
+        self.dispatcher.close()
         self._client.close()
 
     def server_metadata(self) -> dict[str, Any]:

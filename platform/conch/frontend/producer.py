@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 OUTAGE_GRACE_S = 2.0  # how long a waiting request outlives the loss of Redis
 MAX_EARLY_REPLIES = 1024  # a stream's replies held ahead of a gap (module docstring)
+LISTEN_BLOCK_S = 1  # how long the reply listener blocks on its list between checks to stop
 
 
 class _Slot:
@@ -423,6 +424,8 @@ class Dispatcher:
         self._pid: int | None = None
         self.reply_key = ""
         self.leases = LeaseKeeper(client)
+        self._closing = threading.Event()
+        self._listener: threading.Thread | None = None
 
     def call(
         self,
@@ -576,8 +579,20 @@ class Dispatcher:
                 return
             self._pending = {}
             self.reply_key = f"{REPLY_PREFIX}{socket.gethostname()}.{pid}.{uuid.uuid4().hex[:8]}"
-            threading.Thread(target=self._listen, name="conch-replies", daemon=True).start()
+            self._listener = threading.Thread(
+                target=self._listen, name="conch-replies", daemon=True
+            )
+            self._listener.start()
             self._pid = pid
+
+    def close(self) -> None:
+        """Stop listening for replies and renewing leases: a data plane inside an
+        application that stops (``DataPlane.close``). What still waits fails."""
+        self._closing.set()
+        if self._listener is not None:
+            self._listener.join(LISTEN_BLOCK_S + 1)
+        self.leases.close()
+        self._fail_waiting(Unavailable("the data plane was closed while this request waited"))
 
     def _listen(self) -> None:
         key = self.reply_key
@@ -585,7 +600,7 @@ class Dispatcher:
         blmpop = True  # Redis >= 7: block and take up to a batch in one round trip
         joined: outage.Dataset | None = None  # what Redis held when last reached
         lost_at: float | None = None  # when Redis went away; None while it answers
-        while True:
+        while not self._closing.is_set():
             try:
                 if joined is None or lost_at is not None:
                     joined = self._rejoin(joined)
@@ -593,7 +608,7 @@ class Dispatcher:
                         log.info("reply listener reached Redis again")
                     lost_at = None
                 if blmpop:
-                    got = link.call("BLMPOP", 1, 1, key, "LEFT", "COUNT", 256)
+                    got = link.call("BLMPOP", LISTEN_BLOCK_S, 1, key, "LEFT", "COUNT", 256)
                     if isinstance(got, redis.ResponseError):
                         blmpop = "unknown command" not in str(got).lower()
                         continue
@@ -601,7 +616,7 @@ class Dispatcher:
                         continue
                     items = got[1]
                 else:
-                    got, more = link.pipeline([("BLPOP", key, 1), ("LPOP", key, 255)])
+                    got, more = link.pipeline([("BLPOP", key, LISTEN_BLOCK_S), ("LPOP", key, 255)])
                     if not got or isinstance(got, redis.ResponseError):
                         continue
                     items = [got[1], *(more if isinstance(more, list) else ())]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 
 import redis
 
@@ -33,6 +32,8 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}  # stream id -> its lease's time to live (ms)
         self._pid: int | None = None
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def add(self, stream_id: str, ttl_s: float) -> None:
         ttl_ms = int(max(ttl_s, MIN_TTL_S) * 1000)
@@ -40,11 +41,23 @@ class LeaseKeeper:
             self._held[stream_id] = ttl_ms
             if self._pid != os.getpid():  # the first, or a forked child's first
                 self._pid = os.getpid()
-                threading.Thread(target=self._renew, name="conch-leases", daemon=True).start()
+                self._thread = threading.Thread(
+                    target=self._renew, name="conch-leases", daemon=True
+                )
+                self._thread.start()
 
     def drop(self, stream_id: str) -> None:
         with self._lock:
             self._held.pop(stream_id, None)
+
+    def close(self) -> None:
+        """Renew nothing more, and end the thread that renews."""
+        with self._lock:
+            self._pid = None
+            self._held.clear()
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(REFRESH_S)
 
     def holds(self, stream_id: str) -> bool:
         with self._lock:
@@ -53,7 +66,8 @@ class LeaseKeeper:
     def _renew(self) -> None:
         pid = os.getpid()
         while self._pid == pid:
-            time.sleep(REFRESH_S)
+            if self._closing.wait(REFRESH_S):
+                return
             with self._lock:
                 held = dict(self._held)
             if not held:

@@ -161,6 +161,17 @@ def test_a_decoupled_model_streams_its_responses_in_both_modes(
         _same(a.outputs, b.outputs)
 
 
+def test_a_stopped_connected_server_leaves_nothing_running(fleet: tuple[str, str]) -> None:
+    """An application that stops its connected server keeps no thread of it (reply
+    listener, leases, followers) polling the fleet's Redis."""
+    before = set(threading.enumerate())
+    with conch.Server(FUNCTIONS, redis_url=fleet[1]).start(wait_until_ready=True) as server:
+        _one(server.model("mlp"), SAMPLES["mlp"])
+        assert len(list(server.model("text_embedding_passages").infer(PASSAGES))) > 2
+    left = [t.name for t in threading.enumerate() if t not in before]
+    assert left == []
+
+
 def test_errors_are_the_gateways(embedded: conch.Server, fleet: tuple[str, str]) -> None:
     """A bad request raises what the gateway answers over HTTP (its 400 and text), before
     anything runs; an unknown model likewise."""
