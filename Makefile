@@ -143,13 +143,15 @@ mlserver_for_bench = $(if $(findstring --skip-mlserver,$(TREE_BENCH_ARGS)),$(cal
 # batch job over a corpus in an S3 server; then a sequence model (issue 17) against conch and in
 # process; then a decoupled model's gRPC streams (issue 30) against Triton (bench/streaming.py);
 # then the shipped tree model against MLServer's XGBoost runtime and xgboost in process
-# (bench/trees.py), and the same ONNX MLPs on onnxruntime and on OpenVINO (bench/onnx_runtimes.py).
+# (bench/trees.py), the same ONNX MLPs on onnxruntime and on OpenVINO (bench/onnx_runtimes.py),
+# and conch.Server in process beside the runtime (bench/embedded.py).
 # BENCH_ARGS passes flags to bench/run.py, TE_BENCH_ARGS to bench/text_embedding.py,
 # SEQ_BENCH_ARGS to bench/sequences.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton"
 # TE_BENCH_ARGS="--quick --skip-mlserver --skip-triton --skip-batch" SEQ_BENCH_ARGS="--quick".
 # DRAIN_BENCH_ARGS passes flags to bench/drain.py, e.g. DRAIN_BENCH_ARGS="--quick";
 # STREAM_BENCH_ARGS to bench/streaming.py, e.g. STREAM_BENCH_ARGS="--quick --skip-triton";
-# TREE_BENCH_ARGS to bench/trees.py, OV_BENCH_ARGS to bench/onnx_runtimes.py (both: "--quick").
+# TREE_BENCH_ARGS to bench/trees.py, OV_BENCH_ARGS to bench/onnx_runtimes.py, EMBED_BENCH_ARGS
+# to bench/embedded.py (conch.Server in process; all three take "--quick").
 bench: $(STAMP) functions redis-server perf-analyzer \
   $(mlserver_for_bench) \
   $(call unless_both_skip,--skip-triton,$(TRITON_STAMP)) \
@@ -161,6 +163,7 @@ bench: $(STAMP) functions redis-server perf-analyzer \
 	$(BIN)/python bench/streaming.py $(STREAM_BENCH_ARGS)
 	$(BIN)/python bench/trees.py $(TREE_BENCH_ARGS)
 	$(BIN)/python bench/onnx_runtimes.py $(OV_BENCH_ARGS)
+	$(BIN)/python bench/embedded.py $(EMBED_BENCH_ARGS)
 
 # Every wheel conch needs, for one Python and platform, in one folder, for a machine without
 # internet (README, "Offline install"): tools/wheelhouse.py, knobs below. WHEEL_PYTHON: X.Y

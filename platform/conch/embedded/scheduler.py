@@ -1,5 +1,5 @@
 """One loaded model inside an embedded server: its queue, and a thread per instance that
-drains it in batches.
+drains it in batches (or the caller's own thread, for a request that would not wait).
 
 The queue is a deque in memory where a fleet has a Redis list. Each instance's thread cuts
 batches by Triton's ``dynamic_batching`` exactly as a worker's batcher does
@@ -74,12 +74,15 @@ class ModelScheduler:
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
-        self._running = 0  # batches the threads are running now
+        self._running = 0  # batches running now
+        # Whoever runs a batch on an instance holds its lock: its thread, or a caller that
+        # found the instance idle (``submit``).
+        self._held = [threading.Lock() for _ in slots]
         self._threads = [
             threading.Thread(
-                target=self._loop, args=(slot,), name=f"conch-{entry.name}-{i}", daemon=True
+                target=self._loop, args=(i,), name=f"conch-{entry.name}-{i}", daemon=True
             )
-            for i, slot in enumerate(slots)
+            for i in range(len(slots))
         ]
 
     def start(self) -> None:
@@ -87,7 +90,15 @@ class ModelScheduler:
             thread.start()
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; a stopped model or a full queue refuses it."""
+        """Queue ``job``, or run it at once in the caller's thread; a stopped model or a
+        full queue refuses it.
+
+        A request that its batch would not wait for anyway (the queue is empty and it
+        alone is a batch the policy sends at once) runs in the caller's thread on an idle
+        instance, as its instance's thread would have run it, saving the two handoffs
+        between threads that are most of an embedded call's overhead (bench/README.md,
+        "conch.Server in process"). A decoupled model's requests always queue, so that
+        ``infer`` returns before its responses end."""
         with self._cond:
             if self._stopping:
                 raise Unavailable(f"model '{self.name}' is being unloaded")
@@ -97,8 +108,29 @@ class ModelScheduler:
                     f"Exceeds maximum queue size: model '{self.name}' already has "
                     f"{self.max_queue_size} requests waiting"
                 )
-            self._queue.append(job)
-            self._cond.notify()
+            idle = self._idle_instance(job)
+            if idle is None:
+                self._queue.append(job)
+                self._cond.notify()
+                return
+            self._running += 1
+        now = time.time()
+        cut = self.policy.why_cut(job.rows, False, now, now) if self.dynamic else ""
+        try:
+            self._guarded_run(self.slots[idle], [job], cut)
+        finally:
+            self._held[idle].release()
+
+    def _idle_instance(self, job: Job) -> int | None:
+        """An instance ``job`` may run on now, its lock taken (under the queue's lock)."""
+        if self.decoupled or self._queue:
+            return None
+        if not (self.policy.ready(job.rows) or self.policy.max_queue_delay <= 0):
+            return None
+        for i, held in enumerate(self._held):
+            if held.acquire(blocking=False):
+                return i
+        return None
 
     @property
     def idle(self) -> bool:
@@ -115,21 +147,26 @@ class ModelScheduler:
             thread.join(timeout)
 
     # -- the instances' threads -----------------------------------------------------------
-    def _loop(self, slot: dict[int, Backend]) -> None:
+    def _loop(self, i: int) -> None:
         while True:
             batch, cut = self._next_batch()
             if not batch:
                 return
-            try:
-                self._run(slot, batch, cut)
-            except Exception as exc:  # never lose a request to a bug here
-                log.exception("model '%s': a batch failed to run", self.name)
-                for job in batch:
-                    if not job.responses.over:
-                        job.responses.fail(Internal(f"model '{self.name}' failed: {exc}"))
-            finally:
-                with self._cond:
-                    self._running -= 1
+            with self._held[i]:
+                self._guarded_run(self.slots[i], batch, cut)
+
+    def _guarded_run(self, slot: dict[int, Backend], batch: list[Job], cut: str) -> None:
+        """``_run``, counted in ``_running``; a failure of conch's own answers the batch."""
+        try:
+            self._run(slot, batch, cut)
+        except Exception as exc:  # never lose a request to a bug here
+            log.exception("model '%s': a batch failed to run", self.name)
+            for job in batch:
+                if not job.responses.over:
+                    job.responses.fail(Internal(f"model '{self.name}' failed: {exc}"))
+        finally:
+            with self._cond:
+                self._running -= 1
 
     def _next_batch(self) -> tuple[list[Job], str]:
         """The next batch to run, cut by the policy, and why it was cut; empty once the
