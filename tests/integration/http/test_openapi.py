@@ -31,7 +31,7 @@ from harness import ROOT, Service, fresh_db, serving
 from models import add_model, identity_model
 
 MODELS = ("add", "identity", "spare")  # spare: the one the load and unload fuzzing may take away
-FUZZ_SECONDS = 40  # schemathesis' --max-time: it stops generating once this is spent
+FUZZ_SECONDS = 25  # schemathesis' --max-time: it stops generating once this is spent
 FUZZ_DEADLINE_S = 180  # past this the run has hung: the test fails
 
 
