@@ -10,7 +10,9 @@ from typing import Any
 
 from conch.version import __version__
 
-_LAZY = (
+# What ``import conch`` offers of ``conch.server`` (the in-process API), imported on first
+# use; ``conch.server`` exports exactly these.
+API = (
     "AsyncResponseIterator",
     "ConchError",
     "InferenceResponse",
@@ -22,11 +24,11 @@ _LAZY = (
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    if name in API:
         from conch import server
 
         return getattr(server, name)
     raise AttributeError(f"module 'conch' has no attribute {name!r}")
 
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", *API]

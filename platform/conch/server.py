@@ -34,21 +34,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from conch import API
 from conch.core import tensors
 from conch.core.errors import ConchError, InvalidArgument, Unavailable
 from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput
 from conch.settings import ModelControlMode, Settings
 from conch.version import __version__
 
-__all__ = [
-    "AsyncResponseIterator",
-    "ConchError",
-    "InferenceResponse",
-    "Model",
-    "ModelControlMode",
-    "ResponseIterator",
-    "Server",
-]
+__all__ = list(API)  # what ``import conch`` offers, imported on first use
 
 
 @dataclass
@@ -161,26 +154,10 @@ class Model:
         answers = self._server._plane().infer(self.name, self._version_text, request)
         return ResponseIterator(self.name, request_id, answers)
 
-    def async_infer(
-        self,
-        inputs: Mapping[str, Any],
-        *,
-        requested_output_names: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        request_id: str = "",
-        timeout_us: int = 0,
-    ) -> AsyncResponseIterator:
-        """``infer`` for asyncio: the request is checked and sent now, and its responses
-        are awaited with ``async for``."""
-        return AsyncResponseIterator(
-            self.infer(
-                inputs,
-                requested_output_names=requested_output_names,
-                parameters=parameters,
-                request_id=request_id,
-                timeout_us=timeout_us,
-            )
-        )
+    def async_infer(self, inputs: Mapping[str, Any], **options: Any) -> AsyncResponseIterator:
+        """``infer`` (the same options) for asyncio: the request is checked and sent now,
+        and its responses are awaited with ``async for``."""
+        return AsyncResponseIterator(self.infer(inputs, **options))
 
     def ready(self) -> bool:
         return self._server._plane().model_ready(self.name, self._version_text)
