@@ -1,12 +1,14 @@
-"""docs/flags.md is what the settings' declarations give."""
+"""docs/flags.md is what the settings' declarations give, and no other page copies a
+flag's default by hand: a default lives in its declaration and the generated page only."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+import re
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from conch.devtools import flags_doc
-from conch.settings import FLAGS, Settings
+from conch.settings import FLAGS, Settings, shown_default
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 PAGE = ROOT / flags_doc.PAGE
@@ -47,3 +49,50 @@ def test_a_default_shows_in_its_row():
     assert "| `8000` |" in rows["--http-port"]
     assert "| `h2` |" in rows["--grpc-transport"]
     assert "| `CONCH_REQUEST_TIMEOUT_S` |" in rows["--request-timeout-secs"]
+
+
+# A default copied by hand: a flag or variable, then within its clause (up to the next
+# flag or variable named) "(V)", "(V s)" or "default V"/"default: V", V being its declared
+# default as a flag spells it.
+def _copies(text: str, name: str, value: str) -> list[str]:
+    found = []
+    for match in re.finditer(re.escape(name) + r"(?![\w-])", text):
+        after = text[match.end() : match.end() + 160]
+        clause = re.split(r"[.;]\s|\n\n|`(?:--|[A-Z]+_)", after)[0]
+        number = re.escape(value)
+        if re.search(rf"^`?\s*\(\s*{number}\b|default:?\s+(is\s+)?{number}\b", clause):
+            found.append(f"{name} ... {clause[:60]!r}")
+    return found
+
+
+def _declared_defaults() -> list[tuple[str, str]]:
+    named = []
+    for f in fields(Settings):
+        shown = None if f.default is MISSING else shown_default(f.default)
+        if shown is None:
+            continue
+        flags = [fl.name for fl in f.metadata["flags"] if not fl.ignored]
+        named += [(name, shown) for name in (*flags, *f.metadata["env"])]
+    return named
+
+
+def _pages() -> list[Path]:
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    return [ROOT / "README.md", *(p for p in docs if p != PAGE)]
+
+
+def test_the_copy_finder_finds_a_copy():
+    assert _copies("`--scale-poll-secs` (2) it reads", "--scale-poll-secs", "2")
+    assert _copies("`--grpc-port`\n(8001), then", "--grpc-port", "8001")
+    assert _copies("`CONCH_MAX_ATTEMPTS` (default 3)", "CONCH_MAX_ATTEMPTS", "3")
+    assert not _copies("`--scale-poll-secs` ([flags](flags.md)) 2", "--scale-poll-secs", "2")
+
+
+def test_no_page_copies_a_default_by_hand():
+    copies = [
+        f"{page.relative_to(ROOT)}: {copy}"
+        for page in _pages()
+        for name, value in _declared_defaults()
+        for copy in _copies(page.read_text(), name, value)
+    ]
+    assert copies == [], "say 'see docs/flags.md' instead of the default:\n" + "\n".join(copies)
