@@ -166,7 +166,7 @@ bench: $(STAMP) functions redis-server perf-analyzer \
 	$(BIN)/python bench/embedded.py $(EMBED_BENCH_ARGS)
 
 # Every wheel conch needs, for one Python and platform, in one folder, for a machine without
-# internet (README, "Offline install"): tools/wheelhouse.py, knobs below. WHEEL_PYTHON: X.Y
+# internet (docs/deploy.md, "Offline install"): tools/wheelhouse.py, knobs below. WHEEL_PYTHON: X.Y
 # (default: the venv's); WHEEL_EXTRAS: e.g. gpu; WHEEL_EXCLUDE: names the target already has;
 # WHEEL_EXTRA_INDEX_URL: more indexes, comma-separated (https://download.pytorch.org/whl/cpu:
 # torch's CPU build, else PyPI's, the CUDA build on Linux; https://pypi.nvidia.com: the gpu

@@ -1,6 +1,6 @@
 """Writes a wheelhouse: conch's own wheel and a wheel of everything it needs, for one Python
 version and platform, so that a machine without internet installs conch with
-`pip install --no-index --find-links DIR` (README, "Offline install").
+`pip install --no-index --find-links DIR` (docs/deploy.md, "Offline install").
 
 What conch needs is read from pyproject.toml at run time (never a second list). pip downloads
 the binary wheels for the target; pip evaluates environment markers for the Python running it,

@@ -556,13 +556,20 @@ def setting(
     env: str | tuple[str, ...] = (),
     parse: Callable[[str], Any] | None = None,
     factory: Callable[[], Any] | None = None,
+    help: str | None = None,
 ) -> Any:
     """One setting: its default (or the ``factory`` that makes it), its flags, and the
     environment variables that set it (the first one set wins), read with ``parse`` or
-    by the field's type."""
+    by the field's type. ``help`` says what a setting with no flag does (a flag's own
+    help says it for the others), for the flags page (``conch.devtools.flags_doc``)."""
     if isinstance(default, Flag):  # no default value: the factory makes it
         default, flags = MISSING, (default, *flags)
-    metadata = {"env": (env,) if isinstance(env, str) else env, "parse": parse, "flags": flags}
+    metadata = {
+        "env": (env,) if isinstance(env, str) else env,
+        "parse": parse,
+        "flags": flags,
+        "help": help,
+    }
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -640,8 +647,13 @@ class Settings:
         Flag("--redis-url", ALL_ROLES, "the broker (default: $REDIS_URL)", read=_given),
         env="REDIS_URL",
     )
-    # The Redis tried when no redis_url is given (tests point it at nothing).
-    local_redis_url: str = setting(LOCAL_REDIS_URL, env="CONCH_LOCAL_REDIS_URL")
+    # Tests point it at nothing.
+    local_redis_url: str = setting(
+        LOCAL_REDIS_URL,
+        env="CONCH_LOCAL_REDIS_URL",
+        help="the Redis tried when no --redis-url or $REDIS_URL is given, before a private "
+        "redis-server is started",
+    )
     log_verbose: int = setting(
         0,
         Flag(
@@ -749,13 +761,25 @@ class Settings:
         ),
         env="CONCH_STREAM_GRACE_S",
     )
-    # A message a dead worker held comes back after this long (kombu's default is an hour).
-    visibility_timeout_s: float = setting(6.0, env="CONCH_VISIBILITY_TIMEOUT_S")
-    max_attempts: int = setting(3, env="CONCH_MAX_ATTEMPTS")
-    # How long an async job's result (and its record) is kept: Celery's result_expires.
-    job_ttl_s: int = setting(86_400, env="CONCH_JOB_TTL_S")
-    # Async jobs a model's queue may hold before submissions get a 503 (Redis memory).
-    max_queued_jobs: int = setting(100_000, env="CONCH_MAX_QUEUED_JOBS")
+    # kombu's default is an hour.
+    visibility_timeout_s: float = setting(
+        6.0,
+        env="CONCH_VISIBILITY_TIMEOUT_S",
+        help="seconds after which the messages a dead worker held come back to their queue",
+    )
+    max_attempts: int = setting(
+        3,
+        env="CONCH_MAX_ATTEMPTS",
+        help="tries of a request that keeps killing its workers before it is dead-lettered",
+    )
+    # Celery's result_expires; the job's record goes with its result.
+    job_ttl_s: int = setting(86_400, env="CONCH_JOB_TTL_S", help="seconds a job's result is kept")
+    # Bounds Redis's memory.
+    max_queued_jobs: int = setting(
+        100_000,
+        env="CONCH_MAX_QUEUED_JOBS",
+        help="async jobs one model's queue (or conch.jobs) may hold before a submission gets a 503",
+    )
     model_control_mode: ModelControlMode = setting(
         ModelControlMode.NONE,
         Flag(
@@ -974,8 +998,11 @@ class Settings:
         ),
         factory=lambda: default_http_workers(os.cpu_count()),
     )
-    # gunicorn worker class of the gateway (e.g. gthread instead of the gevent worker).
-    http_worker_class: str = setting(GEVENT_WORKER, env="CONCH_HTTP_WORKER_CLASS")
+    http_worker_class: str = setting(
+        GEVENT_WORKER,
+        env="CONCH_HTTP_WORKER_CLASS",
+        help="the gateway's gunicorn worker class (gthread, say, instead of conch's gevent worker)",
+    )
     # Triton's --http-max-input-size: the largest body, and gRPC message, taken.
     max_input_bytes: int = setting(
         64 * 1024 * 1024,
@@ -1030,9 +1057,13 @@ class Settings:
         ),
         env="CONCH_GRPC_TRANSPORT",
     )
-    # Set by ``conch grpc`` for the processes it starts when --grpc-workers > 1: they bind
-    # the port with SO_REUSEPORT, after it checked that the port was free.
-    grpc_shared_port: bool = setting(False, env=GRPC_SHARED_PORT_ENV)
+    # They bind the port with SO_REUSEPORT, after conch grpc checked that it was free.
+    grpc_shared_port: bool = setting(
+        False,
+        env=GRPC_SHARED_PORT_ENV,
+        help="set by conch grpc for the processes it starts when --grpc-workers is above 1; "
+        "not for users",
+    )
     # A secret, so handed to children in the environment, as --http-restricted-api.
     grpc_restricted_protocol: RestrictedApis = setting(
         Flag(
@@ -1275,8 +1306,10 @@ class Settings:
         ),
         factory=list,
     )
-    # Batch jobs' S3 region; boto3 reads the rest of the AWS settings itself.
-    s3_region: str | None = setting(None, env=("AWS_DEFAULT_REGION", "AWS_REGION"))
+    # boto3 reads the rest of the AWS settings itself.
+    s3_region: str | None = setting(
+        None, env=("AWS_DEFAULT_REGION", "AWS_REGION"), help="batch jobs' S3 region"
+    )
     # Triton's rate limiter, with Triton's grammar, applied across the fleet by the workers
     # (conch.worker.rate_limiter, conch.wire.rate_limits).
     rate_limit: RateLimitMode = setting(

@@ -228,7 +228,7 @@ def test_an_async_job_does_not_wait_for_a_running_batch_job(stack: str, s3, refe
 def test_the_readme_example_runs(stack: str) -> None:
     """The README's text_embedding example, as written, against this stack."""
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("## A real model: `text_embedding`", 1)[1]
+    section = readme.split("### Sync infer", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     printed: list = []
     exec(  # the README's own example
