@@ -82,8 +82,8 @@ def _checked(doc: Any, text: bytes) -> dict[str, Any]:
         raise InvalidArgument("the request JSON must be an object")
     # A document cannot nest deeper than it has opening brackets (those inside strings only
     # make the count larger), and counting bytes runs at C speed: the walk, a large part of
-    # an infer call's Python here (bench/README.md, "Issue 11's A/B"), is needed only past
-    # that bound.
+    # an infer call's Python here (bench/README.md, "Measurements the code cites"), is
+    # needed only past that bound.
     if text.count(b"[") + text.count(b"{") > MAX_JSON_DEPTH:
         check_depth(doc)
     return doc

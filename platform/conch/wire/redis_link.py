@@ -5,8 +5,7 @@ redis-py's pool checks every connection it hands out for stray data with a zero-
 poll; under gevent that poll is a hub round trip, which costs more than the command it
 guards. And each command it runs goes through argument packing, response callbacks and
 (redis-py 8) observability hooks in Python, nine commands per request on the worker's hot
-path (bench/README.md: "What the profiles said", point 5, and "Measurements the code
-cites"). A ``RedisLink`` owns one
+path (bench/README.md, "Measurements the code cites"). A ``RedisLink`` owns one
 connection (redis-py still opens it: URL, Unix socket, AUTH, SELECT, TLS), packs each
 command with hiredis in C, writes a round trip's commands in one send and reads their
 replies with a hiredis reader of its own.
