@@ -277,7 +277,9 @@ def wire_view(arr: np.ndarray, datatype: str | None = None) -> tuple[str, bytes 
     arr = np.asarray(arr)
     wire_form = datatype in ITEMSIZE and datatype != "BF16" and arr.flags.c_contiguous
     if wire_form and arr.dtype == WIRE_TO_NUMPY[datatype]:
-        return datatype, memoryview(arr).cast("B")
+        # Flattened first: a memoryview cannot cast a view with a 0 in its shape (an
+        # empty tensor), but a one-dimensional one of no elements casts to no bytes.
+        return datatype, memoryview(arr.reshape(-1)).cast("B")
     return from_numpy(arr, datatype)
 
 

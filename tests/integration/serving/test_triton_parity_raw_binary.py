@@ -245,6 +245,28 @@ def test_a_model_with_two_inputs_is_refused_with_tritons_message(
     }
 
 
+@pytest.mark.parametrize("gateway", ["gevent", "gthread"])
+def test_content_encoding_chunked_manually(gateways: dict[str, str], gateway: str) -> None:
+    """Triton's L0_http case of that name: a raw body chunk-encoded by hand and posted
+    with ``Transfer-Encoding: chunked``, beside the ``Content-Length`` that ``requests``
+    adds for bytes. It is read by its chunks, and the connection closes after the
+    answer (RFC 9112 section 6.1)."""
+    x = np.arange(8, dtype=np.float32)
+    raw = x.tobytes()
+    body = f"{len(raw):X}\r\n".encode() + raw + b"\r\n0\r\n\r\n"
+    r = requests.post(
+        f"http://{gateways[gateway]}/v2/models/raw_scale/infer",
+        data=body,
+        headers={**RAW, "Transfer-Encoding": "chunked"},
+        timeout=60,
+    )
+    assert r.request.headers["Content-Length"] == str(len(body))  # both framings sent
+    doc, tail = split(r)
+    assert doc["outputs"][0]["shape"] == [1, 8]
+    assert tail == (x * 2).tobytes() + np.array([1, 8], np.int64).tobytes()
+    assert r.headers["Connection"] == "close"
+
+
 def test_a_raw_body_over_the_size_limit_is_refused_in_tritons_words(
     gateways: dict[str, str],
 ) -> None:

@@ -16,6 +16,7 @@ from conch.core.tensors import (
     raw_size_ok,
     raw_to_json,
     to_numpy,
+    wire_view,
 )
 
 FIXED_SAMPLES: dict[str, np.ndarray] = {
@@ -55,6 +56,26 @@ def test_fixed_numpy_round_trip(datatype: str) -> None:
     assert back.dtype == arr.dtype.newbyteorder("<") or back.dtype == arr.dtype
     assert back.shape == arr.shape
     np.testing.assert_array_equal(back, arr)
+
+
+@pytest.mark.parametrize("datatype", list(FIXED_SAMPLES))
+@pytest.mark.parametrize("shape", [(0,), (1, 0), (0, 3), (2, 0, 4)])
+def test_an_empty_array_is_no_bytes_viewed_or_copied(datatype: str, shape: tuple) -> None:
+    """A 0 anywhere in the shape (L0_infer_zero): a memoryview cannot cast such an
+    array's view, so wire_view casts its flattened one."""
+    arr = np.zeros(shape, FIXED_SAMPLES[datatype].dtype)
+    assert from_numpy(arr, datatype) == (datatype, b"")
+    dt, raw = wire_view(arr, datatype)
+    assert dt == datatype and bytes(raw) == b""
+    assert to_numpy(dt, shape, raw).shape == shape
+
+
+def test_wire_view_views_a_wire_form_array() -> None:
+    arr = FIXED_SAMPLES["INT32"].copy()
+    _, raw = wire_view(arr, "INT32")
+    assert isinstance(raw, memoryview) and raw.format == "B"
+    arr[0, 0] = 5  # a view: it sees the change
+    assert bytes(raw) == arr.tobytes()
 
 
 def test_to_numpy_is_zero_copy() -> None:

@@ -147,6 +147,19 @@ def test_requests_of_different_rows_answer_as_the_per_request_path():
     assert min(run.input_ns, run.infer_ns, run.output_ns) >= 0
 
 
+def test_empty_requests_stack_and_split_as_the_per_request_path():
+    """Requests of no elements (a 0 in their shape, as L0_infer_zero sends) stack into one
+    empty array and each gets its own empty rows back."""
+    b = backend()
+    batch = [item(0, fp32(0, 1, width=0)), item(1, fp32(1, 2, width=0))]
+    stacked, each = both(b, batch)
+    same_replies(stacked.replies, each.replies)
+    assert [(n, dt, s, bytes(raw)) for n, dt, s, raw in stacked.replies["t1"].outputs] == [
+        ("Y", "FP32", (2, 0), b""),
+        ("N", "INT32", (2, 1), b"\0" * 8),
+    ]
+
+
 def test_a_bad_input_in_the_middle_is_answered_alone():
     b = backend()
     short = ("X", "FP32", (2, 3), b"\0" * 20)

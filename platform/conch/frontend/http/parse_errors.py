@@ -12,6 +12,12 @@ HTTP one: 414 for a request line too long, 431 for headers too large, 400 for th
 malformed requests (and 417, 501, 403 where gunicorn refuses a request for those
 reasons). The connection is closed after the answer, as the bytes that follow cannot be
 trusted to start a request.
+
+One request gunicorn refuses is read here as Triton reads it: a chunked body that also
+carries a ``Content-Length`` (what ``requests`` sends for bytes and a hand-set
+``Transfer-Encoding: chunked``). RFC 9112 section 6.1 lets a server read such a request by
+its chunks alone, if it then closes the connection, so the bytes after it never start a
+request of their own. ``GatewayRequest`` does just that, for every worker class.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from http import HTTPStatus
 from typing import Any
 
 from gunicorn import util
-from gunicorn.http import errors
+from gunicorn.http import RequestParser, errors
+from gunicorn.http.message import Request
 from gunicorn.workers.gthread import ThreadWorker
 from gunicorn.workers.sync import SyncWorker
 
@@ -59,10 +66,50 @@ def answer(status: HTTPStatus, message: str) -> bytes:
     return head.encode("latin-1") + body
 
 
+def _ends_chunked(headers: list[tuple[str, str]]) -> bool:
+    """Whether the last transfer coding ``headers`` name is chunked (gunicorn's parser
+    judges every other list of codings itself)."""
+    codings = [
+        coding.strip(" \t").lower()
+        for name, value in headers
+        if name == "TRANSFER-ENCODING"
+        for coding in value.split(",")
+    ]
+    return bool(codings) and codings[-1] == "chunked"
+
+
+class GatewayRequest(Request):
+    """gunicorn's request, reading a chunked body by its chunks whatever ``Content-Length``
+    says, and closing the connection after it (the module's docstring says why)."""
+
+    def _parse_fast(self, unreader: Any, buf: bytearray) -> bytes:
+        # gunicorn_h1c refuses a Content-Length beside chunked while it reads the head,
+        # before set_body_reader can judge it. gunicorn's own Python parser reads the same
+        # bytes again and refuses every other bad header as the C one did.
+        try:
+            return super()._parse_fast(unreader, buf)
+        except errors.InvalidHeader:
+            return self._parse_python(unreader, buf)
+
+    def set_body_reader(self) -> None:
+        chunked = self.version >= (1, 1) and _ends_chunked(self.headers)
+        if chunked and any(name == "CONTENT-LENGTH" for name, _ in self.headers):
+            self.headers = [(n, v) for n, v in self.headers if n != "CONTENT-LENGTH"]
+            self.force_close()
+        super().set_body_reader()
+
+
 class TritonParseErrors:
-    """Mixed into a gunicorn worker class: its ``handle_error`` answers in JSON."""
+    """Mixed into a gunicorn worker class: its ``handle_error`` answers in JSON, and its
+    parser makes ``GatewayRequest``s."""
 
     log: Any  # the worker's gunicorn logger
+
+    def init_process(self) -> None:
+        # gunicorn's parsers make requests of this class attribute; only this process's
+        # parsers are touched.
+        RequestParser.mesg_class = GatewayRequest
+        super().init_process()  # type: ignore[misc]
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         status = refusal(exc)
@@ -101,6 +148,7 @@ def worker_class(name: str) -> str:
 
 
 __all__ = [
+    "GatewayRequest",
     "GatewaySyncWorker",
     "GatewayThreadWorker",
     "TritonParseErrors",

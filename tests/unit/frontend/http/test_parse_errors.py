@@ -6,7 +6,9 @@ import json
 from http import HTTPStatus
 
 import pytest
-from gunicorn.http import errors
+from gunicorn.config import Config
+from gunicorn.http import RequestParser, errors
+from gunicorn.http.message import Request
 
 from conch.frontend.http import parse_errors
 
@@ -46,3 +48,59 @@ def test_gunicorn_worker_names_map_to_the_gateways_classes() -> None:
     assert parse_errors.worker_class("sync").endswith(".GatewaySyncWorker")
     other = "conch.frontend.http.gevent_worker.GatewayWorker"
     assert parse_errors.worker_class(other) == other
+
+
+def _parsed(raw: bytes, parser: str) -> Request:
+    """The first request gunicorn's parser (``parser``: its ``http_parser`` setting) reads
+    from ``raw``, as a gateway worker's parser makes it."""
+    cfg = Config()
+    cfg.set("http_parser", parser)
+    reader = type("GatewayParser", (RequestParser,), {"mesg_class": parse_errors.GatewayRequest})
+    return next(reader(cfg, iter([raw]), ("127.0.0.1", 1)))
+
+
+CHUNKED_WITH_A_LENGTH = (
+    b"POST /v2/models/m/infer HTTP/1.1\r\nHost: t\r\nContent-Length: 13\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("parser", ["python", "auto"])  # auto: gunicorn_h1c's, when there
+def test_a_chunked_body_with_a_length_is_read_by_its_chunks_and_closes(parser: str) -> None:
+    """What ``requests`` sends for bytes and a hand-set ``Transfer-Encoding: chunked``
+    (Triton's L0_http test_content_encoding_chunked_manually): Triton reads it, as RFC 9112
+    lets a server do if it closes the connection after it."""
+    req = _parsed(CHUNKED_WITH_A_LENGTH, parser)
+    assert req.body.read() == b"abcde"
+    assert [name for name, _ in req.headers] == ["HOST", "TRANSFER-ENCODING"]
+    assert req.should_close()
+    # The stock parser refuses it.
+    with pytest.raises(errors.InvalidHeader):
+        next(RequestParser(Config(), iter([CHUNKED_WITH_A_LENGTH]), ("127.0.0.1", 1)))
+
+
+@pytest.mark.parametrize("parser", ["python", "auto"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # HTTP/1.0 has no chunked framing.
+        CHUNKED_WITH_A_LENGTH.replace(b"HTTP/1.1", b"HTTP/1.0"),
+        # A coding after chunked: no length can be found.
+        CHUNKED_WITH_A_LENGTH.replace(b"chunked", b"chunked, gzip"),
+        # A bad header beside them is still one.
+        CHUNKED_WITH_A_LENGTH.replace(b"Host: t", b"Bad Header: x"),
+    ],
+    ids=["http-1.0", "chunked-then-gzip", "bad-header"],
+)
+def test_what_gunicorn_refuses_beside_it_is_still_refused(raw: bytes, parser: str) -> None:
+    with pytest.raises(errors.ParseException):
+        _parsed(raw, parser)
+
+
+def test_a_plain_length_or_chunked_body_is_read_as_before() -> None:
+    plain = b"POST /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"
+    req = _parsed(plain, "auto")
+    assert req.body.read() == b"abc" and not req.should_close()
+    chunked = b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    req = _parsed(chunked, "auto")
+    assert req.body.read() == b"abc" and not req.should_close()
