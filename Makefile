@@ -5,10 +5,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.conch-installed
 SERVE_STAMP := $(VENV)/.conch-installed-serve
-# make serve installs what serving functions/ needs; make test (and lint, bench) everything
+# make serve installs what serving functions/ (and the README's client example) needs; make test (and lint, bench) everything
 # the suite drives: the other backends' frameworks, the cloud sources' SDKs, the dev tools.
-SERVE_EXTRAS := functions
-ALL_EXTRAS := dev,functions,fil,openvino,tensorflow,gcs,azure,analyze
+SERVE_EXTRAS := functions,client
+ALL_EXTRAS := dev,functions,client,fil,openvino,tensorflow,gcs,azure,analyze
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
