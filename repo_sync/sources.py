@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from conch.core.extras import needs_extra
+
 from .fsops import new_file
 
 log = logging.getLogger(__name__)
@@ -236,9 +238,7 @@ class GCSSource:
         try:
             from google.cloud import storage  # noqa: F401
         except ImportError as exc:
-            raise ImportError(
-                f"gs:// sources need google-cloud-storage ({exc}): pip install 'conch[gcs]'"
-            ) from exc
+            raise ImportError(needs_extra("gs:// sources", "google-cloud-storage", "gcs")) from exc
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.description = f"gs://{bucket}/{self.prefix}"
@@ -430,9 +430,7 @@ class AzureBlobSource:
         try:
             from azure.storage.blob import BlobServiceClient, ExponentialRetry
         except ImportError as exc:
-            raise ImportError(
-                f"as:// sources need azure-storage-blob ({exc}): pip install 'conch[azure]'"
-            ) from exc
+            raise ImportError(needs_extra("as:// sources", "azure-storage-blob", "azure")) from exc
         if account.endswith(_AZURE_SUFFIX):  # as://account.blob.core.windows.net/..., as Triton
             account = account[: -len(_AZURE_SUFFIX)]
         self.account, self.container = account, container

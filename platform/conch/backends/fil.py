@@ -25,6 +25,7 @@ import numpy as np
 from conch.backends.autocomplete import check_and_fill
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.core.errors import InvalidArgument, ModelLoadError
+from conch.core.extras import needs_extra
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
@@ -163,10 +164,7 @@ def _import(module: str) -> Any:
     try:
         return __import__(module)
     except ImportError:
-        raise ModelLoadError(
-            f"the fil backend needs {module}: install conch with the 'fil' extra "
-            "(pip install 'conch[fil]')"
-        ) from None
+        raise ModelLoadError(needs_extra("the fil backend", module, "fil")) from None
 
 
 class Forest:

@@ -33,6 +33,7 @@ import numpy as np
 from conch.backends.autocomplete import set_dims, type_name, type_value
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.core.errors import Internal, ModelLoadError
+from conch.core.extras import needs_extra
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
@@ -97,9 +98,7 @@ def load_openvino() -> Any:
     try:
         import openvino
     except ImportError:
-        raise ModelLoadError(
-            "the openvino backend needs the 'openvino' package: pip install 'conch[openvino]'"
-        ) from None
+        raise ModelLoadError(needs_extra("the openvino backend", "openvino", "openvino")) from None
     return openvino
 
 

@@ -42,6 +42,7 @@ from conch.backends.autocomplete import (
 )
 from conch.backends.base import InstanceSpec, ModelSpec, TensorBackend
 from conch.core.errors import ModelLoadError
+from conch.core.extras import needs_extra
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
@@ -106,8 +107,8 @@ def _tf() -> Any:
         import tensorflow
     except ImportError:
         raise ModelLoadError(
-            "the tensorflow backend needs TensorFlow: install conch[tensorflow] "
-            "(tensorflow-cpu), or tensorflow for GPUs"
+            needs_extra("the tensorflow backend", "TensorFlow", "tensorflow")
+            + " (tensorflow-cpu; for GPUs install tensorflow itself)"
         ) from None
     return tensorflow
 

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from conch.core.extras import needs_extra
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="the model to analyze (its folder's name)")
@@ -199,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         out(f"picture: {png}")
     else:
         png = None
-        out("no picture: matplotlib is not installed (pip install 'conch[analyze]')")
+        out(f"no picture: {needs_extra('the picture', 'matplotlib', 'analyze')}")
     analyzer.html_page(sweep, png, out_dir / "index.html")
     out(f"results: {out_dir / 'results.json'}, {out_dir / 'index.html'}")
     ranked = sweep.ranked

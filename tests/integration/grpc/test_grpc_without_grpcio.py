@@ -14,6 +14,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from conch.core.extras import install_command
+
 from harness import conch, start_grpc, wait_grpc_model_ready
 
 # Loaded by ``site`` at the server's start, before conch: ``import grpc`` fails there.
@@ -82,4 +84,4 @@ def test_the_grpcio_transport_says_which_extra_it_needs(backend, tmp_path: Path)
         timeout=60,
     )
     assert done.returncode != 0
-    assert "pip install 'conch[grpcio]'" in done.stderr
+    assert install_command("grpcio") in done.stderr

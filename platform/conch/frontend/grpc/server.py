@@ -37,12 +37,15 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
+from conch.core.extras import needs_extra
+
 try:
     import grpc
 except ModuleNotFoundError:
     raise SystemExit(
-        "conch grpc: --grpc-transport grpcio needs grpcio, which conch does not install by "
-        "itself: pip install 'conch[grpcio]', or serve on --grpc-transport h2 (the default)"
+        "conch grpc: "
+        + needs_extra("--grpc-transport grpcio", "grpcio", "grpcio")
+        + ", or serve on --grpc-transport h2 (the default)"
     ) from None
 
 from conch.frontend.grpc import transport
