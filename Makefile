@@ -13,7 +13,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format bench bench-gpu install functions redis-server perf-analyzer mlserver triton triton-gpu wheelhouse clean azurite
+.PHONY: serve test lint format bench bench-gpu install functions redis-server perf-analyzer mlserver triton triton-gpu wheelhouse clean azurite triton-qa
 
 install: $(STAMP)
 
@@ -78,6 +78,20 @@ PYTEST_ARGS ?= -n auto --dist loadfile
 test: $(STAMP) functions redis-server azurite
 	PERF_ANALYZER="$$(bench/perf-analyzer-setup)" && export PERF_ANALYZER && \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Chosen cases of Triton's own qa files, run unchanged against conch serve, one server per
+# group, each in a network namespace of its own on Triton's ports (docs/triton-compatibility.md;
+# not part of make test). It reads a checkout of triton-inference-server/server and fetches
+# nothing: TRITON_SERVER_REPO, a work tree or a git directory (bare too) read at
+# TRITON_SERVER_REF. TRITON_QA_ARGS passes flags to tools/triton_qa, e.g. TRITON_QA_ARGS="-k
+# L0_http --keep" (--help lists them).
+TRITON_SERVER_REPO ?= .cache/triton-server
+TRITON_SERVER_REF ?= HEAD
+TRITON_QA_ARGS ?=
+
+triton-qa: $(STAMP) redis-server
+	$(BIN)/python -m tools.triton_qa --triton-repo '$(TRITON_SERVER_REPO)' \
+	  --ref '$(TRITON_SERVER_REF)' $(TRITON_QA_ARGS)
 
 # MLServer, the peer `make bench` compares against, in its own venv with the onnxruntime,
 # tokenizers and xgboost versions conch's venv has (text_embedding's runtime tokenizes with

@@ -74,7 +74,14 @@ def spawn(
     )
 
 
-def run_bounded(cmd: Sequence[str], *, timeout_s: float, log_path: Path) -> tuple[int | None, str]:
+def run_bounded(
+    cmd: Sequence[str],
+    *,
+    timeout_s: float,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> tuple[int | None, str]:
     """Run a command to completion in its own session, output to ``log_path``.
 
     Returns (exit status or None on timeout, output). On timeout or interruption the
@@ -82,7 +89,7 @@ def run_bounded(cmd: Sequence[str], *, timeout_s: float, log_path: Path) -> tupl
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log_file:
-        proc = spawn(cmd, log_file)
+        proc = spawn(cmd, log_file, env=env, cwd=cwd)
         code: int | None
         try:
             code = proc.wait(timeout=timeout_s)
