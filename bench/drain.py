@@ -485,10 +485,20 @@ def receive(sock: socket.socket) -> bytes:
 
 
 def drive(port: int, call: bytes, n: int, concurrency: int) -> float:
-    """Seconds ``n`` calls took from ``concurrency`` connections at once."""
+    """Seconds ``n`` calls took from ``concurrency`` connections at once. A connection that
+    fails (refused, reset) fails the run, as an answer that is not a 200 does: a thread's
+    exception would otherwise end only that thread, and the calls it never made would
+    still count."""
     errors: list[str] = []
+
+    def connection(count: int) -> None:
+        try:
+            call_loop(port, call, count, errors)
+        except OSError as exc:
+            errors.append(f"connection failed: {exc!r}")
+
     counts = shares(n, concurrency)
-    threads = [threading.Thread(target=call_loop, args=(port, call, c, errors)) for c in counts]
+    threads = [threading.Thread(target=connection, args=(c,)) for c in counts]
     t0 = time.perf_counter()
     for t in threads:
         t.start()

@@ -31,7 +31,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from conch import server_log
-from conch.core import custom_metrics, ensemble_graph, trace_config, tracing, validation
+from conch.core import (
+    custom_metrics,
+    ensemble_graph,
+    timeline,
+    trace_config,
+    tracing,
+    validation,
+)
 from conch.core.errors import (
     ConchError,
     Forbidden,
@@ -676,6 +683,7 @@ class DataPlane:
         """Every 4xx about the request is raised here, before anything is queued."""
         entry = to.entry
         validation.validate_request(request, entry.config, model_name=entry.name)
+        timeline.stamp("gateway.validated")
         spec = self.sequences.spec(entry.config)
         if spec is not None and lane is not calls.Lane.ONLINE:
             raise self.sequences.refuse_job(entry.name)

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator
 
 import redis
 
+from conch.core import timeline
 from conch.core.errors import BrokerUnavailable, Cancelled, ConchError, Internal, Unavailable
 from conch.frontend.stream_leases import MIN_TTL_S, LeaseKeeper
 from conch.wire import broker, outage, statistics, stream_log
@@ -224,7 +225,10 @@ class Pending:
         msg = self.msg
         timeout = max(0.0, msg.deadline - time.time()) if msg.deadline else None
         try:
-            if not self._slot.event.wait(timeout):
+            timeline.stamp("reply.waiting")
+            woke = self._slot.event.wait(timeout)
+            timeline.stamp("reply.woke")
+            if not woke:
                 raise Unavailable(
                     f"Request timeout expired for model '{msg.model}': no reply within "
                     f"{(msg.deadline - msg.enqueued) * 1000:.0f} ms"
@@ -620,6 +624,7 @@ class Dispatcher:
                     if not got or isinstance(got, redis.ResponseError):
                         continue
                     items = [got[1], *(more if isinstance(more, list) else ())]
+                timeline.stamp("reply.popped")
             except redis.RedisError as exc:
                 now = time.monotonic()
                 if lost_at is None:
@@ -638,6 +643,7 @@ class Dispatcher:
                 slot = self._pending.get(reply.id)
                 if slot is not None:  # else a late reply: its caller gave up
                     slot.deliver(reply)
+            timeline.stamp("reply.routed")
 
     def _rejoin(self, before: outage.Dataset | None) -> outage.Dataset:
         """Reach Redis (again): if it lost what it held, fail the requests waiting."""

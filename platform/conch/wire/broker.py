@@ -48,6 +48,7 @@ import msgpack
 import orjson
 import redis
 
+from conch.core import timeline
 from conch.wire.keys import (
     BUNDLED_SUFFIX,
     IN_FLIGHT_CLASS_SUFFIX,
@@ -344,6 +345,7 @@ class Publisher:
             self._queue.append(entry)
             leader = not self._flushing
             self._flushing = True
+        timeline.stamp("publish.queued")
         if leader:
             # Let callers that are ready to publish too (other greenlets or threads
             # mid-request) join this flush before it goes: one round trip for all.
@@ -443,7 +445,9 @@ class Publisher:
                     commands.extend(m.before)
                 at.append(len(commands))
                 commands.append(("EVALSHA", self._script.sha, len(m.keys), *m.keys, *m.args))
+            timeline.stamp("publish.sent")
             replies = self._link.pipeline(commands)
+            timeline.stamp("publish.acked")
             errors = [r for r in replies if isinstance(r, redis.ResponseError)]
             results = [replies[i] for i in at]
             if not errors:

@@ -29,6 +29,7 @@ from typing import Any
 import redis
 
 from conch.backends import Backend
+from conch.core import timeline
 from conch.core.batch_policy import BatchPolicy
 from conch.core.request_scope import about
 from conch.wire import broker, outage
@@ -302,6 +303,8 @@ class Batcher(threading.Thread):
     def _admit(self, popped: list[Popped], first_ticket: int | None = None) -> list[Item]:
         """``popped`` as batch items (``Admission``); the offline ones spend their share."""
         items = self.admission.admit(popped, first_ticket)
+        if items:
+            timeline.stamp("worker.admitted")
         offline = [i.rows for i in items if i.msg.priority >= broker.PRIORITY_OFFLINE]
         if offline:
             self.offline_share.took(sum(offline), len(offline))

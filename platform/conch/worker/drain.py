@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import redis
 
+from conch.core import timeline
 from conch.wire import statistics
 from conch.wire.broker import (
     PRIORITY_STEPS,
@@ -156,6 +157,7 @@ class Drain:
         if timeout > 2 * REDIS_TICK_S:
             block = round(timeout - REDIS_TICK_S, 3)
             self._link.call("BLPOP", self.keys[0], block, wait_s=block)
+            timeline.stamp("worker.woke")
         elif timeout > 0:
             time.sleep(min(timeout, POLL_S))
 
@@ -176,6 +178,8 @@ class Drain:
             return self._unpack(self._pop(keys=self.keys, args=args))
         if isinstance(got, BaseException):
             raise got
+        if len(got) > 1:  # it took messages
+            timeline.stamp("worker.popped")
         return self._unpack(got)
 
     def queue_pop(

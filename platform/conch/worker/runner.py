@@ -24,7 +24,7 @@ import redis
 
 from conch.backends import Backend, BackendRequest, TensorBackend
 from conch.backends.base import execute_answered
-from conch.core import tensors, tracing
+from conch.core import tensors, timeline, tracing
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unsupported
 from conch.core.model_config import output_types
 from conch.wire import outage, statistics
@@ -210,9 +210,11 @@ class Runner:
             runnable.append(item)
         if not runnable:
             return None
+        timeline.stamp("worker.executing")
         t0 = time.perf_counter_ns()
         results = execute_answered(backend, requests, self.name)
         t_out = time.perf_counter_ns()
+        timeline.stamp("worker.executed")
         compute_ns = t_out - t0
         rows = sum(i.rows for i in runnable)
         for item, result in zip(runnable, results, strict=True):
@@ -229,6 +231,7 @@ class Runner:
                 )
                 continue
             replies[item.key] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
+        timeline.stamp("worker.encoded")
         return t0 - t_in, compute_ns, time.perf_counter_ns() - t_out
 
     def _run_streamed(
@@ -375,8 +378,10 @@ class Runner:
         ack(pipe, self.drain.queue, tags)
         if prefetch:
             self.drain.queue_pop(pipe, prefetch, offline, held)
+        timeline.stamp("worker.replying")
         try:
             results = self._deliver(pipe)
+            timeline.stamp("worker.replied")
         finally:  # sent, or given up (left for the visibility timeout to bring back)
             self.inflight.discard(tags)
         errors = [r for r in results[: -1 if prefetch else None] if isinstance(r, Exception)]

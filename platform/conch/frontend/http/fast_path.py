@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from conch.core import timeline
 from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.inference import InferRequest
 from conch.core.restricted_apis import ApiGroup
@@ -151,10 +152,12 @@ def serve_infer(
         to, request = decode_call(
             plane, path_model(call), call.group(2) or "", body, header, regions=True
         )
+        timeline.stamp("gateway.parsed")
         payload, headers = http_codec.encode_outcome(
             plane.infer(to, request, traceparent=header("traceparent") or ""),
             header("Accept-Encoding"),
         )
+        timeline.stamp("gateway.encoded")
     except ConchError as exc:
         return error_answer(exc)
     except Exception as exc:  # never a bare 500 page: Triton's error body, always

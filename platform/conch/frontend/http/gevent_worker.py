@@ -35,6 +35,7 @@ from gunicorn import http, util
 from gunicorn.http import wsgi
 from gunicorn.workers.ggevent import GeventWorker
 
+from conch.core import timeline
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http import infer_head, routes
 from conch.frontend.http.fast_path import Header, InferCall, infer_call, serve_infer, status_line
@@ -168,6 +169,7 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
                         buf += data
                         end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
                     client.settimeout(None)
+                    timeline.stamp("gateway.read")
                 head = infer_head.parse(buf, end, self._max_head) if end >= 0 else None
                 if head is None:
                     rest = self._through_gunicorn(name, client, addr, buf)
@@ -304,6 +306,7 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
             f"Date: {self._date()}\r\nConnection: {'close' if close else 'keep-alive'}\r\n"
             f"{fields}\r\n"
         )
+        timeline.stamp("gateway.writing")
         sock.sendall(head.encode("latin-1") + payload)
         return close
 
