@@ -55,6 +55,16 @@ def steps(config: ModelConfig) -> list[Step]:
     ]
 
 
+def max_inflight(config: ModelConfig) -> int:
+    """How many requests each step of the ensemble may have in flight at once, over all
+    its requests (``ensemble_scheduling.max_inflight_requests``, Triton 2.63); 0: no bound.
+
+    Triton's backpressure for a pipeline whose early steps outrun its later ones: a step
+    that would go past the bound waits for one of its requests to be answered.
+    """
+    return int(config.ensemble_scheduling.max_inflight_requests)
+
+
 def needed(graph: list[Step], wanted: list[str]) -> list[Step]:
     """The steps that make the ``wanted`` ensemble tensors, in graph order.
 
