@@ -10,7 +10,8 @@ A private redis-server, a worker, a gateway of two HTTP processes and a gRPC ser
 serve two-step ensembles over Python models with four instances each, which log when
 each execution ran; stock tritonclient sends twelve requests at once, half over HTTP
 and half over gRPC. With the bound, no more than N executions of a step overlap; without
-it, all four instances run at once.
+it, all four instances run at once. An embedded server (``conch.Server``) keeps the
+bound in its own process.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+import conch
 from conch.devtools.redis_server import start_private
 from conch.wire.keys import ENSEMBLE_SLOTS_PREFIX
 
@@ -196,3 +198,23 @@ def test_a_request_waiting_for_a_slot_ends_at_its_deadline(stack: dict) -> None:
     assert "Request timeout expired for ensemble 'single'" in err.value.message()
     first.join()
     assert len((stack["logs"] / "single_a").read_text().splitlines()) == 1
+
+
+def test_an_embedded_server_keeps_the_bound_in_its_process(tmp_path: Path) -> None:
+    """conch.Server runs every graph in its own process, and counts the slots there."""
+    repo, logs = tmp_path / "models", tmp_path / "logs"
+    logs.mkdir()
+    for name in ("in_a", "in_b"):
+        gauge(repo, name, SECONDS, logs)
+    pipeline(repo, "in_process", "in_a", "in_b", LIMIT)
+    with conch.Server(repo) as server:
+        model = server.model("in_process")
+
+        def one(i: int) -> float:
+            [answer] = list(model.infer({"IN": np.array([float(i)], np.float32)}))
+            return float(answer.outputs["OUT"][0])
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(one, range(8))) == [float(i) for i in range(8)]
+    assert most_at_once(logs / "in_a") == LIMIT
+    assert most_at_once(logs / "in_b") == LIMIT
