@@ -47,8 +47,6 @@ class Case:
     config: str | None  # config.pbtxt as written; None: no file at all
     expected: str  # Triton's answer, with {group} where Triton fills in the default group
     cpu_count: int = 1  # Triton's default count for the group on a host with no GPU
-    # What conch's answer adds to Triton's, each a row of conch.core.unsupported.NORMALIZED
-    conch_adds: str = ""
 
 
 # -- the models -------------------------------------------------------------------------
@@ -215,9 +213,9 @@ def _cases() -> list[Case]:
             + PINNED
             + 'backend: "onnxruntime"\n',
         ),
-        # onnx/cpu_instance: a whole config but the group's count. Triton adds no batcher
-        # (its onnxruntime backend completes nothing for a config that lists inputs and
-        # outputs); conch's adds one (unsupported.NORMALIZED "dynamic_batching")
+        # onnx/cpu_instance: a whole config but the group's count. No batcher is added:
+        # Triton's onnxruntime backend completes nothing in a config that lists inputs
+        # and outputs
         Case(
             "cpu_instance_onnx",
             "onnxruntime",
@@ -233,7 +231,6 @@ def _cases() -> list[Case]:
             + 'default_model_filename: "model.onnx"\n'
             + PINNED
             + 'backend: "onnxruntime"\n',
-            conch_adds="dynamic_batching { preferred_batch_size: 8 }\n",
         ),
         # pytorch/cpu_instance: a whole config (it names model.pt) but the group's count
         Case(
@@ -371,17 +368,15 @@ def build(root: Path, names: list[str] | None = None) -> Path:
     return root
 
 
-def expected(name: str, gpus: int, *, conch: bool = True) -> ModelConfig:
-    """The config Triton answers for case ``name`` on a host with ``gpus`` GPUs; with
-    ``conch``, and the differences conch documents (``Case.conch_adds``)."""
+def expected(name: str, gpus: int) -> ModelConfig:
+    """The config Triton answers for case ``name`` on a host with ``gpus`` GPUs."""
     case = CASES[name]
     if gpus:
         ids = " ".join(f"gpus: {i}" for i in range(gpus))
         group = f'name: "{name}" count: 1 {ids} kind: KIND_GPU'
     else:
         group = f'name: "{name}" count: {case.cpu_count} kind: KIND_CPU'
-    text = case.expected.replace("{group}", group) + (case.conch_adds if conch else "")
-    return parse_config(text, model=name, source="expected")
+    return parse_config(case.expected.replace("{group}", group), model=name, source="expected")
 
 
 def as_config(obj: Any) -> ModelConfig:

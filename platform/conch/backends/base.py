@@ -117,6 +117,23 @@ class Backend(ABC):
         meaning it answers (or answered) through that responder."""
         return self.spec.config.model_transaction_policy.decoupled
 
+    def reshaped(self, tensors: dict[str, np.ndarray], *, inputs: bool) -> dict[str, np.ndarray]:
+        """``tensors`` (one request's, or a stacked batch's) in the model's shapes when
+        ``inputs``, else a model's outputs back in the config's: each entry with a
+        ``reshape`` converted, behind the batch dimension of a batching model. Triton
+        does this in its core for every backend, so each of conch's backends does it
+        too, and a model never sees its config's ``dims`` where it declares a reshape."""
+        config = self.spec.config
+        entries = {e.name: e for e in (config.input if inputs else config.output)}
+        if not any(e.HasField("reshape") for e in entries.values()):
+            return tensors
+        batched = config.max_batch_size > 0
+        convert = to_model_shape if inputs else to_config_shape
+        return {
+            name: convert(self.spec.name, entries[name], arr, batched) if name in entries else arr
+            for name, arr in tensors.items()
+        }
+
     @abstractmethod
     def execute(self, requests: list[BackendRequest]) -> list[BackendResult | None]:
         """Run a batch; one result per request, in order (None: a decoupled model's
@@ -134,24 +151,12 @@ class TensorBackend(Backend):
     runner stacks and splits a batch itself where it can (``execute_stacked``); warmup,
     and batches that cannot be stacked that way, come through ``execute``. Tensors whose
     config has a ``reshape`` reach ``run`` in the model's shape and leave it in the
-    config's, so a backend never sees the difference.
+    config's (``Backend.reshaped``).
     """
 
     @abstractmethod
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         """Run the model once on stacked inputs."""
-
-    def _reshape(self, tensors: dict[str, np.ndarray], *, inputs: bool) -> dict[str, np.ndarray]:
-        config = self.spec.config
-        entries = {e.name: e for e in (config.input if inputs else config.output)}
-        if not any(e.HasField("reshape") for e in entries.values()):
-            return tensors
-        batched = config.max_batch_size > 0
-        convert = to_model_shape if inputs else to_config_shape
-        return {
-            name: convert(self.spec.name, entries[name], arr, batched) if name in entries else arr
-            for name, arr in tensors.items()
-        }
 
     @property
     def batches(self) -> bool:
@@ -168,8 +173,8 @@ class TensorBackend(Backend):
         array per input, not one per request) and splits the outputs' bytes once, which
         ``execute`` cannot do from per-request arrays. Raises what ``run`` raises.
         """
-        out = self.run(self._reshape(inputs, inputs=True), outputs)
-        return self._reshape(out, inputs=False)
+        out = self.run(self.reshaped(inputs, inputs=True), outputs)
+        return self.reshaped(out, inputs=False)
 
     def execute(self, requests: list[BackendRequest]) -> list[BackendResult]:
         results: list[BackendResult | None] = [None] * len(requests)

@@ -103,6 +103,13 @@ def _io(session: Any, model: str) -> tuple[list[_Tensor], list[_Tensor]]:
     )
 
 
+def _lists_its_tensors(config: ModelConfig) -> bool:
+    """Whether the config names inputs (batch inputs count) and outputs both, so that
+    Triton's onnxruntime backend completes nothing in it: no ``max_batch_size``, no
+    dynamic batcher. The model is still checked against what the config says."""
+    return len(config.input) + len(config.batch_input) > 0 and len(config.output) > 0
+
+
 def _check_and_fill(
     config: ModelConfig, session: Any, *, fill: bool, default_max_batch_size: int
 ) -> None:
@@ -249,6 +256,8 @@ class OnnxRuntimeBackend(TensorBackend):
     ) -> None:
         if model_file is None or not model_file.exists():
             raise ModelLoadError(f"model '{config.name}': model file {model_file} not found")
+        if _lists_its_tensors(config):
+            return  # Triton's backend completes nothing; the model is checked at load
         session = _open_for_inspection(model_file, config.name)
         _check_and_fill(config, session, fill=True, default_max_batch_size=default_max_batch_size)
 
@@ -322,8 +331,8 @@ class OnnxRuntimeBackend(TensorBackend):
                 f"model '{self.spec.name}' asks for KIND_GPU but onnxruntime fell back to "
                 f"{session.get_providers()} (CUDA libraries missing?)"
             )
-        _check_and_fill(config, session, fill=False, default_max_batch_size=0)
         _check_sequence_io(config, session)
+        _check_and_fill(config, session, fill=False, default_max_batch_size=0)
         self._string_inputs = {a.name for a in session.get_inputs() if a.type == "tensor(string)"}
         self._string_outputs = {a.name for a in session.get_outputs() if a.type == "tensor(string)"}
         self._output_names = [a.name for a in session.get_outputs()]

@@ -23,6 +23,10 @@ class BatchPolicy:
     max_batch_size: int  # rows; 1 when the model does not batch dynamically
     max_queue_delay: float  # seconds, measured from the oldest request's enqueue time
     preferred: tuple[int, ...] = ()
+    # Whether requests carry a batch dimension (max_batch_size > 0): each then counts its
+    # first dimension's rows, with or without a dynamic batcher, as Triton counts
+    # inference_count and batch_stats. False: each request is one row.
+    batch_dimension: bool = True
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> BatchPolicy:
@@ -32,7 +36,7 @@ class BatchPolicy:
                 sorted(p for p in db.preferred_batch_size if 0 < p <= config.max_batch_size)
             )
             return cls(config.max_batch_size, db.max_queue_delay_microseconds / 1e6, preferred)
-        return cls(1, 0.0)
+        return cls(1, 0.0, batch_dimension=config.max_batch_size > 0)
 
     def ready(self, rows: int) -> bool:
         """A batch this size need not wait for more."""

@@ -6,12 +6,14 @@ completes what Triton derives from them: class labels, the transaction policy. R
 the graph is a frontend's business (``conch.frontend.ensemble_runner``); the rules it runs
 by are here, on configs and shapes: which steps a request needs (``needed``), how a
 tensor's batch dimension is added or stripped between batching and non-batching models
-(``fit_batch``), and how the ensemble's own ``reshape`` turns its inputs and outputs
-into the shapes its steps see (``inner_shape``, ``outer_shape``).
+(``fit_batch``), how the ensemble's own ``reshape`` turns its inputs and outputs
+into the shapes its steps see (``inner_shape``, ``outer_shape``), and how many requests
+each step may have in flight (``max_inflight``).
 
 Shapes, as Triton counts them: inside the graph an ensemble input or output has its
 ``reshape.shape`` where it declares one (else its ``dims``), and a step's input or output
-has the step model's ``dims`` (its own ``reshape`` is the step model's business). Each
+has the step model's ``dims`` (its own ``reshape`` is its backend's business: the model
+sees its ``reshape.shape``, whatever the backend). Each
 tensor is checked against the first place that names it (``check``).
 """
 
@@ -53,6 +55,16 @@ def steps(config: ModelConfig) -> list[Step]:
         Step(i, s.model_name, s.model_version or -1, dict(s.input_map), dict(s.output_map))
         for i, s in enumerate(config.ensemble_scheduling.step)
     ]
+
+
+def max_inflight(config: ModelConfig) -> int:
+    """How many requests each step of the ensemble may have in flight at once, over all
+    its requests (``ensemble_scheduling.max_inflight_requests``, Triton 2.63); 0: no bound.
+
+    Triton's backpressure for a pipeline whose early steps outrun its later ones: a step
+    that would go past the bound waits for one of its requests to be answered.
+    """
+    return int(config.ensemble_scheduling.max_inflight_requests)
 
 
 def needed(graph: list[Step], wanted: list[str]) -> list[Step]:

@@ -169,8 +169,7 @@ class Difference:
     conch: str  # what conch does instead
 
 
-# What the completed config reports, as Triton's would, while conch does otherwise; the
-# last row is a config conch completes unlike Triton, and reports as it runs.
+# What the completed config reports, as Triton's would, while conch does otherwise.
 NORMALIZED: tuple[Difference, ...] = (
     Difference(
         "optimization.input_pinned_memory",
@@ -188,15 +187,6 @@ NORMALIZED: tuple[Difference, ...] = (
         "tensorflow KIND_CPU group, else 1 (per GPU for KIND_GPU)",
         "a worker runs 1 instance of such a group (conch scales out with workers, and "
         "each onnxruntime session has its own thread pool); give a count to run more",
-    ),
-    Difference(
-        "dynamic_batching",
-        "present with preferred_batch_size [max_batch_size], for an ONNX model that can "
-        "batch (max_batch_size > 1) and names no scheduler, even when its config lists its "
-        "inputs and outputs",
-        "conch's onnxruntime backend adds this dynamic batcher and runs it; Triton's adds "
-        "it only when it completes the config's inputs or outputs itself (a config listing "
-        "both runs on Triton's default scheduler): name a scheduler to choose",
     ),
 )
 

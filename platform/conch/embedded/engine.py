@@ -32,7 +32,7 @@ from typing import Any
 from conch.backends import Backend, BackendRequest, loading
 from conch.core import ensemble_graph, tensors, validation
 from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor
-from conch.core.ensemble_run import StepCall, run
+from conch.core.ensemble_run import InProcessSlots, StepCall, run
 from conch.core.errors import ConchError, InvalidArgument, ModelLoadError, Unsupported
 from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput
 from conch.core.model_config import output_types
@@ -78,6 +78,7 @@ class Engine:
         self._served: dict[str, Served] = {}
         self._failed: dict[str, str] = {}  # model -> why its last load failed
         self._lock = threading.RLock()  # loads and unloads, one at a time
+        self._step_slots = InProcessSlots()  # ensembles' max_inflight_requests
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -332,7 +333,9 @@ class Engine:
         execution = statistics.Execution(version, batch_size=rows)
         began = time.time()
         try:
-            produced = run(entry, inputs, wanted, start, config_of)
+            produced = run(
+                entry, inputs, wanted, start, config_of, self._step_slots.until(deadline)
+            )
         except ConchError:
             execution.failed(statistics.OTHER, int((time.time() - began) * 1e9))
             served.counters.add(execution)

@@ -3,7 +3,9 @@
 An ensemble has no worker of its own. Whoever receives the request runs its graph (the
 gateway for a client, BLS for a Python model): every step whose inputs exist is published
 at once (independent steps run in parallel, each batched with everyone else's traffic to
-its model), and the outer request's deadline bounds them all.
+its model), and the outer request's deadline bounds them all. An ensemble that sets
+``max_inflight_requests`` sends a step only while it holds one of that step's slots,
+counted in Redis over every process that runs the graph (``_FleetSlots``).
 """
 
 from __future__ import annotations
@@ -16,14 +18,27 @@ import redis
 
 from conch.core import validation
 from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor
-from conch.core.ensemble_run import Done, StepCall, run
+from conch.core.ensemble_run import (
+    PATIENCE_S,
+    Done,
+    Release,
+    StepCall,
+    impatient,
+    run,
+    slot_timeout,
+)
 from conch.core.errors import Cancelled, ConchError, InvalidArgument, Unsupported
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
 from conch.frontend.producer import Abandonment, Dispatcher, Pending
 from conch.frontend.response_cache import ResponseCache
 from conch.wire import statistics
+from conch.wire.keys import ENSEMBLE_SLOTS_PREFIX
 from conch.wire.messages import InferMessage, Reply, WireTensor
+from conch.wire.rate_limits import FleetLimiter, Pool
+
+# How often a step waiting for a slot looks again: from the first, doubling to the last.
+SLOT_POLL_S = (0.002, 0.05)
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
@@ -64,6 +79,41 @@ class _Queued:
     def _done(self) -> None:
         if self.abandonment is not None:
             self.abandonment.done(self.pending)
+
+
+class _FleetSlots:
+    """An ensemble's ``max_inflight_requests`` counted over every process that runs its
+    graph (gateways, gRPC servers, job drivers, BLS), as Triton counts it in its one
+    process: a slot is a hold on the step's pool in Redis (``conch.wire.rate_limits``),
+    whose lease outlives a process that dies holding it by seconds only. One request's
+    view: its wait ends at its ``deadline`` (epoch seconds; 0: none) or when its caller
+    goes away."""
+
+    def __init__(
+        self, limiter: FleetLimiter, deadline: float, abandonment: Abandonment | None
+    ) -> None:
+        self.limiter = limiter
+        self.deadline = deadline
+        self.abandonment = abandonment
+
+    def take(self, ensemble: str, step: Step, limit: int) -> Release:
+        pool = Pool(f"{ENSEMBLE_SLOTS_PREFIX}{ensemble}/{step.index}", limit)
+        patience = time.monotonic() + PATIENCE_S
+        pause = SLOT_POLL_S[0]
+        while True:
+            hold = self.limiter.try_hold([pool], [1])
+            if hold is not None:
+                return lambda: self.limiter.release(hold)
+            if self.abandonment is not None and self.abandonment.gone:
+                raise Cancelled(self.abandonment.gone)
+            now = time.time()
+            if self.deadline and now >= self.deadline:
+                raise slot_timeout(ensemble, step, limit)
+            if time.monotonic() >= patience:
+                impatient(ensemble, step, limit)
+                return lambda: None
+            time.sleep(min(pause, self.deadline - now) if self.deadline else pause)
+            pause = min(2 * pause, SLOT_POLL_S[1])
 
 
 def _tensors(outputs: Iterable[WireTensor]) -> dict[str, Tensor]:
@@ -159,7 +209,8 @@ def execute(
         )
         return _Queued(pending, abandonment, answered)
 
-    return run(entry, inputs, wanted, start, config_of)
+    slots = _FleetSlots(dispatcher.step_slots, outer.deadline, abandonment)
+    return run(entry, inputs, wanted, start, config_of, slots)
 
 
 def execute_counted(

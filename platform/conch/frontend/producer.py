@@ -60,6 +60,7 @@ from conch.core.errors import BrokerUnavailable, Cancelled, ConchError, Internal
 from conch.frontend.stream_leases import MIN_TTL_S, LeaseKeeper
 from conch.wire import broker, outage, statistics, stream_log
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
+from conch.wire.rate_limits import FleetLimiter
 from conch.wire.redis_link import Commands, RedisLink
 
 log = logging.getLogger(__name__)
@@ -418,10 +419,13 @@ class Abandonment:
 
 
 class Dispatcher:
-    """Publishes requests and routes replies to the threads waiting for them."""
+    """Publishes requests and routes replies to the threads waiting for them. Its
+    ``step_slots`` hold this process's share of ensembles' ``max_inflight_requests``
+    (``conch.frontend.ensemble_runner``), leased in Redis like the rate limiter's copies."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
+        self.step_slots = FleetLimiter(client)
         self.publisher = broker.Publisher(client)
         self._lock = threading.Lock()
         self._pending: dict[str, _Slot | _Replies] = {}
@@ -596,6 +600,7 @@ class Dispatcher:
         if self._listener is not None:
             self._listener.join(LISTEN_BLOCK_S + 1)
         self.leases.close()
+        self.step_slots.close()
         self._fail_waiting(Unavailable("the data plane was closed while this request waited"))
 
     def _listen(self) -> None:

@@ -40,6 +40,9 @@ Model queues and messages in flight (``conch.wire.broker``)::
     conch.ratelimit.<pool>         zset     worker (rate limiter):       the acquire script drops
       [RATE_LIMIT_PREFIX]                   "<hold>|<copies>" -> lease   holds whose lease ended;
                                             end (wire.rate_limits)       release (ZREM)
+    conch.ensemble_slots.<model>/<step>    an ensemble's runner (its    the acquire script drops
+      [ENSEMBLE_SLOTS_PREFIX]     zset      max_inflight_requests):      holds whose lease ended;
+                                            "<hold>|1" -> lease end      release (ZREM)
     conch.untagged                 string   the pop script (a counter    nobody; named inside the
                                             for messages with no tag)    Lua, which stays intact
 
@@ -154,6 +157,9 @@ DEADLETTER = "conch.deadletter"
 # + "global.<resource>" or "host.<host>.<device>.<resource>": a sorted set of the holds of a
 # rate-limit resource's copies, by lease end (conch.wire.rate_limits)
 RATE_LIMIT_PREFIX = "conch.ratelimit."
+# + "<model>/<step index>": the holds of an ensemble step's in-flight slots (its
+# max_inflight_requests), as a rate-limit pool ('/' is in no model name)
+ENSEMBLE_SLOTS_PREFIX = "conch.ensemble_slots."
 
 # Replies and job results.
 REPLY_PREFIX = "conch.reply."
@@ -208,6 +214,7 @@ __all__ = [
     "CUSTOM_METRICS_PREFIX",
     "DATASET",
     "DEADLETTER",
+    "ENSEMBLE_SLOTS_PREFIX",
     "IN_FLIGHT_CLASS_SUFFIX",
     "IN_FLIGHT_SUFFIX",
     "JOBS_QUEUE",

@@ -116,13 +116,15 @@ class FleetLimiter:
     """Acquires and releases rate-limit resources for one worker process.
 
     ``capacity(need, device)`` says how many copies the resource's pool has (the same
-    answer on every worker: from the flags and the repository, which they share).
+    answer on every worker: from the flags and the repository, which they share). Without
+    it, only ``try_hold`` on pools the caller names may be used (an ensemble's step slots,
+    ``conch.frontend.ensemble_runner``).
     """
 
     def __init__(
         self,
         client: redis.Redis,
-        capacity: Callable[[ResourceNeed, int], int],
+        capacity: Callable[[ResourceNeed, int], int] | None = None,
         *,
         host: str | None = None,
         lease_s: float = LEASE_S,
@@ -139,20 +141,26 @@ class FleetLimiter:
         self._stopped = threading.Event()
 
     def pools(self, needs: Sequence[ResourceNeed], device: int) -> list[Pool]:
-        return [Pool(pool_key(n, self.host, device), self.capacity(n, device)) for n in needs]
+        assert self.capacity is not None, "a FleetLimiter without capacity holds named pools"
+        capacity = self.capacity
+        return [Pool(pool_key(n, self.host, device), capacity(n, device)) for n in needs]
 
     def try_acquire(self, needs: Sequence[ResourceNeed], device: int = 0) -> Hold | None:
         """The copies ``needs`` asks for, if every pool has them free now; else None."""
-        pools = self.pools(needs, device)
+        return self.try_hold(self.pools(needs, device), [n.count for n in needs])
+
+    def try_hold(self, pools: Sequence[Pool], counts: Sequence[int]) -> Hold | None:
+        """``counts[i]`` copies of ``pools[i]``, for each, if every pool has them free now
+        (all or none); else None. Held under a lease this limiter renews until ``release``."""
         holder = uuid.uuid4().hex
         args: list[object] = [self.lease_s, holder]
-        for need, pool in zip(needs, pools, strict=True):
-            args += [need.count, pool.capacity]
+        for count, pool in zip(counts, pools, strict=True):
+            args += [count, pool.capacity]
         if not self._acquire(keys=[p.key for p in pools], args=args):
             return None
         hold = Hold(
             tuple(p.key for p in pools),
-            tuple(f"{holder}|{n.count}" for n in needs),
+            tuple(f"{holder}|{count}" for count in counts),
         )
         with self._lock:
             self._held[holder] = hold

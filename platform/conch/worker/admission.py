@@ -60,8 +60,9 @@ def request_tag(msg: InferMessage) -> RequestTag:
 class Admission:
     """Admits one drain loop's popped messages (``admit``).
 
-    ``batching``: the model batches dynamically, so a request's rows are its first input's
-    first dimension (else each counts as one). ``backends`` names the versions served, for
+    ``batching``: the model's requests carry a batch dimension, so a request's rows are
+    its first input's first dimension, with or without a dynamic batcher (else each
+    counts as one). ``backends`` names the versions served, for
     the statistics of requests that fail here without naming one. With a ``sequencer``, a
     message dealt with here finishes its ticket.
     """

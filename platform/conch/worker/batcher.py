@@ -139,7 +139,7 @@ class Batcher(threading.Thread):
         }
         self.admission = Admission(
             client=client,
-            batching=policy.max_batch_size > 1,
+            batching=policy.batch_dimension,
             max_attempts=max_attempts,
             **shared,
         )

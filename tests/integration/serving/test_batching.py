@@ -113,13 +113,13 @@ def test_requests_of_different_sizes_batch_together_and_split_back(stack: str, d
     assert rows / executions <= 16  # never past max_batch_size
 
 
-def test_auto_complete_adds_dynamic_batching_as_triton_does(stack: str) -> None:
-    # "add" (ONNX) declares max_batch_size 8 and no scheduler: completed with a dynamic
-    # batcher that prefers full batches. Triton's onnxruntime backend adds one only when
-    # it completes the inputs or outputs itself; "add" lists both, so here conch differs
-    # (core/unsupported.py NORMALIZED says so); Triton's core then prefers full batches.
+def test_auto_complete_adds_no_batcher_to_a_config_listing_its_tensors(stack: str) -> None:
+    """The ONNX model "add" lists its inputs and outputs, max_batch_size 8, no scheduler.
+    Triton's onnxruntime backend completes nothing in such a config (its L0_model_config
+    onnx/cpu_instance expects no batcher), so it runs on the default scheduler. conch
+    used to add a dynamic batcher preferring batches of max_batch_size."""
     config = httpclient.InferenceServerClient(stack).get_model_config("add")
-    assert config["dynamic_batching"]["preferred_batch_size"] == [8]
+    assert config["max_batch_size"] == 8 and "dynamic_batching" not in config
 
 
 def _probe_burst(url: str, db: str, model: str) -> list[int]:

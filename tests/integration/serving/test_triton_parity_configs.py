@@ -4,9 +4,8 @@ A private redis-server, a worker, a gateway and a gRPC server serve Triton's
 L0_model_config autofill cases for onnx, pytorch and python models (configs partly or
 wholly missing: tests/triton_autofill.py); stock tritonclient reads each config back over
 HTTP and gRPC, and it must be the config Triton answers for the same case (as Triton's
-own test compares them: the whole message), with only the differences conch documents
-(``unsupported.NORMALIZED``). Pinned memory, which normalization adds, is warned about
-only for the model whose own config.pbtxt sets it.
+own test compares them: the whole message). Pinned memory, which normalization adds, is
+warned about only for the model whose own config.pbtxt sets it.
 """
 
 from __future__ import annotations
@@ -73,12 +72,6 @@ def test_grpc_config_is_tritons(stack: dict[str, object], name: str) -> None:
         _same(triton_autofill.as_config(client.get_model_config(name).config), _want(name))
     finally:
         client.close()
-
-
-def test_the_only_documented_difference_is_the_onnx_batcher() -> None:
-    """Against Triton's file as it is, only cpu_instance_onnx differs, by its batcher."""
-    differ = [n for n in NAMES if _want(n) != triton_autofill.expected(n, 0, conch=False)]
-    assert differ == ["cpu_instance_onnx"]
 
 
 def test_a_model_whose_config_reports_tritons_two_instances_serves(

@@ -94,7 +94,23 @@ FF2_IO = io([fp32("INPUT1", "8", "4, 1, 2")], [fp32("OUTPUT1", "8", "4, 1, 2")])
 REFUSED_IO = io([fp32("INPUT1", "8", "4, 1, 2")], [fp32("OUTPUT1", "4, 1, 2", "8")])
 NOP_412_STEP = [ensemble_step("nop_412", {"X": "INPUT1"}, {"Y": "OUTPUT1"})]
 
-SERVED = ("reshape_mixed", "reshape_nobatch", "ff2_simple")
+# gen_ensemble_model_utils.py's nop tunnels are identity-backend models; here they are
+# Python identities, which must see their input in its reshape and give back an output
+# in its dims, as Triton does for every backend.
+PY_TUNNEL_IN = (
+    f'backend: "python"\nmax_batch_size: 8\n{io([fp32("X", "4, 1, 2", "8")], [fp32("Y", "8")])}\n'
+)
+PY_TUNNEL_OUT = f'backend: "python"\nmax_batch_size: 8\n{io([fp32("X", "8", "4, 1, 2")], [fp32("Y", "4, 1, 2")])}\n'
+# Its output reshapes: the model returns [4, 1, 2], the client gets the dims [8].
+PY_RESHAPE_OUT = f'backend: "python"\nmax_batch_size: 8\n{io([fp32("X", "4, 1, 2")], [fp32("Y", "8", "4, 1, 2")])}\n'
+# test_ff2's sequence_reshape_zero_2_float32, its INPUT1 path: [8] enters as [4, 1, 2],
+# the first tunnel gives [8], the second [4, 1, 2] again, and OUTPUT1 leaves as [8].
+PY_TUNNELS = [
+    ensemble_step("py_tunnel_in", {"X": "INPUT1"}, {"Y": "temp_1"}),
+    ensemble_step("py_tunnel_out", {"X": "temp_1"}, {"Y": "OUTPUT1"}),
+]
+
+SERVED = ("reshape_mixed", "reshape_nobatch", "ff2_simple", "ff2_sequence")
 
 
 def build_repository(root: Path) -> Path:
@@ -107,6 +123,10 @@ def build_repository(root: Path) -> Path:
     ensemble(root, "reshape_nobatch", NOBATCH_IO, CHAIN, max_batch_size=0)
     ensemble(root, "ff2_simple", FF2_IO, NOP_412_STEP, max_batch_size=8)
     ensemble(root, "refused", REFUSED_IO, NOP_412_STEP, max_batch_size=8)
+    python_model(root, "py_tunnel_in", PY_TUNNEL_IN, IDENTITY_MODEL)
+    python_model(root, "py_tunnel_out", PY_TUNNEL_OUT, IDENTITY_MODEL)
+    python_model(root, "py_reshape_out", PY_RESHAPE_OUT, IDENTITY_MODEL)
+    ensemble(root, "ff2_sequence", FF2_IO, PY_TUNNELS, max_batch_size=8)
     return root
 
 
@@ -122,7 +142,8 @@ def urls(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator[tu
     gateway, url = start_gateway(repo, server.url, log_dir)
     grpc, grpc_url = start_grpc(repo, server.url, log_dir)
     try:
-        for m in ("tunnel_in", "tunnel_out", "nop_16", "nop_412", "flat", *SERVED):
+        steps = ("tunnel_in", "tunnel_out", "nop_16", "nop_412", "flat", "py_reshape_out")
+        for m in (*steps, "py_tunnel_in", "py_tunnel_out", *SERVED):
             wait_model_ready(url, m, 120, worker, gateway, grpc)
         yield url, grpc_url
     finally:
@@ -204,6 +225,40 @@ def test_ff2s_simple_reshape_ensemble_loads_and_answers(urls: tuple[str, str], b
     out = result.as_numpy("OUTPUT1")
     assert out.shape == (batch, 8)
     np.testing.assert_array_equal(out, sent["INPUT1"])
+
+
+@pytest.mark.parametrize(("module", "which"), PROTOCOLS)
+@pytest.mark.parametrize("batch", [1, 8])
+def test_ff2s_sequence_reshape_ensemble_of_python_tunnels_answers(
+    urls: tuple[str, str], module, which: int, batch: int
+) -> None:
+    """Each Python step sees its input in its reshape and answers in its output's dims,
+    so the second tunnel gets the first's [8]. conch used to give a Python model its
+    input in the config's dims, and refused the second step ("unexpected shape for input
+    ... Expected [-1,8], got [1,4,1,2]")."""
+    result, sent = infer(module, urls[which], "ff2_sequence", {"INPUT1": (batch, 8)}, seed=batch)
+    out = result.as_numpy("OUTPUT1")
+    assert out.shape == (batch, 8)
+    np.testing.assert_array_equal(out, sent["INPUT1"])
+
+
+@pytest.mark.parametrize(
+    ("model", "given", "answered"),
+    [
+        pytest.param("py_tunnel_in", (4, 1, 2), (8,), id="input-reshape"),
+        pytest.param("py_reshape_out", (4, 1, 2), (8,), id="output-reshape"),
+    ],
+)
+def test_a_python_model_sees_its_reshape(
+    urls: tuple[str, str], model: str, given: tuple[int, ...], answered: tuple[int, ...]
+) -> None:
+    """A Python identity called directly: an input with a reshape arrives in it (the
+    identity's output, dims [8], is that shape), and an output with a reshape is given in
+    its dims ([4, 1, 2] returned, [8] answered), as Triton's core does for every backend."""
+    result, sent = infer(httpclient, urls[0], model, {"X": (3, *given)}, seed=5)
+    out = result.as_numpy("Y")
+    assert out.shape == (3, *answered)
+    np.testing.assert_array_equal(out, sent["X"].reshape(3, *answered))
 
 
 def test_an_ensemble_triton_refuses_is_refused_with_its_reason(urls: tuple[str, str]) -> None:

@@ -41,6 +41,15 @@ def test_policy_from_config() -> None:
     assert p.ready(32) and p.ready(8) and not p.ready(5)
 
 
+def test_requests_count_their_batch_dimension_without_a_dynamic_batcher() -> None:
+    """A model that batches but names no scheduler runs each request alone, and each
+    still counts its batch's rows (Triton's inference_count); one that does not batch
+    counts each request as one."""
+    alone = BatchPolicy.from_config(cfg("max_batch_size: 8"))
+    assert alone.max_batch_size == 1 and alone.batch_dimension
+    assert not BatchPolicy.from_config(cfg("max_batch_size: 0")).batch_dimension
+
+
 def test_admit_priorities_and_policies() -> None:
     c = cfg(
         "max_batch_size: 8 dynamic_batching { priority_levels: 3 default_priority_level: 2 "

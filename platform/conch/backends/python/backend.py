@@ -545,7 +545,9 @@ class PythonBackend(Backend):
 
     def _request(self, req: BackendRequest) -> pb.InferenceRequest:
         """The request a Python model sees. The sequence parameters become its
-        ``correlation_id()`` and ``flags()``, as in Triton, and leave ``parameters()``."""
+        ``correlation_id()`` and ``flags()``, as in Triton, and leave ``parameters()``; an
+        input whose config declares a ``reshape`` comes in that shape (``_result`` turns
+        such outputs back into their ``dims``)."""
         params = req.parameters or {}
         sequence, start, end = sequence_params(params)
         flags = (pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if start else 0) | (
@@ -560,7 +562,7 @@ class PythonBackend(Backend):
                 pb.Tensor._bfloat16(name, arr)
                 if name in self._bf16_inputs
                 else pb.Tensor(name, arr)
-                for name, arr in req.inputs.items()
+                for name, arr in self.reshaped(req.inputs, inputs=True).items()
             ],
             request_id=req.request_id,
             correlation_id=sequence.value if sequence is not None else 0,
@@ -618,7 +620,10 @@ class PythonBackend(Backend):
                 f"model '{self.spec.name}' did not return output(s) {missing} that the request "
                 f"asked for (it returned {sorted(returned)})"
             )
-        return {name: returned[name] for name in req.outputs}
+        try:
+            return self.reshaped({name: returned[name] for name in req.outputs}, inputs=False)
+        except ConchError as exc:
+            return exc
 
 
 async def _as_coroutine(awaitable: Any) -> Any:
