@@ -21,11 +21,11 @@ from urllib.parse import unquote, urlparse
 @cache
 def _checkout() -> str | None:
     """The folder conch was installed from in editable mode, else None."""
-    try:
-        raw = metadata.distribution("conch").read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return None
-    if not raw:
+    # Every record of conch is read: run from a checkout, the egg-info setuptools leaves
+    # there is found before the venv's record, and only the latter says how it was installed.
+    raws = (d.read_text("direct_url.json") for d in metadata.distributions(name="conch"))
+    raw = next((r for r in raws if r), None)
+    if raw is None:
         return None
     direct = json.loads(raw)
     if not direct.get("dir_info", {}).get("editable"):
