@@ -172,6 +172,19 @@ def test_a_stopped_connected_server_leaves_nothing_running(fleet: tuple[str, str
     assert left == []
 
 
+def test_models_is_the_gateways_index_by_name_and_version(
+    connected: conch.Server, fleet: tuple[str, str]
+) -> None:
+    """``models()`` in tritonserver's form holds what the gateway's repository index says."""
+    rows = httpclient.InferenceServerClient(fleet[0]).get_model_repository_index()
+    want = {(r["name"], int(r.get("version") or -1)): r.get("state") for r in rows}
+    index = connected.models()
+    assert {key: model.state for key, model in index.items()} == want
+    assert index[("mlp", 1)].state == "READY" and index[("mlp", 1)].version == 1
+    ready = connected.models(exclude_not_ready=True)
+    assert set(ready) == {key for key, state in want.items() if state == "READY"}
+
+
 def test_errors_are_the_gateways(embedded: conch.Server, fleet: tuple[str, str]) -> None:
     """A bad request raises what the gateway answers over HTTP (its 400 and text), before
     anything runs; an unknown model likewise."""
@@ -303,8 +316,22 @@ def test_explicit_control_and_bls_in_process(tmp_path: Path) -> None:
     with conch.Server(
         tmp_path, model_control_mode="explicit", startup_models=["doubler", "echo"]
     ) as server:
-        states = {m["name"]: m["state"] for m in server.models()}
-        assert states == {"add": "UNAVAILABLE", "doubler": "READY", "echo": "READY"}
+        index = server.models()
+        # tritonserver's form: (name, version) -> the model, its state and why.
+        assert {key: m.state for key, m in index.items()} == {
+            ("add", -1): "UNAVAILABLE",
+            ("doubler", 1): "READY",
+            ("echo", 1): "READY",
+        }
+        assert index[("add", -1)].reason == "unloaded" and index[("echo", 1)].reason is None
+        assert index["doubler"].version == -1 and index["doubler"].name == "doubler"
+        assert repr(index[("echo", 1)]) == "{'name': 'echo', 'version': 1, 'state': 'READY'}"
+        with pytest.raises(KeyError, match="Unknown Model: nope"):
+            index["nope"]
+        with pytest.raises(KeyError, match=r"Unknown Model: \('echo', 2\)"):
+            index[("echo", 2)]
+        assert list(server.models(exclude_not_ready=True)) == [("doubler", 1), ("echo", 1)]
+        np.testing.assert_array_equal(_one(index[("echo", 1)], x)["Y"], x["X"])
         with pytest.raises(InvalidArgument, match="has no available versions"):
             server.model("add").infer({"A": np.ones((1, 4), np.float32)})
         np.testing.assert_array_equal(_one(server.model("doubler"), x)["Y"], x["X"] * 2)
