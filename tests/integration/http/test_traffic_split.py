@@ -136,6 +136,23 @@ def _successes(url: str, version: int) -> int:
     return r.json()["model_stats"][0]["inference_stats"]["success"]["count"]
 
 
+def _shadow_records(stack: Stack, answered: dict[str, int]) -> dict[str, dict[str, str]]:
+    """The shadow's record of each request ``answered`` (id -> the version that
+    answered), once all are there: each ran on version 3, beside the version named."""
+    client = redis.Redis.from_url(stack.db)
+
+    def records() -> dict[str, dict[str, str]]:
+        rows = traffic_split.shadow_records(client, MODEL)
+        return {row["id"]: row for row in rows if row["id"] in answered}
+
+    wait_until(lambda: len(records()) == len(answered), 30, "a shadow record for each request")
+    got = records()
+    for rid, row in got.items():
+        assert row["version"] == "3" and row["status"] == "ok", row
+        assert row["primary_version"] == str(answered[rid])
+    return got
+
+
 def test_no_split_answers_from_the_latest_version(stack: Stack) -> None:
     r = requests.get(_traffic_url(stack.a, MODEL), timeout=10)
     assert r.status_code == 200 and r.json() == {"weights": {}}
@@ -177,16 +194,8 @@ def test_a_shadow_copy_is_recorded_and_never_returned(stack: Stack) -> None:
     ids = [f"shadow-{uuid.uuid4().hex[:8]}-{i}" for i in range(30)]
     answered = dict(zip(ids, _many(stack.a, len(ids), ids), strict=True))
     assert set(answered.values()) <= {1, 2}  # the split's versions answer, never the shadow
-    client = redis.Redis.from_url(stack.db)
-
-    def records() -> dict[str, dict[str, str]]:
-        rows = traffic_split.shadow_records(client, MODEL)
-        return {row["id"]: row for row in rows if row["id"] in answered}
-
-    wait_until(lambda: len(records()) == len(ids), 30, "a shadow record for each request")
-    for rid, row in records().items():
-        assert row["version"] == "3" and row["status"] == "ok" and row["error"] == "", row
-        assert row["primary_version"] == str(answered[rid])
+    for row in _shadow_records(stack, answered).values():
+        assert row["error"] == "", row
         assert row["message"] and row["shadow_message"] and row["message"] != row["shadow_message"]
         assert float(row["took_ms"]) >= 0 and float(row["at"]) > 0
         (output,) = json.loads(row["outputs"])
@@ -257,16 +266,7 @@ def test_a_split_routes_grpc_calls_and_streams(stack: Stack) -> None:
     share = seen.count(2) / len(seen)
     assert 0.07 <= share <= 0.33, share  # 20% +- 13 points (4 standard deviations)
     client_seen = {**answered, **streamed}
-    db = redis.Redis.from_url(stack.db)
-
-    def records() -> dict[str, dict[str, str]]:
-        rows = traffic_split.shadow_records(db, MODEL)
-        return {row["id"]: row for row in rows if row["id"] in client_seen}
-
-    wait_until(lambda: len(records()) == len(client_seen), 30, "a shadow record each")
-    for rid, row in records().items():
-        assert row["version"] == "3" and row["status"] == "ok", row
-        assert row["primary_version"] == str(client_seen[rid])
+    _shadow_records(stack, client_seen)
     after = {v: _successes(stack.a, v) for v in (1, 2, 3)}
     # Every copy ran on version 3, beside the one request that named it.
     wait_until(
