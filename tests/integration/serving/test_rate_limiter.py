@@ -140,19 +140,31 @@ def fleet(repo: Path, db: str, log_dir: Path) -> Iterator[str]:
 
 
 def test_models_sharing_a_resource_never_execute_at_once(fleet: str, repo: Path) -> None:
-    calls = [
-        threading.Thread(target=infer, args=(fleet, model, 0.05))
-        for _ in range(12)
-        for model in ("left", "right")
-    ]
+    run_together(
+        [
+            threading.Thread(target=infer, args=(fleet, model, 0.05))
+            for _ in range(12)
+            for model in ("left", "right")
+        ]
+    )
+    ran = one_at_a_time(repo)
+    assert {m for m, _, _ in ran} == {"left", "right"}
+
+
+def run_together(calls: list[threading.Thread]) -> None:
     for t in calls:
         t.start()
     for t in calls:
         t.join()
-    ran = sorted(executions(repo), key=lambda e: e[1])
-    assert {m for m, _, _ in ran} == {"left", "right"}
+
+
+def one_at_a_time(repo: Path, since: float = 0.0) -> list[tuple[str, float, float]]:
+    """The executions that started at ``since`` or later, in order, none overlapping
+    another."""
+    ran = sorted((e for e in executions(repo) if e[1] >= since), key=lambda e: e[1])
     for (m1, _, end), (m2, start, _) in itertools.pairwise(ran):
         assert start >= end, f"{m2} started at {start} while {m1} ran until {end}"
+    return ran
 
 
 def test_a_sequence_models_steps_hold_the_copy_too(fleet: str, repo: Path) -> None:
@@ -178,14 +190,8 @@ def test_a_sequence_models_steps_hold_the_copy_too(fleet: str, repo: Path) -> No
         for _ in range(4)
         for model in ("left", "right")
     ]
-    for t in calls:
-        t.start()
-    for t in calls:
-        t.join()
-    ran = sorted((e for e in executions(repo) if e[1] >= since), key=lambda e: e[1])
-    assert [m for m, _, _ in ran].count("ordered") == 12
-    for (m1, _, end), (m2, start, _) in itertools.pairwise(ran):
-        assert start >= end, f"{m2} started at {start} while {m1} ran until {end}"
+    run_together(calls)
+    assert [m for m, _, _ in one_at_a_time(repo, since)].count("ordered") == 12
 
 
 def test_a_sigkilled_workers_hold_is_freed(fleet: str, repo: Path, db: str, log_dir: Path) -> None:
