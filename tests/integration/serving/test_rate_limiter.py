@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from conch.devtools.processes import conch
 from conch.wire.rate_limits import LEASE_S
@@ -112,6 +113,13 @@ def quietly(url: str, model: str, seconds: float, timeout_s: float = 0) -> None:
     """``infer``, for a call that is meant to end badly (its worker killed)."""
     with contextlib.suppress(Exception):
         infer(url, model, seconds, timeout_s)
+
+
+def outcomes(url: str, model: str) -> tuple[int, int]:
+    """(successes, failures) the statistics count for ``model``."""
+    stats = httpclient.InferenceServerClient(url).get_inference_statistics(model)
+    inference = stats["model_stats"][0]["inference_stats"]
+    return inference["success"]["count"], inference["fail"]["count"]
 
 
 def executions(repo: Path) -> list[tuple[str, float, float]]:
@@ -256,6 +264,36 @@ def test_a_worker_stopped_while_waiting_for_the_copy_hands_its_request_back(
         for w in (holder, waiter, successor):
             if w is not None:
                 w.stop()
+
+
+def test_a_request_whose_deadline_passes_while_it_waits_for_the_copy_never_runs(
+    fleet: str, repo: Path, db: str, log_dir: Path
+) -> None:
+    """Popped at once by an idle worker, so in time when admitted, the request then waits
+    for the copy the holder's execution has: past its deadline by the time the copy is
+    free, it is dropped, not run."""
+    models = repo / "models"
+    flags = ("--rate-limit=execution_count",)
+    holder = start_worker(models, db, log_dir, "--models", "holder", *flags)
+    waiter = start_worker(models, db, log_dir, "--models", "waiting", *flags)
+    try:
+        wait_model_ready(fleet, "holder", 90, holder)
+        wait_model_ready(fleet, "waiting", 90, waiter)
+        before = outcomes(fleet, "waiting")
+        since = time.time()
+        held = threading.Thread(target=infer, args=(fleet, "holder", 2.5))
+        held.start()
+        time.sleep(1.0)  # the holder's execution has the only copy
+        with pytest.raises(InferenceServerException, match="timeout"):
+            infer(fleet, "waiting", 0.0, timeout_s=0.5)
+        held.join()
+        time.sleep(0.5)  # the waiter had the copy next, and would have run it by now
+        assert [m for m, start, _ in executions(repo) if start >= since] == ["holder"]
+        success, fail = outcomes(fleet, "waiting")
+        assert (success - before[0], fail - before[1]) == (0, 1)  # dropped, not run
+    finally:
+        for w in (holder, waiter):
+            w.stop()
 
 
 def test_a_resource_both_global_and_per_device_refuses_the_start(
