@@ -36,7 +36,7 @@ import numpy as np
 
 from conch import API
 from conch.core import tensors
-from conch.core.errors import ConchError, InvalidArgument, Unavailable
+from conch.core.errors import ConchError, InvalidArgument, StartFailed, Unavailable
 from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput
 from conch.settings import ModelControlMode, Settings
 from conch.version import __version__
@@ -365,6 +365,10 @@ class _Embedded:
             startup_models=settings.load_models,
         )
         self.engine.start()
+        failed = self.engine.failures()
+        if failed and settings.exit_on_error:  # as tritonserver's start raises
+            self.engine.stop()
+            raise StartFailed(failed)
 
     def ready(self) -> bool:
         wanted = [m["name"] for m in self.engine.index() if m.get("reason") != "unloaded"]

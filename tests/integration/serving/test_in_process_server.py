@@ -23,7 +23,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 import conch
-from conch.core.errors import ConchError, InvalidArgument, Unavailable
+from conch.core.errors import ConchError, InvalidArgument, StartFailed, Unavailable
+from conch.settings import Settings
 
 from harness import ROOT, fresh_db, serving
 from models import add_model, python_model
@@ -374,6 +375,12 @@ def test_sequence_models_and_polling_are_refused_with_the_reason(tmp_path: Path)
         server.model("seq").infer({"A": np.ones((1, 4), np.float32)})
     with pytest.raises(Unavailable, match="not started"):
         server.model("seq").ready()
+    # Triton's exit_on_error (tritonserver's default, not conch's): a model that fails to
+    # load stops the start, in Triton's words.
+    strict = conch.Server(tmp_path, settings=Settings(exit_on_error=True))
+    with pytest.raises(StartFailed, match=r"failed to load all models \('seq': .*sequence"):
+        strict.start()
+    assert not strict.live()
 
 
 ALONE = """
