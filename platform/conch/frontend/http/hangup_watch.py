@@ -71,16 +71,14 @@ class HangupWatch:
             while not self._over.is_set():
                 try:
                     readable, _, _ = select.select([peek], [], [], HANGUP_POLL_S)
-                    if self._over.is_set():
-                        return
-                    if not readable:
-                        continue
-                    data = peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    continue  # read by the connection meanwhile
                 except (OSError, ValueError):
-                    data = b""
-                if not data and not self._over.is_set():
+                    readable = [peek]  # the peek says what became of it
+                if self._over.is_set():
+                    return
+                data = _peek(peek) if readable else None
+                if data is None:
+                    continue  # nothing yet, or read by the connection meanwhile
+                if not data:
                     self._abandonment.abandon("the client closed the connection")
                 return
         finally:
@@ -99,7 +97,7 @@ def _peek(sock: socket.socket) -> bytes | None:
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except BlockingIOError:
         return None
-    except OSError:  # reset by the peer: gone too
+    except (OSError, ValueError):  # reset by the peer, or closed: gone too
         return b""
 
 
