@@ -155,26 +155,38 @@ class ModelHost:
         with self._report_lock:
             self._reporting = True
         self.report()  # LOADING, so readiness and the index say so while models load
+        failed = self._missing_startup_models(entries)
         if self.residency is not None:  # each is loaded when its work waits
             for name in wanted:
                 self._fingerprints[name] = self._fingerprint(name)
                 problem = entries[name].error or self.residency.too_large(entries[name])
                 if problem:
                     self.refuse(name, problem)
+                    failed[name] = problem
             self.residency.start()
-            return
-        explicit = self.settings.model_control_mode.explicit
-        self._load_at_start(
-            [
-                Load(name, entries[name], control_bus.last_load_id(self.client, name))
-                if explicit
-                else Load(name, entries[name])
-                for name in wanted
-            ]
-        )
-        failed = {n: str(self.models[n].reason) for n in wanted if self.models[n].reason}
+        else:
+            explicit = self.settings.model_control_mode.explicit
+            self._load_at_start(
+                [
+                    Load(name, entries[name], control_bus.last_load_id(self.client, name))
+                    if explicit
+                    else Load(name, entries[name])
+                    for name in wanted
+                ]
+            )
+            failed |= {n: str(self.models[n].reason) for n in wanted if self.models[n].reason}
         if failed and self.settings.exit_on_error:  # the worker stops (steps.ModelServing)
             raise StartFailed(failed)
+
+    def _missing_startup_models(self, entries: dict[str, ModelEntry]) -> dict[str, str]:
+        """Explicit mode's ``--load-model`` names that no repository holds, each with
+        Triton's reason (logged: a typo would otherwise go unseen)."""
+        if not self.settings.model_control_mode.explicit:
+            return {}
+        missing = sorted(set(self.settings.load_models) - set(entries) - {"*"})
+        for name in missing:
+            log.error("failed to load '%s': model not found in any model repository", name)
+        return {name: "model not found in any model repository" for name in missing}
 
     def _load_at_start(self, loads: list[Load]) -> None:
         """Load what the worker serves from its start, ``--model-load-thread-count``

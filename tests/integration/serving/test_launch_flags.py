@@ -263,3 +263,26 @@ def test_exit_on_error_stops_a_worker_whose_model_fails_to_load(
     finally:
         gateway.stop()
         worker.stop()
+
+
+def test_exit_on_error_stops_a_worker_whose_startup_model_is_not_there(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    """As Triton's L0_lifecycle has it: explicit mode, a --load-model that no repository
+    holds, --exit-on-error=true: the start fails, the log names the model and Triton's
+    reason."""
+    repo = tmp_path / "models"
+    add_model(repo / "add")
+    worker = start_worker(
+        repo,
+        fresh_db(redis_url, 13),
+        log_dir,
+        *("--model-control-mode=explicit", "--load-model=does-not-exist"),
+        "--exit-on-error=true",
+    )
+    try:
+        assert worker.proc.wait(timeout=90) == 1, worker.log()[-3000:]
+    finally:
+        worker.stop()
+    assert "failed to load all models ('does-not-exist': " in worker.log()
+    assert "model not found in any model repository" in worker.log()
