@@ -18,6 +18,7 @@ API = (
     "InferenceResponse",
     "Model",
     "ModelControlMode",
+    "ModelIndex",
     "ResponseIterator",
     "Server",
 )

@@ -36,7 +36,7 @@ import numpy as np
 
 from conch import API
 from conch.core import tensors
-from conch.core.errors import ConchError, InvalidArgument, Unavailable
+from conch.core.errors import ConchError, InvalidArgument, StartFailed, Unavailable
 from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput
 from conch.settings import ModelControlMode, Settings
 from conch.version import __version__
@@ -125,12 +125,26 @@ class _Exhausted(Exception):
 
 
 class Model:
-    """One model of a started server (``Server.model``): ``version`` -1 is the latest."""
+    """One model of a started server (``Server.model``): ``version`` -1 is the latest.
+    ``state`` and ``reason`` are the repository index's, on a model ``Server.models``
+    listed (None on one ``Server.model`` made), as ``tritonserver``'s are."""
 
-    def __init__(self, server: Server, name: str, version: int = -1) -> None:
+    def __init__(
+        self,
+        server: Server,
+        name: str,
+        version: int = -1,
+        state: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         self._server = server
         self.name = name
         self.version = version
+        self.state = state
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return repr({"name": self.name, "version": self.version, "state": self.state})
 
     @property
     def _version_text(self) -> str:
@@ -173,6 +187,31 @@ class Model:
     def statistics(self) -> dict[str, Any]:
         """Triton's statistics extension for this model (``{"model_stats": [...]}``)."""
         return {"model_stats": self._server._plane().statistics(self.name, self._version_text)}
+
+
+class ModelIndex(dict[tuple[str, int], Model]):
+    """What ``Server.models`` answers, in ``tritonserver``'s form (its ``ModelDictionary``):
+    each model version of the repository index by ``(name, version)``, its ``Model``
+    carrying the state and reason. A model with no version loaded is listed once, under
+    version -1. Looked up by name alone, it gives the model's latest version."""
+
+    def __init__(self, server: Server, rows: Sequence[Mapping[str, Any]]) -> None:
+        super().__init__()
+        self._server = server
+        for row in rows:
+            version = int(row.get("version") or -1)
+            reason = row.get("reason") or None
+            self[(row["name"], version)] = Model(
+                server, row["name"], version, row.get("state"), reason
+            )
+
+    def __getitem__(self, key: str | tuple[str, int]) -> Model:
+        if isinstance(key, tuple):
+            if key in self.keys():
+                return dict.__getitem__(self, key)
+        elif any(name == key for name, _ in self.keys()):
+            return Model(self._server, key)
+        raise KeyError(f"Unknown Model: {key}")
 
 
 class Server:
@@ -266,9 +305,13 @@ class Server:
     def metadata(self) -> dict[str, Any]:
         return {"name": "conch", "version": __version__, "mode": self.mode}
 
-    def models(self) -> list[dict[str, Any]]:
-        """Triton's repository index: every model, its state and why."""
-        return self._plane().index()
+    def models(self, exclude_not_ready: bool = False) -> ModelIndex:
+        """The repository index (``ModelIndex``): every model version, its state and why;
+        with ``exclude_not_ready``, only the versions that are ready."""
+        rows = self._plane().index()
+        if exclude_not_ready:
+            rows = [row for row in rows if row.get("state") == "READY"]
+        return ModelIndex(self, rows)
 
     def model(self, name: str, version: int = -1) -> Model:
         return Model(self, name, version)
@@ -322,6 +365,10 @@ class _Embedded:
             startup_models=settings.load_models,
         )
         self.engine.start()
+        failed = self.engine.failures()
+        if failed and settings.exit_on_error:  # as tritonserver's start raises
+            self.engine.stop()
+            raise StartFailed(failed)
 
     def ready(self) -> bool:
         wanted = [m["name"] for m in self.engine.index() if m.get("reason") != "unloaded"]

@@ -1351,31 +1351,40 @@ class Settings:
         env="CONCH_MODEL_MEMORY_BUDGET",
         parse=parse_byte_size,
     )
+    # Triton's: a worker exits when a model it serves from its start fails to load
+    # (conch.worker.host). conch's default is false where Triton's is true: one worker
+    # of a fleet serves many models, and one that exits over one of them takes the others
+    # down with it, then fails again each time it is started.
+    exit_on_error: bool = setting(
+        False,
+        Flag(
+            "--exit-on-error",
+            WORKER_ROLES,
+            "Triton's: exit (status 1, 'failed to load all models') when a model fails to "
+            "load at start; false: it is unavailable with its reason and the others are "
+            "served (default {default}, where Triton's is true)",
+        ),
+    )
+    # Triton's: how many models a worker loads at once at its start (conch.worker.host).
+    model_load_thread_count: int = setting(
+        4,
+        Flag(
+            "--model-load-thread-count",
+            WORKER_ROLES,
+            "Triton's: how many models a worker loads at once at its start (default "
+            "{default}, Triton's)",
+            metavar="N",
+            check=at_least(1),
+        ),
+    )
     # The rest of tritonserver's flags: what they tune conch does not have, so they are
     # taken (a Triton launch line starts unchanged) and named once as ignored when they
     # ask for something other than what conch does. A bool is named only when true.
     server_id: str | None = setting(
         None, _ignored("--id", "the server metadata's name is conch's", "ID")
     )
-    exit_on_error: bool = setting(
-        False,
-        _ignored(
-            "--exit-on-error",
-            "a model that fails to load at start is reported unavailable, with its reason, "
-            "and the others are served",
-        ),
-    )
     model_config_name: str | None = setting(
         None, _ignored("--model-config-name", "models are read from their config.pbtxt", "NAME")
-    )
-    model_load_thread_count: int | None = setting(
-        None,
-        _ignored(
-            "--model-load-thread-count",
-            "a worker loads its models one after another; more workers load more at once",
-            "N",
-            type=int,
-        ),
     )
     model_load_retry_count: int | None = setting(
         None,

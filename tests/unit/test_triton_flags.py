@@ -178,16 +178,16 @@ def test_a_whole_triton_launch_line_starts_a_real_process(tmp_path: Path):
     )
     assert done.returncode == 1, done.stderr
     assert "unrecognized arguments" not in done.stderr and "error: argument" not in done.stderr
+    for flag in ("--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size"):
+        assert done.stderr.count(f"{flag} ignored: ") == 1, (flag, done.stderr)
+    # Applied (conch.worker.rate_limiter, conch.worker.host), so not named as ignored.
     for flag in (
+        "--rate-limit",
+        "--rate-limit-resource",
         "--exit-on-error",
         "--model-load-thread-count",
-        "--pinned-memory-pool-byte-size",
-        "--cuda-memory-pool-byte-size",
     ):
-        assert done.stderr.count(f"{flag} ignored: ") == 1, (flag, done.stderr)
-    # The rate limiter is applied (conch.worker.rate_limiter), so not named as ignored.
-    assert "--rate-limit ignored" not in done.stderr
-    assert "--rate-limit-resource ignored" not in done.stderr
+        assert f"{flag} ignored" not in done.stderr, (flag, done.stderr)
 
 
 def _bool_flags():
@@ -263,8 +263,6 @@ def test_an_unknown_flag_is_an_error_that_names_it(tmp_path: Path, capsys):
 
 IGNORED = [
     "--id=triton-0",
-    "--exit-on-error=true",
-    "--model-load-thread-count=8",
     "--model-namespacing",
     "--pinned-memory-pool-byte-size=268435456",
     "--cuda-memory-pool-byte-size=0:67108864",
@@ -288,6 +286,32 @@ def test_the_rate_limiter_flags_are_applied_and_reach_the_workers(tmp_path: Path
     worker = _settings(Role.WORKER, *s.to_args(Role.WORKER))
     assert worker.rate_limit is RateLimitMode.EXECUTION_COUNT
     assert worker.rate_limit_resources.counts == {("R1", None): 4}
+
+
+def test_exit_on_error_and_load_threads_are_applied_and_reach_the_workers(tmp_path: Path):
+    """Triton's --exit-on-error and --model-load-thread-count are the workers' (conch's
+    default for the first is false, Triton's true: ``Settings.exit_on_error``)."""
+    assert (Settings().exit_on_error, Settings().model_load_thread_count) == (False, 4)
+    s = _settings(
+        Role.SERVE,
+        *("--model-repository", str(tmp_path), "--exit-on-error", "true"),
+        "--model-load-thread-count=2",
+    )
+    for role in (Role.WORKER, Role.AUTOSCALE):
+        child = _settings(role, *s.to_args(role))
+        assert (child.exit_on_error, child.model_load_thread_count) == (True, 2)
+    with pytest.raises(ValueError, match="--model-load-thread-count 0: must be at least 1"):
+        _settings(Role.WORKER, "--model-repository", str(tmp_path), "--model-load-thread-count=0")
+
+
+@pytest.mark.parametrize("argv", [["autoscale"], ["serve", "--workers", "1:2"]])
+def test_exit_on_error_is_refused_where_workers_are_autoscaled(tmp_path: Path, argv: list[str]):
+    """An autoscaler replaces a worker that exits: the new one would fail the same load."""
+    line = [*argv, "--model-repository", str(tmp_path), "--exit-on-error=true"]
+    if argv == ["autoscale"]:
+        line += ["--workers", "1:2"]
+    with pytest.raises(SystemExit, match="--exit-on-error=true is refused with --workers"):
+        main(line)
 
 
 def test_model_store_is_tritons_older_model_repository(tmp_path: Path, capsys):

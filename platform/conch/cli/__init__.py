@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             if not folder.is_dir():
                 raise SystemExit(f"conch: --model-repository {folder} is not a folder")
         _check_rate_limits(args.command, settings)
+        _check_exit_on_error(args.command, settings)
         return _run_role(args.command, settings)
     finally:
         repository_mirror.stop(mirrors)
@@ -157,6 +158,18 @@ def _check_rate_limits(command: str, settings: Settings) -> None:
         raise SystemExit(f"conch: --rate-limit execution_count: {problem}")
 
 
+def _check_exit_on_error(command: str, settings: Settings) -> None:
+    """--exit-on-error is refused where workers are autoscaled: the autoscaler replaces a
+    worker that exits, which would then fail to load the same model again, and again."""
+    autoscaled = command == Role.AUTOSCALE or (command == Role.SERVE and settings.workers)
+    if settings.exit_on_error and autoscaled:
+        raise SystemExit(
+            "conch: --exit-on-error=true is refused with --workers: the autoscaler replaces "
+            "a worker that exits, and the new one would fail to load the same model again; "
+            "a model that fails to load is unavailable with its reason"
+        )
+
+
 def _run_role(command: str, settings: Settings) -> int:
     if command == Role.WORKER:
         return worker(settings)
@@ -176,8 +189,7 @@ def worker(settings: Settings) -> int:
     from conch.worker import app as worker_app
 
     settings.redis_url, _ = redis_server.resolve(settings.redis_url, settings.local_redis_url)
-    worker_app.run(settings, loglevel="DEBUG" if settings.log_verbose else "INFO")
-    return 0
+    return worker_app.run(settings, loglevel="DEBUG" if settings.log_verbose else "INFO")
 
 
 def autoscale(settings: Settings) -> int:

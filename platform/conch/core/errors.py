@@ -87,6 +87,17 @@ class ModelLoadError(ConchError):
     code = "INVALID_ARG"
 
 
+class StartFailed(ModelLoadError):
+    """Triton's ``--exit-on-error``: models to be served from the start failed to load,
+    so the server does not start (Triton's "failed to load all models"); ``reasons``:
+    each model's why."""
+
+    def __init__(self, reasons: dict[str, str]) -> None:
+        self.reasons = reasons
+        named = "; ".join(f"'{name}': {why}" for name, why in sorted(reasons.items()))
+        super().__init__(f"failed to load all models ({named})")
+
+
 # Triton's error codes by name (``ConchError.code``), with their numbers: Triton's
 # TRITONSERVER_Error_Code order, which ``pb_utils.TritonError``'s constants are. With
 # ``_BY_CODE`` below (name -> class) this is the one table for both directions: a conch

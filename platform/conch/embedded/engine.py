@@ -95,6 +95,11 @@ class Engine:
             except ConchError as exc:
                 log.error("model '%s' failed to load: %s", name, exc.message)
 
+    def failures(self) -> dict[str, str]:
+        """Each model whose last load failed, and why."""
+        with self._lock:
+            return dict(self._failed)
+
     def stop(self, timeout: float = STOP_S) -> None:
         """Run what is queued, then unload every model. Every model keeps taking requests
         until all are idle at once, so a Python model finishing its queue can still make

@@ -384,14 +384,20 @@ class Abandonment:
     gRPC call; a cancelled stream, with many requests in flight): ``abandon`` withdraws
     every queued message no worker has taken and ends every wait; a request submitted
     after it is withdrawn at once, and ``gone`` says not to send more. Said after the
-    answers (each ``done``), it costs nothing."""
+    answers (each ``done``), it costs nothing.
 
-    __slots__ = ("_gone", "_lock", "_pending")
+    ``bundles``: the caller's requests may still share a message with others
+    (``broker.Bundling``, an HTTP infer call's, where bundles are most of the throughput):
+    one that did is not withdrawn, only its wait ends; one that went alone is. Without
+    it, a request that may be abandoned always goes alone."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_gone", "_lock", "_pending", "bundles")
+
+    def __init__(self, *, bundles: bool = False) -> None:
         self._lock = threading.Lock()
         self._pending: set[Pending | ResponseStream] = set()
         self._gone: str | None = None
+        self.bundles = bundles
 
     @property
     def gone(self) -> str | None:
@@ -448,8 +454,9 @@ class Dispatcher:
         """Enqueue ``msg`` and block until its reply, its deadline or ``abandonment``.
 
         ``bundling``: it may share its message with other requests (``broker.Bundling``),
-        unless an ``abandonment`` may take it back out of its queue."""
-        if abandonment is not None:
+        unless an ``abandonment`` may take it back out of its queue (and does not say
+        ``bundles``)."""
+        if abandonment is not None and not abandonment.bundles:
             bundling = None
         pending = self.submit(
             msg, max_queue_size=max_queue_size, version=version, route=route, bundling=bundling

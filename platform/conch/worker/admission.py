@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -54,6 +55,11 @@ class Item:
 def request_tag(msg: InferMessage) -> RequestTag:
     """The ids a log line about ``msg``'s request names."""
     return RequestTag(msg.client_id, msg.id, tracing.trace_id(msg.traceparent))
+
+
+# Whether an item's time ran out, dealing with it if so: (pipeline, now, item, the
+# failures to count) -> True when it is not to run.
+_Lapse = Callable[[redis.client.Pipeline, float, Item, list[tuple[str, InferMessage]]], bool]
 
 
 @dataclass(eq=False, kw_only=True)
@@ -154,6 +160,21 @@ class Admission:
         dealt with as at admission (their deadline passed: dropped; their queue policy's
         timeout: REJECT answers them, DELAY puts them back behind the requests still in
         time), so that a request that times out never holds the others back."""
+        return self._keep(items, self._lapsed)
+
+    def overdue(self, items: list[Item]) -> list[Item]:
+        """Of ``items``, about to run, those whose deadline has not passed; the rest are
+        dropped as at admission. A batch can wait after its requests were admitted (for
+        its rate-limit resources, or while it forms), and a request is never run past
+        its deadline. Nothing is asked of Redis unless one is dropped."""
+        now = time.time()
+        if all(not i.msg.deadline or now <= i.msg.deadline for i in items):
+            return items
+        return self._keep(items, self._past_deadline)
+
+    def _keep(self, items: list[Item], lapsed: _Lapse) -> list[Item]:
+        """Of ``items``, those ``lapsed`` keeps (it deals with the others), the rest
+        acked in one round trip."""
         now = time.time()
         pipe = self.client.pipeline(transaction=True)
         done: list[tuple[str, int | None]] = []
@@ -161,7 +182,7 @@ class Admission:
         failed: list[tuple[str, InferMessage]] = []
         kept = []
         for item in items:
-            if not self._lapsed(pipe, now, item, failed):
+            if not lapsed(pipe, now, item, failed):
                 kept.append(item)
             elif item.bundled:
                 settled.append(item)
@@ -249,16 +270,7 @@ class Admission:
         """Whether ``item``'s time ran out in the queue (its deadline, or its queue
         policy's timeout), dealt with here if so (a failure added to ``failed``)."""
         msg = item.msg
-        if msg.deadline and now > msg.deadline:
-            with about(request_tag(msg)):
-                log.info("%s: dropping a request: its deadline passed in the queue", self.name)
-            failed.append((statistics.REJECTED, msg))
-            if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
-                error = Unavailable(
-                    f"Request timeout expired: the job waited in the queue of model "
-                    f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
-                )
-                self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
+        if self._past_deadline(pipe, now, item, failed):
             return True
         if msg.queue_deadline and now > msg.queue_deadline and not msg.delayed:
             if msg.delay_on_timeout:
@@ -282,6 +294,29 @@ class Admission:
                 failed.append((statistics.REJECTED, msg))
             return True
         return False
+
+    def _past_deadline(
+        self,
+        pipe: redis.client.Pipeline,
+        now: float,
+        item: Item,
+        failed: list[tuple[str, InferMessage]],
+    ) -> bool:
+        """Whether ``item``'s deadline has passed, dropped if so (a job's result says
+        why; any other caller has stopped waiting)."""
+        msg = item.msg
+        if not msg.deadline or now <= msg.deadline:
+            return False
+        with about(request_tag(msg)):
+            log.info("%s: dropping a request: its deadline passed before it ran", self.name)
+        failed.append((statistics.REJECTED, msg))
+        if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
+            error = Unavailable(
+                f"Request timeout expired: the job waited in the queue of model "
+                f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
+            )
+            self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
+        return True
 
     def _record_failures(
         self, pipe: redis.client.Pipeline, now: float, failed: list[tuple[str, InferMessage]]

@@ -178,12 +178,27 @@ def _keep_logging(**_signal: Any) -> None:
     so its lines go through the root logger ``conch.server_log`` set up."""
 
 
-def run(settings: Settings, *, loglevel: str = "INFO") -> None:
+class ExitStatus:
+    """The worker's exit status, as Celery set it (a bootstep that stops the start with
+    ``SystemExit(1)``: ``--exit-on-error``): ``worker_main`` returns none."""
+
+    def __init__(self) -> None:
+        self.code = 0
+
+    def shutdown(self, sender: Any = None, **_signal: Any) -> None:
+        """Celery's ``worker_shutdown`` receiver: its sender is the worker."""
+        self.code = int(getattr(sender, "exitcode", 0) or 0)
+
+
+def run(settings: Settings, *, loglevel: str = "INFO") -> int:
+    """Run the worker until it stops; its exit status."""
     name = worker_name()
     tracing.start(settings.trace_config, "conch-worker")
     app = make_celery(settings, name)
     signals.setup_logging.connect(_keep_logging, weak=False)
     signals.worker_shutting_down.connect(ExitDeadline(settings.exit_timeout_secs).arm, weak=False)
+    status = ExitStatus()
+    signals.worker_shutdown.connect(status.shutdown, weak=False)
     app.worker_main(
         argv=[
             "worker",
@@ -199,3 +214,4 @@ def run(settings: Settings, *, loglevel: str = "INFO") -> None:
             "--without-mingle",
         ]
     )
+    return status.code

@@ -355,6 +355,10 @@ class Batcher(threading.Thread):
             )
             try:
                 with self.gate() if self.gate is not None else nullcontext():
+                    # What waited past its deadline since it was admitted never runs.
+                    batch = self.admission.overdue(batch)
+                    if not batch:
+                        return
                     started = time.time()
                     result = self.runner.run(batch, alone=alone, cut=cut)
             except Stopped:

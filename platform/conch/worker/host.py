@@ -15,6 +15,7 @@ import contextlib
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ import redis
 from conch.backends import Backend, loading
 from conch.backends.base import BlsPort, InstanceSpec
 from conch.core import ensemble_graph
-from conch.core.errors import ConchError, ModelLoadError
+from conch.core.errors import ConchError, ModelLoadError, StartFailed
 from conch.core.repository import ModelEntry, ModelRepository
 from conch.settings import InstanceForm, Settings
 from conch.wire import control_bus, model_metrics, statistics, worker_reports
@@ -47,6 +48,15 @@ INSTANCE_FORM_PARAMETER = "instance_form"
 
 # What serves one instance slot: its drain loop on a thread here, or a child process.
 Instance = instance.DrainLoop | InstanceProcess
+
+
+@dataclass(frozen=True)
+class Load:
+    """A model to load at start, and the explicit-mode load command it answers."""
+
+    name: str
+    entry: ModelEntry
+    load_id: str = ""
 
 
 @dataclass
@@ -145,18 +155,56 @@ class ModelHost:
         with self._report_lock:
             self._reporting = True
         self.report()  # LOADING, so readiness and the index say so while models load
+        failed = self._missing_startup_models(entries)
         if self.residency is not None:  # each is loaded when its work waits
             for name in wanted:
                 self._fingerprints[name] = self._fingerprint(name)
                 problem = entries[name].error or self.residency.too_large(entries[name])
                 if problem:
                     self.refuse(name, problem)
+                    failed[name] = problem
             self.residency.start()
+        else:
+            explicit = self.settings.model_control_mode.explicit
+            self._load_at_start(
+                [
+                    Load(name, entries[name], control_bus.last_load_id(self.client, name))
+                    if explicit
+                    else Load(name, entries[name])
+                    for name in wanted
+                ]
+            )
+            failed |= {n: str(self.models[n].reason) for n in wanted if self.models[n].reason}
+        if failed and self.settings.exit_on_error:  # the worker stops (steps.ModelServing)
+            raise StartFailed(failed)
+
+    def _missing_startup_models(self, entries: dict[str, ModelEntry]) -> dict[str, str]:
+        """Explicit mode's ``--load-model`` names that no repository holds, each with
+        Triton's reason (logged: a typo would otherwise go unseen)."""
+        if not self.settings.model_control_mode.explicit:
+            return {}
+        missing = sorted(set(self.settings.load_models) - set(entries) - {"*"})
+        for name in missing:
+            log.error("failed to load '%s': model not found in any model repository", name)
+        return {name: "model not found in any model repository" for name in missing}
+
+    def _load_at_start(self, loads: list[Load]) -> None:
+        """Load what the worker serves from its start, ``--model-load-thread-count``
+        models at once, as Triton's loader threads do. Nothing else changes the host
+        until ``start`` returns (``steps.ControlFollower`` starts after it), so each
+        load runs outside the lock that orders changes, which its state changes take."""
+        threads = min(self.settings.model_load_thread_count, len(loads))
+        if threads <= 1:
+            for load in loads:
+                self.serve(load.name, load.entry, load_id=load.load_id)
             return
-        explicit = self.settings.model_control_mode.explicit
-        for name in wanted:
-            load_id = control_bus.last_load_id(self.client, name) if explicit else ""
-            self.serve(name, entries[name], load_id=load_id)
+        with ThreadPoolExecutor(threads, thread_name_prefix="model-load") as pool:
+            done = [
+                pool.submit(self._serve, load.name, load.entry, load.load_id, self._changes)
+                for load in loads
+            ]
+            for future in done:
+                future.result()
 
     def changed_on_disk(self, name: str) -> bool:
         """Whether ``name``'s folder changed since it was last served (poll mode)."""
@@ -196,19 +244,32 @@ class ModelHost:
         A broken new config or version leaves the old one serving, with the reason.
         """
         with self._changes:
+            self._serve(name, entry, load_id, contextlib.nullcontext())
+
+    def _serve(
+        self,
+        name: str,
+        entry: ModelEntry,
+        load_id: str,
+        changing: contextlib.AbstractContextManager[Any],
+    ) -> None:
+        """``serve``'s work; ``changing`` is taken around each change of the host's
+        state (nothing, where the caller holds the lock for the whole of it)."""
+        with changing:
             self._fingerprints[name] = self._fingerprint(name)
             current = self.models.get(name)
             if current is None or not current.versions:
                 current = self.models[name] = LoadedModel(name, planned=list(entry.versions))
             current.loading, current.load_id = True, load_id
             self.report()
-            try:
-                if entry.error or entry.config is None:
-                    raise ModelLoadError(entry.error or "no config")
-                started = time.monotonic()
-                versions, batchers = self._load(entry)
-                self._count_load(name, time.monotonic() - started)
-            except Exception as exc:
+        try:
+            if entry.error or entry.config is None:
+                raise ModelLoadError(entry.error or "no config")
+            started = time.monotonic()
+            versions, batchers = self._load(entry)
+            self._count_load(name, time.monotonic() - started)
+        except Exception as exc:
+            with changing:
                 current.reason = (
                     exc.message
                     if isinstance(exc, ConchError)
@@ -223,7 +284,8 @@ class ModelHost:
                     current.reason,
                 )
                 self.report()
-                return
+            return
+        with changing:
             old = self.models[name]
             self.models[name] = LoadedModel(
                 name, versions=versions, batchers=batchers, load_id=load_id
@@ -232,12 +294,12 @@ class ModelHost:
                 b.start()
             self.report()
             self._retire(old)
-            log.info(
-                "model '%s' versions %s ready with %d instance(s)",
-                name,
-                sorted(versions),
-                len(batchers),
-            )
+        log.info(
+            "model '%s' versions %s ready with %d instance(s)",
+            name,
+            sorted(versions),
+            len(batchers),
+        )
 
     def _count_load(self, name: str, took_s: float) -> None:
         """A load's time (every version and instance, warmup included), for

@@ -9,7 +9,6 @@ form in a child of its own (``conch.worker.process_instance``), so the two canno
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 
@@ -25,8 +24,6 @@ from conch.wire.redis_link import CommandQueue
 from conch.worker import rate_limiter
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
 from conch.worker.sequence_batcher import SequenceBatcher
-
-log = logging.getLogger(__name__)
 
 DrainLoop = Batcher | SequenceBatcher
 
@@ -57,13 +54,10 @@ def drain_loop(
     started); with ``limiter``, each execution holds the instance's rate-limit resources."""
     seq = SequenceSpec.from_config(entry.config)
     limits = rate_limiter.instance_limits(entry, spec)
+    # The loop's stop, shared with its gate: a stopping worker's wait for resources ends.
+    stopping = threading.Event()
+    gate = rate_limiter.gate(limiter, limits, spec, stop=stopping)
     if seq is not None:
-        if limiter is not None and limits.needs:
-            log.warning(
-                "model '%s': a sequence model's instances are not rate limited; its "
-                "rate_limiter is not applied",
-                entry.name,
-            )
         return SequenceBatcher(
             client=client,
             model=entry.name,
@@ -76,9 +70,9 @@ def drain_loop(
             state_moves=state_in_redis(entry.config),
             on_batch=on_batch,
             name=f"sequences-{spec.name}",
+            gate=gate,
+            stopping=stopping,
         )
-    # The loop's stop, shared with its gate: a stopping worker's wait for resources ends.
-    stopping = threading.Event()
     return Batcher(
         client=client,
         model=entry.name,
@@ -91,6 +85,6 @@ def drain_loop(
         on_send=on_send,
         sequencer=sequencer,
         samples=settings.metrics_config.summary_latencies,
-        gate=rate_limiter.gate(limiter, limits, spec, stop=stopping),
+        gate=gate,
         stopping=stopping,
     )

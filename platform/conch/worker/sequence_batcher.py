@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ from conch.wire import outage, sequences, statistics
 from conch.wire.broker import WAKE_CAP, decode
 from conch.wire.keys import WORKER_PREFIX
 from conch.wire.messages import REPLY_TTL_S, BadMessage, InferMessage, Reply
+from conch.wire.rate_limits import Stopped
 from conch.wire.sequence_state import pack_state, unpack_state
 from conch.worker.drain import REDIS_TICK_S, dead_letter
 
@@ -172,6 +174,8 @@ class SequenceBatcher(threading.Thread):
         state_moves: bool,
         on_batch: Callable[[str, dict[str, int]], None] | None = None,
         name: str = "",
+        gate: Callable[[], AbstractContextManager[None]] | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         super().__init__(name=name or f"sequences-{model}", daemon=True)
         self.client = client
@@ -191,7 +195,11 @@ class SequenceBatcher(threading.Thread):
         self.state_outputs = {s.output_name: s.input_name for s in spec.states}
         self._ready = spec.control(READY) is not None
         self.held: dict[str, Held] = {}
-        self.stopping = threading.Event()
+        # Each step's executions run inside it: the rate limiter's resources held
+        # (worker.rate_limiter). ``stopping`` is shared with it, so that a stopping
+        # loop's wait for resources ends.
+        self.gate = gate
+        self.stopping = stopping if stopping is not None else threading.Event()
         self._claim = client.register_script(_CLAIM_LUA)
         self._commit = client.register_script(_COMMIT_LUA)
         self._expire = client.register_script(_EXPIRE_LUA)
@@ -416,10 +424,17 @@ class SequenceBatcher(threading.Thread):
         for r in runnable:
             by_version.setdefault(self._version(r.msg), []).append(r)
         runs = []
-        for version, group in by_version.items():
-            if self._rows_by_slot:
-                group = self._by_slot(group)
-            runs.append(self._run(version, group, started))
+        try:
+            with self.gate() if self.gate is not None else nullcontext():
+                for version, group in by_version.items():
+                    if self._rows_by_slot:
+                        group = self._by_slot(group)
+                    runs.append(self._run(version, group, started))
+        except Stopped:
+            # The loop stopped while the step waited for its rate-limit resources: it
+            # never ran and nothing is committed, so its requests and states stay for
+            # the sequences' next holder (``release_all`` offers them back).
+            return
         self._commit_all(rows, runs)
 
     @property

@@ -36,6 +36,7 @@ from kombu.exceptions import OperationalError
 
 from conch import server_log
 from conch.core import tracing
+from conch.core.errors import StartFailed
 from conch.wire import broker, control_bus, log_control, outage, trace_control
 from conch.worker.host import HEARTBEAT_S, ModelHost
 
@@ -107,7 +108,11 @@ class ModelServing(bootsteps.StartStopStep):
         worker.model_host = self.make_host()
 
     def start(self, worker: Any) -> None:
-        worker.model_host.start()
+        try:
+            worker.model_host.start()
+        except StartFailed as exc:  # --exit-on-error: the worker stops, status 1
+            log.error("%s", exc)
+            raise SystemExit(1) from None
 
     def stop(self, worker: Any) -> None:
         if worker.model_host is not None:

@@ -46,6 +46,7 @@ from models import (
     ensemble_step,
     identity_array,
     identity_model,
+    python_model,
     slow_model,
     with_config,
 )
@@ -70,7 +71,21 @@ class TritonPythonModel:
                 [pb_utils.Tensor.from_dlpack("OUT", x), pb_utils.Tensor("PARAMS", params)]))
         return out
 """
-SERVED = ("identity", "add", "echo", "step", "step_bounded", "slow")  # by the worker
+# Y = X + 1 after sleeping NAP_S: its time per request is a floor, however busy the host.
+NAP_S = 0.3
+NAP = f"""
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep({NAP_S})
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1)]) for r in requests]
+"""
+SERVED = ("identity", "add", "echo", "step", "step_bounded", "slow", "nap")  # by the worker
 MODELS = (*SERVED, "twice")
 
 
@@ -84,6 +99,13 @@ def _repo(root: Path) -> Path:
         'input [ { name: "IN" data_type: TYPE_BF16 dims: [ -1 ] } ]\n'
         'output [ { name: "OUT" data_type: TYPE_BF16 dims: [ -1 ] },\n'
         '         { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+    )
+    python_model(
+        root / "nap",
+        'backend: "python"\nmax_batch_size: 1\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
+        NAP,
     )
     slow_model(root / "step", seconds=0.3, max_batch_size=1, delay_us=1)
     with_config(root / "step", root / "step_bounded", "default_queue_policy { max_queue_size: 1 }")
@@ -657,18 +679,19 @@ def test_a_half_closed_stream_answers_every_request(client) -> None:
 
 
 def test_a_streams_deadline_is_its_requests_deadline(stack, client) -> None:
-    """Five requests on a stream that has 0.45 s, to a model that takes about 0.3 s each,
-    one at a time: the stream ends DEADLINE_EXCEEDED, and what was still queued then never
-    runs (only those started within the deadline, by the model's measured time: two at
-    0.3 s)."""
-    success, fail = _outcomes(client, "step")
+    """Five requests on a stream that has 0.45 s, to a model that takes at least NAP_S
+    (0.3 s) each, one at a time: the stream ends DEADLINE_EXCEEDED, and what was still
+    queued then never runs. The first starts at once and the second, if at all, after
+    the first's 0.3 s; the third could start no sooner than 0.6 s, past the deadline,
+    however busy the host is (a busy host only makes each request take longer)."""
+    success, fail = _outcomes(client, "nap")
     answers: queue.Queue = queue.Queue()
     client.start_stream(
         callback=lambda result, error: answers.put((result, error)), stream_timeout=0.45
     )
     try:
         for k in range(5):
-            client.async_stream_infer("step", _step_input(), request_id=f"d{k}")
+            client.async_stream_infer("nap", _step_input(), request_id=f"d{k}")
         ended = None
         while ended is None:
             _, error = answers.get(timeout=10)
@@ -678,19 +701,14 @@ def test_a_streams_deadline_is_its_requests_deadline(stack, client) -> None:
         client.stop_stream()
 
     def settled() -> bool:
-        now = _outcomes(client, "step")
+        now = _outcomes(client, "nap")
         return now[0] + now[1] == success + fail + 5
 
     wait_until(settled, 10, "every request counted")
-    time.sleep(0.8)  # one still running when the deadline passed has finished
-    ran = _outcomes(client, "step")[0] - success
-    # The model's real time per request here (its matmuls were sized on a machine that may
-    # have been busier then): only those started before the deadline may run, one at a time.
-    stats = client.get_inference_statistics("step").model_stats[0].inference_stats
-    each_s = stats.compute_infer.ns / max(1, stats.compute_infer.count) / 1e9
-    assert each_s * 5 > 0.45 + 0.1, each_s  # else the test proves nothing
-    assert 1 <= ran <= 1 + int(0.45 / each_s), (ran, each_s)
-    assert _outcomes(client, "step")[1] - fail == 5 - ran
+    time.sleep(2 * NAP_S)  # one still running when the deadline passed has finished
+    ran = _outcomes(client, "nap")[0] - success
+    assert 1 <= ran <= 1 + int(0.45 / NAP_S), ran
+    assert _outcomes(client, "nap")[1] - fail == 5 - ran
 
 
 # -- the standard health service ----------------------------------------------------------

@@ -287,7 +287,9 @@ def test_a_completion_unstreamed(client: openai.OpenAI) -> None:
     answer = client.completions.create(model="words", prompt="one two three", max_tokens=4)
     assert answer.object == "text_completion" and answer.model == "words"
     assert [c.text for c in answer.choices] == ["w0 w1 w2 w3"]
-    assert answer.choices[0].finish_reason == "stop"
+    assert answer.choices[0].finish_reason == "length"  # max_tokens cut it
+    stopped = client.completions.create(model="words", prompt="x", max_tokens=4, stop=["w2"])
+    assert stopped.choices[0].text == "w0 w1" and stopped.choices[0].finish_reason == "stop"
     usage = answer.usage
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (3, 4, 7)
 
@@ -309,6 +311,16 @@ def test_a_completion_streamed_one_chunk_per_response(client: openai.OpenAI) -> 
     assert len({c.id for c in chunks}) == 1
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == 2
     assert chunks[-1].usage.completion_tokens == 3
+
+
+def test_a_stream_cut_by_max_tokens_finishes_for_length(client: openai.OpenAI) -> None:
+    """OpenAI's ``length``: the model wrote the ``max_tokens`` it was told (it reports
+    each response's ``num_output_tokens``), here without the client asking for usage;
+    with OpenAI's default of 16 too."""
+    for asked, words in (({"max_tokens": 3}, 3), ({}, 16)):
+        chunks = list(client.completions.create(model="words", prompt="p", stream=True, **asked))
+        reasons = [c.choices[0].finish_reason for c in chunks]
+        assert reasons == [None] * words + ["length"], reasons
 
 
 def test_the_sse_stream_ends_with_done(served) -> None:

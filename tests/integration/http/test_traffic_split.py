@@ -1,16 +1,18 @@
 """Traffic splits across a model's versions (canary, A/B, shadow) through the real path.
 
-One Redis, one worker and two gateways. The model ``canary`` serves versions 1, 2 and 3
-(``version_policy: specific``; a version 4 in the repository is not served), each
-answering Y = X + 100 * version, so an answer says which version made it, beside its
-``model_version``. ``idle`` has two versions no worker serves (never ready). Gateway A
-is open; gateway B restricts the model-repository group (``--http-restricted-api``),
-which the traffic routes belong to, as load and unload do.
+One Redis, one worker, two gateways and a gRPC server. The model ``canary`` serves
+versions 1, 2 and 3 (``version_policy: specific``; a version 4 in the repository is not
+served), each answering Y = X + 100 * version, so an answer says which version made it,
+beside its ``model_version``. ``idle`` has two versions no worker serves (never ready).
+Gateway A is open; gateway B restricts the model-repository group
+(``--http-restricted-api``), which the traffic routes belong to, as load and unload do.
+A split set over HTTP routes the gRPC server's calls and streams too.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,13 +20,24 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 import requests
+import tritonclient.grpc as grpcclient
 
 from conch.wire import traffic_split
 
-from harness import Service, fresh_db, start_gateway, start_worker, wait_model_ready, wait_until
+from harness import (
+    Service,
+    fresh_db,
+    start_gateway,
+    start_grpc,
+    start_worker,
+    wait_grpc_model_ready,
+    wait_model_ready,
+    wait_until,
+)
 from models import offset_model
 
 MODEL = "canary"
@@ -39,6 +52,7 @@ class Stack:
     a: str  # the open gateway's address
     b: str  # the restricted one's
     db: str  # its Redis database
+    grpc: str  # the gRPC server's address
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +75,14 @@ def stack(tmp_path_factory, redis_url: str, log_dir: Path) -> Iterator[Stack]:
     b_svc, b = start_gateway(
         repo, db, log_dir, "--http-restricted-api", "model-repository:admin-key=s3cret"
     )
+    g_svc, g = start_grpc(repo, db, log_dir)
     try:
         for url in (a, b):
             wait_model_ready(url, MODEL, 120, worker, a_svc, b_svc)
-        yield Stack(a, b, db)
+        wait_grpc_model_ready(g, MODEL, 120, worker, g_svc)
+        yield Stack(a, b, db, g)
     finally:
+        g_svc.stop()
         b_svc.stop()
         a_svc.stop()
         worker.stop()
@@ -119,6 +136,23 @@ def _successes(url: str, version: int) -> int:
     return r.json()["model_stats"][0]["inference_stats"]["success"]["count"]
 
 
+def _shadow_records(stack: Stack, answered: dict[str, int]) -> dict[str, dict[str, str]]:
+    """The shadow's record of each request ``answered`` (id -> the version that
+    answered), once all are there: each ran on version 3, beside the version named."""
+    client = redis.Redis.from_url(stack.db)
+
+    def records() -> dict[str, dict[str, str]]:
+        rows = traffic_split.shadow_records(client, MODEL)
+        return {row["id"]: row for row in rows if row["id"] in answered}
+
+    wait_until(lambda: len(records()) == len(answered), 30, "a shadow record for each request")
+    got = records()
+    for rid, row in got.items():
+        assert row["version"] == "3" and row["status"] == "ok", row
+        assert row["primary_version"] == str(answered[rid])
+    return got
+
+
 def test_no_split_answers_from_the_latest_version(stack: Stack) -> None:
     r = requests.get(_traffic_url(stack.a, MODEL), timeout=10)
     assert r.status_code == 200 and r.json() == {"weights": {}}
@@ -160,16 +194,8 @@ def test_a_shadow_copy_is_recorded_and_never_returned(stack: Stack) -> None:
     ids = [f"shadow-{uuid.uuid4().hex[:8]}-{i}" for i in range(30)]
     answered = dict(zip(ids, _many(stack.a, len(ids), ids), strict=True))
     assert set(answered.values()) <= {1, 2}  # the split's versions answer, never the shadow
-    client = redis.Redis.from_url(stack.db)
-
-    def records() -> dict[str, dict[str, str]]:
-        rows = traffic_split.shadow_records(client, MODEL)
-        return {row["id"]: row for row in rows if row["id"] in answered}
-
-    wait_until(lambda: len(records()) == len(ids), 30, "a shadow record for each request")
-    for rid, row in records().items():
-        assert row["version"] == "3" and row["status"] == "ok" and row["error"] == "", row
-        assert row["primary_version"] == str(answered[rid])
+    for row in _shadow_records(stack, answered).values():
+        assert row["error"] == "", row
         assert row["message"] and row["shadow_message"] and row["message"] != row["shadow_message"]
         assert float(row["took_ms"]) >= 0 and float(row["at"]) > 0
         (output,) = json.loads(row["outputs"])
@@ -182,6 +208,73 @@ def test_a_shadow_copy_is_recorded_and_never_returned(stack: Stack) -> None:
         }
     # The copies ran on version 3, and count there.
     assert _successes(stack.a, 3) - before == len(ids)
+
+
+def _grpc_input() -> list[grpcclient.InferInput]:
+    x = grpcclient.InferInput("X", [1, 4], "FP32")
+    x.set_data_from_numpy(np.array([X], np.float32))
+    return [x]
+
+
+def _grpc_version(result: grpcclient.InferResult) -> int:
+    """The version that answered a gRPC call, checked against the answer itself."""
+    answered = int(result.get_response().model_version)
+    assert result.as_numpy("Y").tolist() == [[x + 100 * answered for x in X]]
+    return answered
+
+
+def test_a_split_routes_grpc_calls_and_streams(stack: Stack) -> None:
+    """Set over HTTP, the split routes the gRPC server's calls (ModelInfer) and the
+    requests of a stream (ModelStreamInfer) that name no version; one that names a
+    version is untouched; each of them gets its shadow copy, recorded, never returned."""
+    split = {"weights": {"1": 80, "2": 20}, "shadow": {"version": 3, "share": 1.0}}
+    assert _set(stack.a, split).json() == split
+    time.sleep(SETTLE_S)
+    before = {v: _successes(stack.a, v) for v in (1, 2, 3)}
+    ids = [f"grpc-{uuid.uuid4().hex[:8]}-{i}" for i in range(100)]
+
+    def call(rid: str) -> int:
+        client = grpcclient.InferenceServerClient(stack.grpc)
+        try:
+            return _grpc_version(client.infer(MODEL, _grpc_input(), request_id=rid))
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        answered = dict(zip(ids, pool.map(call, ids), strict=True))
+    streamed: dict[str, int] = {}
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(stack.grpc)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        stream_ids = [f"stream-{uuid.uuid4().hex[:8]}-{i}" for i in range(60)]
+        for rid in stream_ids:
+            client.async_stream_infer(MODEL, _grpc_input(), request_id=rid)
+        for _ in stream_ids:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            streamed[result.get_response().id] = _grpc_version(result)
+        client.async_stream_infer(MODEL, _grpc_input(), request_id="named", model_version="3")
+        result, error = results.get(timeout=30)
+        assert error is None and _grpc_version(result) == 3  # a version named: untouched
+    finally:
+        client.stop_stream()
+        client.close()
+    assert call("") in (1, 2)
+    seen = [*answered.values(), *streamed.values()]
+    assert set(seen) <= {1, 2}
+    share = seen.count(2) / len(seen)
+    assert 0.07 <= share <= 0.33, share  # 20% +- 13 points (4 standard deviations)
+    client_seen = {**answered, **streamed}
+    _shadow_records(stack, client_seen)
+    after = {v: _successes(stack.a, v) for v in (1, 2, 3)}
+    # Every copy ran on version 3, beside the one request that named it.
+    wait_until(
+        lambda: _successes(stack.a, 3) - before[3] == len(client_seen) + 1 + 1,
+        10,
+        "every shadow copy counted",
+    )
+    assert after[1] - before[1] + after[2] - before[2] == len(seen) + 1
 
 
 @pytest.mark.parametrize(

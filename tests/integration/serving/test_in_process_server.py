@@ -23,7 +23,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 import conch
-from conch.core.errors import ConchError, InvalidArgument, Unavailable
+from conch.core.errors import ConchError, InvalidArgument, StartFailed, Unavailable
+from conch.settings import Settings
 
 from harness import ROOT, fresh_db, serving
 from models import add_model, python_model
@@ -172,6 +173,19 @@ def test_a_stopped_connected_server_leaves_nothing_running(fleet: tuple[str, str
     assert left == []
 
 
+def test_models_is_the_gateways_index_by_name_and_version(
+    connected: conch.Server, fleet: tuple[str, str]
+) -> None:
+    """``models()`` in tritonserver's form holds what the gateway's repository index says."""
+    rows = httpclient.InferenceServerClient(fleet[0]).get_model_repository_index()
+    want = {(r["name"], int(r.get("version") or -1)): r.get("state") for r in rows}
+    index = connected.models()
+    assert {key: model.state for key, model in index.items()} == want
+    assert index[("mlp", 1)].state == "READY" and index[("mlp", 1)].version == 1
+    ready = connected.models(exclude_not_ready=True)
+    assert set(ready) == {key for key, state in want.items() if state == "READY"}
+
+
 def test_errors_are_the_gateways(embedded: conch.Server, fleet: tuple[str, str]) -> None:
     """A bad request raises what the gateway answers over HTTP (its 400 and text), before
     anything runs; an unknown model likewise."""
@@ -303,8 +317,22 @@ def test_explicit_control_and_bls_in_process(tmp_path: Path) -> None:
     with conch.Server(
         tmp_path, model_control_mode="explicit", startup_models=["doubler", "echo"]
     ) as server:
-        states = {m["name"]: m["state"] for m in server.models()}
-        assert states == {"add": "UNAVAILABLE", "doubler": "READY", "echo": "READY"}
+        index = server.models()
+        # tritonserver's form: (name, version) -> the model, its state and why.
+        assert {key: m.state for key, m in index.items()} == {
+            ("add", -1): "UNAVAILABLE",
+            ("doubler", 1): "READY",
+            ("echo", 1): "READY",
+        }
+        assert index[("add", -1)].reason == "unloaded" and index[("echo", 1)].reason is None
+        assert index["doubler"].version == -1 and index["doubler"].name == "doubler"
+        assert repr(index[("echo", 1)]) == "{'name': 'echo', 'version': 1, 'state': 'READY'}"
+        with pytest.raises(KeyError, match="Unknown Model: nope"):
+            index["nope"]
+        with pytest.raises(KeyError, match=r"Unknown Model: \('echo', 2\)"):
+            index[("echo", 2)]
+        assert list(server.models(exclude_not_ready=True)) == [("doubler", 1), ("echo", 1)]
+        np.testing.assert_array_equal(_one(index[("echo", 1)], x)["Y"], x["X"])
         with pytest.raises(InvalidArgument, match="has no available versions"):
             server.model("add").infer({"A": np.ones((1, 4), np.float32)})
         np.testing.assert_array_equal(_one(server.model("doubler"), x)["Y"], x["X"] * 2)
@@ -347,6 +375,12 @@ def test_sequence_models_and_polling_are_refused_with_the_reason(tmp_path: Path)
         server.model("seq").infer({"A": np.ones((1, 4), np.float32)})
     with pytest.raises(Unavailable, match="not started"):
         server.model("seq").ready()
+    # Triton's exit_on_error (tritonserver's default, not conch's): a model that fails to
+    # load stops the start, in Triton's words.
+    strict = conch.Server(tmp_path, settings=Settings(exit_on_error=True))
+    with pytest.raises(StartFailed, match=r"failed to load all models \('seq': .*sequence"):
+        strict.start()
+    assert not strict.live()
 
 
 ALONE = """

@@ -1,8 +1,10 @@
-"""Triton's launch flags on real processes: --backend-config, the log flags and
---exit-timeout-secs, given to ``conch worker`` and ``conch gateway`` as to tritonserver."""
+"""Triton's launch flags on real processes: --backend-config, the log flags,
+--exit-timeout-secs, --exit-on-error and --model-load-thread-count, given to ``conch
+worker`` and ``conch gateway`` as to tritonserver."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import signal
@@ -26,7 +28,7 @@ from harness import (
     wait_model_ready,
     wait_until,
 )
-from models import batch_probe
+from models import add_model, batch_probe, python_model
 
 # Triton's two line heads; the group is the severity letter.
 ISO8601_LINE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ([IWE]) \d+ [\w.]+:\d+\] ")
@@ -157,3 +159,130 @@ def test_exit_timeout_bounds_the_shutdown(
     finally:
         for s in [*started, other]:
             s.stop()
+
+
+# Each load sleeps LOAD_S in ``initialize`` and appends "<model> <start> <end>" to the file
+# its LOG parameter names; a model named "broken..." fails to load instead.
+SLOW_LOAD_S = 1.0
+SLOW_LOAD = f"""
+import json
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        if args["model_name"].startswith("broken"):
+            raise RuntimeError("this model never loads")
+        started = time.time()
+        time.sleep({SLOW_LOAD_S})
+        with open(config["parameters"]["LOG"]["string_value"], "a") as f:
+            f.write(f"{{args['model_name']}} {{started}} {{time.time()}}\\n")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+"""
+
+
+def _slow_loads(repo: Path, names: list[str], log: Path) -> None:
+    for name in names:
+        python_model(
+            repo / name,
+            'backend: "python"\nmax_batch_size: 1\n'
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            f'parameters {{ key: "LOG" value: {{ string_value: "{log}" }} }}\n',
+            SLOW_LOAD,
+        )
+
+
+def _loads(log: Path) -> list[tuple[str, float, float]]:
+    lines = log.read_text().splitlines() if log.exists() else []
+    return sorted(
+        ((m, float(a), float(b)) for m, a, b in (ln.split() for ln in lines)), key=lambda e: e[1]
+    )
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_model_load_thread_count_loads_that_many_at_once(
+    tmp_path: Path, redis_url: str, log_dir: Path, threads: int
+) -> None:
+    """Four models whose loads take a second each: with one thread they load one after
+    another, with four all at once (Triton's default)."""
+    repo, log = tmp_path / "models", tmp_path / "loads.log"
+    names = [f"slow{i}" for i in range(4)]
+    _slow_loads(repo, names, log)
+    worker = start_worker(
+        repo, fresh_db(redis_url, 13), log_dir, f"--model-load-thread-count={threads}"
+    )
+    try:
+        wait_until(lambda: len(_loads(log)) == 4, 90, "four loads", worker)
+    finally:
+        worker.stop()
+    loads = _loads(log)
+    overlapping = sum(start < loads[0][2] for _, start, _ in loads[1:])
+    if threads == 1:
+        for (m1, _, end), (m2, start, _) in itertools.pairwise(loads):
+            assert start >= end, f"{m2} began loading at {start} while {m1} loaded until {end}"
+    else:
+        assert overlapping == 3, loads  # each began before the first had finished
+
+
+@pytest.mark.parametrize("exit_on_error", [True, False])
+def test_exit_on_error_stops_a_worker_whose_model_fails_to_load(
+    tmp_path: Path, redis_url: str, log_dir: Path, exit_on_error: bool
+) -> None:
+    """Triton's --exit-on-error=true: a model that fails to load at start stops the worker
+    (status 1, Triton's words and the model's reason in its log). False (conch's default,
+    given here in Triton's spelling): the model is unavailable with its reason, and the
+    others are served."""
+    repo, log = tmp_path / "models", tmp_path / "loads.log"
+    add_model(repo / "add")
+    _slow_loads(repo, ["broken"], log)
+    db = fresh_db(redis_url, 13)
+    flag = f"--exit-on-error={str(exit_on_error).lower()}"
+    worker = start_worker(repo, db, log_dir, flag)
+    gateway, url = start_gateway(repo, db, log_dir)
+    try:
+        if exit_on_error:
+            assert worker.proc.wait(timeout=90) == 1, worker.log()[-3000:]
+            logged = worker.log()
+            assert "failed to load all models ('broken': " in logged, logged[-3000:]
+            assert "this model never loads" in logged
+            return
+        wait_model_ready(url, "add", 90, worker, gateway)
+        index = {
+            m["name"]: m for m in httpclient.InferenceServerClient(url).get_model_repository_index()
+        }
+        assert index["broken"]["state"] == "UNAVAILABLE"
+        assert "this model never loads" in index["broken"]["reason"]
+        assert worker.alive()
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+def test_exit_on_error_stops_a_worker_whose_startup_model_is_not_there(
+    tmp_path: Path, redis_url: str, log_dir: Path
+) -> None:
+    """As Triton's L0_lifecycle has it: explicit mode, a --load-model that no repository
+    holds, --exit-on-error=true: the start fails, the log names the model and Triton's
+    reason."""
+    repo = tmp_path / "models"
+    add_model(repo / "add")
+    worker = start_worker(
+        repo,
+        fresh_db(redis_url, 13),
+        log_dir,
+        *("--model-control-mode=explicit", "--load-model=does-not-exist"),
+        "--exit-on-error=true",
+    )
+    try:
+        assert worker.proc.wait(timeout=90) == 1, worker.log()[-3000:]
+    finally:
+        worker.stop()
+    assert "failed to load all models ('does-not-exist': " in worker.log()
+    assert "model not found in any model repository" in worker.log()

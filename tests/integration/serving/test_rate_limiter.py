@@ -1,11 +1,12 @@
 """Triton's rate limiter across the fleet (issue 32, point 3), through real workers.
 
-Two Python models share a global resource of one copy; two workers serve both, with
-``--rate-limit execution_count``. Every execution records when it ran, and no two of them
-may overlap, over both models and both workers. Then a worker is SIGKILLed while one of
-its executions holds the copy: the copy is free again once that hold's lease ends, and
-the other worker runs. A worker stopped while one of its instances waits for the copy
-exits at once, and the request it held is run by another worker.
+Two Python models and a sequence model share a global resource of one copy; two workers
+serve the three, with ``--rate-limit execution_count``. Every execution records when it
+ran, and no two of them may overlap, over every model and both workers. Then a worker is
+SIGKILLed while one of its executions holds the copy: the copy is free again once that
+hold's lease ends, and the other worker runs. A worker stopped while one of its instances
+waits for the copy exits at once, and the request it held is run by another worker. A
+request whose deadline passes while it waits for the copy never runs.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from conch.devtools.processes import conch
 from conch.wire.rate_limits import LEASE_S
@@ -76,12 +79,19 @@ parameters {{ key: "LOG" value: {{ string_value: "{log}" }} }}
 """
 
 
+def sequence_config(name: str, log: Path) -> str:
+    """``config``'s, as a sequence model whose instances hold one sequence each."""
+    one_each = config(name, log).replace("max_batch_size: 4", "max_batch_size: 1")
+    return one_each + "sequence_batching { max_sequence_idle_microseconds: 30000000 }\n"
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("rate-limited")
     log = root / "executions.log"
     for name in ("left", "right", "holder", "waiting"):
         python_model(root / "models" / name, config(name, log), RECORDER)
+    python_model(root / "models" / "ordered", sequence_config("ordered", log), RECORDER)
     return root
 
 
@@ -90,18 +100,26 @@ def db(redis_url: str) -> str:
     return fresh_db(redis_url, 14)
 
 
-def infer(url: str, model: str, seconds: float, timeout_s: float = 0) -> None:
-    """One execution of ``seconds``; ``timeout_s``, if given, is the request's deadline."""
+def infer(url: str, model: str, seconds: float, timeout_s: float = 0, **sequence: Any) -> None:
+    """One execution of ``seconds``; ``timeout_s``, if given, is the request's deadline;
+    ``sequence``: tritonclient's sequence arguments (``sequence_id``...)."""
     client = httpclient.InferenceServerClient(url, network_timeout=120)
     x = httpclient.InferInput("X", [1, 1], "FP32")
     x.set_data_from_numpy(np.full((1, 1), seconds, np.float32))
-    client.infer(model, [x], timeout=int(timeout_s * 1e6) or None)
+    client.infer(model, [x], timeout=int(timeout_s * 1e6) or None, **sequence)
 
 
 def quietly(url: str, model: str, seconds: float, timeout_s: float = 0) -> None:
     """``infer``, for a call that is meant to end badly (its worker killed)."""
     with contextlib.suppress(Exception):
         infer(url, model, seconds, timeout_s)
+
+
+def outcomes(url: str, model: str) -> tuple[int, int]:
+    """(successes, failures) the statistics count for ``model``."""
+    stats = httpclient.InferenceServerClient(url).get_inference_statistics(model)
+    inference = stats["model_stats"][0]["inference_stats"]
+    return inference["success"]["count"], inference["fail"]["count"]
 
 
 def executions(repo: Path) -> list[tuple[str, float, float]]:
@@ -115,11 +133,12 @@ def fleet(repo: Path, db: str, log_dir: Path) -> Iterator[str]:
     flags = ("--rate-limit=execution_count",)
     models = repo / "models"
     workers = [
-        start_worker(models, db, log_dir, "--models", "left,right", *flags) for _ in range(2)
+        start_worker(models, db, log_dir, "--models", "left,right,ordered", *flags)
+        for _ in range(2)
     ]
     gateway, url = start_gateway(models, db, log_dir)
     try:
-        for m in ("left", "right"):
+        for m in ("left", "right", "ordered"):
             wait_model_ready(url, m, 90, *workers, gateway)
         yield url
     finally:
@@ -129,19 +148,58 @@ def fleet(repo: Path, db: str, log_dir: Path) -> Iterator[str]:
 
 
 def test_models_sharing_a_resource_never_execute_at_once(fleet: str, repo: Path) -> None:
-    calls = [
-        threading.Thread(target=infer, args=(fleet, model, 0.05))
-        for _ in range(12)
-        for model in ("left", "right")
-    ]
+    run_together(
+        [
+            threading.Thread(target=infer, args=(fleet, model, 0.05))
+            for _ in range(12)
+            for model in ("left", "right")
+        ]
+    )
+    ran = one_at_a_time(repo)
+    assert {m for m, _, _ in ran} == {"left", "right"}
+
+
+def run_together(calls: list[threading.Thread]) -> None:
     for t in calls:
         t.start()
     for t in calls:
         t.join()
-    ran = sorted(executions(repo), key=lambda e: e[1])
-    assert {m for m, _, _ in ran} == {"left", "right"}
+
+
+def one_at_a_time(repo: Path, since: float = 0.0) -> list[tuple[str, float, float]]:
+    """The executions that started at ``since`` or later, in order, none overlapping
+    another."""
+    ran = sorted((e for e in executions(repo) if e[1] >= since), key=lambda e: e[1])
     for (m1, _, end), (m2, start, _) in itertools.pairwise(ran):
         assert start >= end, f"{m2} started at {start} while {m1} ran until {end}"
+    return ran
+
+
+def test_a_sequence_models_steps_hold_the_copy_too(fleet: str, repo: Path) -> None:
+    """Four sequences (one per instance slot over the two workers, so that without the
+    limiter they would run side by side) beside calls to the other two models: no two
+    executions overlap, the sequences' steps included."""
+    since = time.time()
+
+    def sequence(k: int) -> None:
+        for step in range(3):
+            infer(
+                fleet,
+                "ordered",
+                0.05,
+                sequence_id=1000 + k,
+                sequence_start=step == 0,
+                sequence_end=step == 2,
+            )
+
+    calls = [threading.Thread(target=sequence, args=(k,)) for k in range(4)]
+    calls += [
+        threading.Thread(target=infer, args=(fleet, model, 0.05))
+        for _ in range(4)
+        for model in ("left", "right")
+    ]
+    run_together(calls)
+    assert [m for m, _, _ in one_at_a_time(repo, since)].count("ordered") == 12
 
 
 def test_a_sigkilled_workers_hold_is_freed(fleet: str, repo: Path, db: str, log_dir: Path) -> None:
@@ -206,6 +264,36 @@ def test_a_worker_stopped_while_waiting_for_the_copy_hands_its_request_back(
         for w in (holder, waiter, successor):
             if w is not None:
                 w.stop()
+
+
+def test_a_request_whose_deadline_passes_while_it_waits_for_the_copy_never_runs(
+    fleet: str, repo: Path, db: str, log_dir: Path
+) -> None:
+    """Popped at once by an idle worker, so in time when admitted, the request then waits
+    for the copy the holder's execution has: past its deadline by the time the copy is
+    free, it is dropped, not run."""
+    models = repo / "models"
+    flags = ("--rate-limit=execution_count",)
+    holder = start_worker(models, db, log_dir, "--models", "holder", *flags)
+    waiter = start_worker(models, db, log_dir, "--models", "waiting", *flags)
+    try:
+        wait_model_ready(fleet, "holder", 90, holder)
+        wait_model_ready(fleet, "waiting", 90, waiter)
+        before = outcomes(fleet, "waiting")
+        since = time.time()
+        held = threading.Thread(target=infer, args=(fleet, "holder", 2.5))
+        held.start()
+        time.sleep(1.0)  # the holder's execution has the only copy
+        with pytest.raises(InferenceServerException, match="timeout"):
+            infer(fleet, "waiting", 0.0, timeout_s=0.5)
+        held.join()
+        time.sleep(0.5)  # the waiter had the copy next, and would have run it by now
+        assert [m for m, start, _ in executions(repo) if start >= since] == ["holder"]
+        success, fail = outcomes(fleet, "waiting")
+        assert (success - before[0], fail - before[1]) == (0, 1)  # dropped, not run
+    finally:
+        for w in (holder, waiter):
+            w.stop()
 
 
 def test_a_resource_both_global_and_per_device_refuses_the_start(

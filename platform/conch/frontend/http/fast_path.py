@@ -39,6 +39,8 @@ from conch.frontend import calls
 from conch.frontend.dataplane import DataPlane
 from conch.frontend.http import http_codec
 from conch.frontend.http.api_groups import refuse
+from conch.frontend.http.hangup_watch import INFER_WATCHER
+from conch.frontend.producer import Abandonment
 
 # Triton's infer route: a model name without "/", an optional numeric version.
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer/?")
@@ -134,13 +136,16 @@ def serve_infer(
     length: int,
     read: Callable[[int], bytes],
     header: Header,
+    client: Any = None,
 ) -> Answer:
     """One infer call, whatever server carries it: (status, headers, body), never raises.
 
     ``call`` is what ``infer_call`` found, ``length`` the Content-Length (0 when
     absent), ``read`` reads the body and ``header`` looks a request header up by name.
     A restricted ``inference`` group is checked first, before the body is read
-    (Triton's order).
+    (Triton's order). ``client``: the connection's socket, watched while the call waits
+    (``hangup_watch.InferWatcher``): a client that closes it withdraws the request if
+    it is still queued alone (one that shares a bundle runs, its answer dropped).
     """
     try:
         if plane.settings.http_restricted_api.rules:
@@ -153,10 +158,15 @@ def serve_infer(
             plane, path_model(call), call.group(2) or "", body, header, regions=True
         )
         timeline.stamp("gateway.parsed")
-        payload, headers = http_codec.encode_outcome(
-            plane.infer(to, request, traceparent=header("traceparent") or ""),
-            header("Accept-Encoding"),
-        )
+        abandonment = Abandonment(bundles=True)
+        watch = INFER_WATCHER.watch(client, abandonment)
+        try:
+            outcome = plane.infer(
+                to, request, abandonment=abandonment, traceparent=header("traceparent") or ""
+            )
+        finally:
+            INFER_WATCHER.done(watch)
+        payload, headers = http_codec.encode_outcome(outcome, header("Accept-Encoding"))
         timeline.stamp("gateway.encoded")
     except ConchError as exc:
         return error_answer(exc)
@@ -192,6 +202,7 @@ class InferFastPath:
             length=length,
             read=environ["wsgi.input"].read,
             header=lambda name: environ.get("HTTP_" + name.upper().replace("-", "_")),
+            client=environ.get("gunicorn.socket"),
         )
         start_response(status_line(status), headers)
         return [payload]

@@ -294,7 +294,7 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         send; True when the connection then closes."""
         assert self._plane is not None
         status, out, payload = serve_infer(
-            self._plane, call, length=length, read=read, header=header
+            self._plane, call, length=length, read=read, header=header, client=sock
         )
         self.nr += 1
         if self.nr >= self.max_requests:

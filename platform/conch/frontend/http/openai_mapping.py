@@ -20,6 +20,12 @@ Token counts follow the same convention: a model with the outputs ``num_input_to
 counts no tokens itself: an embedding model without them reports 0 prompt tokens, and a
 completion's ``usage`` is left out.
 
+A completion's ``finish_reason`` says why its text ended, as OpenAI's does: ``length``
+when ``max_tokens`` cut it, else ``stop``. The model's own word comes first (vLLM's
+``finish_reason`` output, asked for with ``return_finish_reason``); else a model that
+takes ``max_tokens`` and reports ``num_output_tokens`` was cut when it wrote that many.
+A model that says neither is taken to have stopped.
+
 Every refusal is an ``OpenAIError``: its status, and OpenAI's ``param`` and ``code``.
 """
 
@@ -48,6 +54,8 @@ MAX_TOKENS = 2**31 - 1  # what an INT32 max_tokens input holds
 
 TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
 INPUT_TOKENS, OUTPUT_TOKENS = "num_input_tokens", "num_output_tokens"
+FINISH_REASON = "finish_reason"  # vLLM's output: why its text ended
+STOP, LENGTH = "stop", "length"  # OpenAI's finish reasons that conch can tell apart
 _TOKEN_OUTPUTS = (INPUT_TOKENS, OUTPUT_TOKENS)
 _FLOATS = ("FP16", "BF16", "FP32", "FP64")
 ENCODINGS = ("float", "base64")
@@ -377,7 +385,7 @@ class TextModel:
         if text_out is None or text_out["datatype"] != "BYTES":
             raise not_for(entry.name, "completions", f"it has no BYTES output '{TEXT_OUTPUT}'")
         known = {TEXT_INPUT, ECHO_INPUT, SAMPLING_JSON, "stream", *_SAMPLING_INPUTS.values()}
-        known |= {"return_num_input_tokens", "return_num_output_tokens"}
+        known |= {"return_num_input_tokens", "return_num_output_tokens", "return_finish_reason"}
         unknown = sorted(set(inputs) - known - _optional(entry))
         if unknown:
             raise not_for(
@@ -397,6 +405,7 @@ class TextModel:
             values[SAMPLING_JSON] = json.dumps(sampling)
         values[ECHO_INPUT] = not fields.echo
         values["return_num_input_tokens"] = values["return_num_output_tokens"] = True
+        values["return_finish_reason"] = True
         built = [
             input_tensor(name, self.inputs[name]["datatype"], self.inputs[name]["shape"], value)
             for name, value in values.items()
@@ -405,6 +414,13 @@ class TextModel:
         return InferRequest(
             id="", inputs=built, outputs=None, binary_data_output=True, parameters={}
         )
+
+    def token_limit(self, fields: Completion) -> int | None:
+        """The most tokens the model is told to write (``request`` sends it), None when
+        it takes no ``max_tokens``."""
+        if "max_tokens" in self.inputs or SAMPLING_JSON in self.inputs:
+            return int(fields.sampling.get("max_tokens", DEFAULT_MAX_TOKENS))
+        return None
 
     def echoes(self, fields: Completion) -> bool:
         """Whether conch puts the prompt ahead of the text itself (the model cannot)."""
@@ -421,16 +437,33 @@ def response_text(outcome: InferOutcome) -> str:
 
 @dataclass
 class Usage:
-    """Token counts as responses report them: the prompt's once, the text's added up."""
+    """Token counts as responses report them: the prompt's once, the text's added up;
+    and the model's own word on why its text ended, if it says (its last)."""
 
     prompt: int | None = None
     completion: int = 0
+    counted: bool = False  # a response reported the text's tokens
+    said: str = ""
 
     def add(self, outcome: InferOutcome) -> None:
         by_name = {o.name: o for o in outcome.outputs}
         if INPUT_TOKENS in by_name and self.prompt is None:
             self.prompt = _token_sum(by_name[INPUT_TOKENS])
+        self.counted = self.counted or OUTPUT_TOKENS in by_name
         self.completion += _token_sum(by_name.get(OUTPUT_TOKENS))
+        said = by_name.get(FINISH_REASON)
+        if said is not None and said.datatype == "BYTES":
+            words = tensors.raw_to_json(said.datatype, said.shape, said.raw, said.name)
+            self.said = next((w for w in words if w), self.said)
+
+    def finish_reason(self, limit: int | None) -> str:
+        """Why the text ended (the module docstring): ``limit`` is the ``max_tokens`` the
+        model was told, None when it takes none."""
+        if self.said:
+            return LENGTH if self.said == LENGTH else STOP
+        if limit is not None and self.counted and self.completion >= limit:
+            return LENGTH
+        return STOP
 
     def document(self) -> dict[str, int] | None:
         if self.prompt is None:
@@ -448,15 +481,15 @@ def completion_document(
     created: int,
     model: str,
     text: str | None,
-    final: bool,
+    finish: str | None,
     usage: dict[str, int] | None,
 ) -> dict[str, Any]:
     """A ``text_completion`` object: the whole answer, or one streamed chunk of it (a
-    ``text`` of None is the usage chunk, with no choice)."""
+    ``text`` of None is the usage chunk, with no choice). ``finish``: the choice's
+    ``finish_reason`` on the last chunk, None on the others."""
     choices: list[dict[str, Any]] = []
     if text is not None:
-        reason = "stop" if final else None
-        choices.append({"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        choices.append({"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
     doc: dict[str, Any] = {
         "id": call_id,
         "object": "text_completion",

@@ -15,7 +15,8 @@ onto their tensors, is ``openai_mapping``'s.
 - ``POST /v1/completions`` runs a model of Triton's ``text_input``/``text_output``
   convention. Unstreamed, the answer's text is every response's text joined; streamed
   (``stream: true``), each response is a Server-Sent Event as it comes, the last with
-  ``finish_reason``, then ``data: [DONE]``. An error after the first event is an event
+  ``finish_reason`` (``length`` when ``max_tokens`` cut the text, else ``stop``:
+  ``openai_mapping``), then ``data: [DONE]``. An error after the first event is an event
   ``{"error": {...}}`` (OpenAI's client raises it), and the stream ends there.
 
 Both inference routes are in the ``inference`` API group. A client that closes its
@@ -202,6 +203,7 @@ class _Completion:
         to = _target(data_plane, self.name)
         model = mapping.TextModel.of(to.entry, to.version)
         self.fields = mapping.completion_fields(doc)
+        self.limit = model.token_limit(self.fields)
         self.echoes = model.echoes(self.fields)
         self.prefix = self.fields.prompt if self.echoes else ""
         self.id = f"cmpl-{uuid.uuid4().hex}"
@@ -245,8 +247,13 @@ class _Completion:
         self.prefix = ""
         return text
 
+    def finish(self, final: bool) -> str | None:
+        """The choice's ``finish_reason`` on its last chunk (None before it)."""
+        return self.usage.finish_reason(self.limit) if final else None
+
     def chunk(self, text: str | None, final: bool, usage: dict[str, int] | None = None) -> bytes:
-        doc = mapping.completion_document(self.id, self.created, self.name, text, final, usage)
+        finish = self.finish(final)
+        doc = mapping.completion_document(self.id, self.created, self.name, text, finish, usage)
         return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -267,7 +274,7 @@ def completions() -> Response:
         call.close()
     text = "".join(parts)
     doc = mapping.completion_document(
-        call.id, call.created, call.name, text, True, call.usage.document()
+        call.id, call.created, call.name, text, call.finish(True), call.usage.document()
     )
     return _json(doc)
 
@@ -513,7 +520,7 @@ _COMPLETION = {
                     "index": _INT,
                     "text": _STR,
                     "logprobs": {"type": "null"},
-                    "finish_reason": {"enum": ["stop", None]},
+                    "finish_reason": {"enum": ["stop", "length", None]},
                 },
             },
         },

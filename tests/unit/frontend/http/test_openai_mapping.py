@@ -247,6 +247,43 @@ def test_usage_counts_the_prompt_once_and_adds_the_text() -> None:
     assert usage.document() == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
 
 
+def _said(word: str) -> InferOutcome:
+    raw = tensors.encode_bytes_elements([word.encode()])
+    out = OutputTensor("finish_reason", "BYTES", (1,), raw)
+    return InferOutcome("m", 1, InferRequest("", [], None, True, {}), [out], None, False)
+
+
+def _wrote(n: int) -> InferOutcome:
+    out = OutputTensor("num_output_tokens", "INT32", (1,), np.array([n], "<i4").tobytes())
+    return InferOutcome("m", 1, InferRequest("", [], None, True, {}), [out], None, False)
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "limit", "reason"),
+    [
+        ([_wrote(2), _wrote(2)], 4, "length"),  # it wrote the max_tokens it was told
+        ([_wrote(3)], 4, "stop"),  # fewer: it stopped
+        ([_wrote(9)], None, "stop"),  # it takes no max_tokens: nothing cut it
+        ([], 4, "stop"),  # it reports no counts: conch cannot tell, and says stop
+        ([_wrote(1), _said("length")], 4, "length"),  # the model's own word comes first
+        ([_wrote(4), _said("stop")], 4, "stop"),
+        ([_wrote(4), _said("abort")], 4, "stop"),  # vLLM's other words are OpenAI's stop
+        ([_said("length"), _said("")], 4, "length"),  # an empty word says nothing
+    ],
+)
+def test_finish_reason_is_why_the_text_ended(outcomes, limit, reason) -> None:
+    usage = mapping.Usage()
+    for outcome in outcomes:
+        usage.add(outcome)
+    assert usage.finish_reason(limit) == reason
+
+
+def test_the_token_limit_is_what_the_model_is_told(tmp_path: Path) -> None:
+    model = mapping.TextModel.of(_entry(tmp_path, "w", WORDS), 1)
+    assert model.token_limit(mapping.completion_fields({"prompt": "a"})) == 16
+    assert model.token_limit(mapping.completion_fields({"prompt": "a", "max_tokens": 5})) == 5
+
+
 # -- the routes in the app ----------------------------------------------------------------
 @pytest.fixture()
 def app(tmp_path: Path):
