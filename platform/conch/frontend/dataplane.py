@@ -680,13 +680,10 @@ class DataPlane:
         if spec is not None and lane is not calls.Lane.ONLINE:
             raise self.sequences.refuse_job(entry.name)
         self.view.check_available(entry.name)
-        call = calls.build(
-            to,
-            request,
-            lane=lane,
-            caller=caller,
-            default_timeout_s=self.settings.request_timeout_s,
-        )
+        default_s = self.settings.request_timeout_s
+        if entry.backend == ensemble_graph.ENSEMBLE:
+            default_s += ensemble_runner.steps_hold_s(entry, self.view.serving)
+        call = calls.build(to, request, lane=lane, caller=caller, default_timeout_s=default_s)
         rows = (
             request.inputs[0].shape[0] if entry.config.max_batch_size > 0 and request.inputs else 1
         )
