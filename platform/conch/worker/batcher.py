@@ -122,7 +122,7 @@ class Batcher(threading.Thread):
         self.idle_poll = idle_poll
         self.on_batch = on_batch
         self.sequencer = sequencer
-        self.drain = drain or Drain(client, model)  # where requests come from
+        self.drain = drain or Drain(client, model, hold=policy.bounded)  # where requests come from
         self.sink = sink or ReplySink(client, model)  # where their replies go
         self.link = link or RedisLink(client)  # this thread's own round trips
         # Set by ``stop``; given by the caller when ``gate`` must see it too (a wait for
@@ -350,6 +350,8 @@ class Batcher(threading.Thread):
                 len(batch),
                 sum(i.rows for i in batch),
             )
+            # Its requests leave a bounded queue as Triton's do when their batch goes.
+            self.drain.release({i.tag for i in batch})
             try:
                 with self.gate() if self.gate is not None else nullcontext():
                     started = time.time()

@@ -16,11 +16,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
@@ -66,6 +68,8 @@ MODELS = {
     "policies": queue_config(
         f"timeout_action: DELAY {LONG_TIMEOUT}", levels=TWO_POLICIES, preferred="4, 8, 32"
     ),
+    # L0_http's onnx_zero_1_float32_queue: one request fills it.
+    "bounded": queue_config("max_queue_size: 1", preferred="8"),
 }
 
 
@@ -257,3 +261,30 @@ def test_each_level_keeps_its_own_policy(urls: Urls, protocol: str, model: str) 
     for answer in (delayed, three):  # at 2.6 s, when the two rows at level 2 were refused
         assert 2.5 < answer.at < 2.6 + SOON_S, answer
     assert 1.0 + DELAY_S - 0.2 < six.at < 1.0 + DELAY_S + 5, six
+
+
+def test_a_request_its_batch_holds_still_fills_a_bounded_queue(urls: Urls) -> None:
+    """L0_http's test_descriptive_status_code: a raw binary request waits in a forming
+    batch (no preferred size yet, a long delay) and fills a queue of one, so the next
+    request is refused at once with Triton's 503 and words, over HTTP and gRPC; the first
+    is answered when its delay ends. (A worker had taken it off the Redis list, where the
+    bound was counted, so nothing was refused.)"""
+    body = np.arange(8, dtype=np.float32).tobytes()
+    url = f"http://{urls.http}/v2/models/bounded/infer"
+    raw = {"Inference-Header-Content-Length": "0"}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(requests.post, url, data=body, headers=raw, timeout=60)
+        time.sleep(0.5)
+        second = requests.post(url, data=body, headers=raw, timeout=60)
+        assert second.status_code == 503, second.text
+        assert "Exceeds maximum queue size" in second.json()["error"]
+        x = grpcclient.InferInput("X", [1, 8], "FP32")
+        x.set_data_from_numpy(np.frombuffer(body, np.float32).reshape(1, 8))
+        with pytest.raises(InferenceServerException) as refused:
+            grpcclient.InferenceServerClient(urls.grpc).infer("bounded", [x])
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        assert "Exceeds maximum queue size" in refused.value.message()
+        answered = first.result()
+    assert answered.status_code == 200, answered.text
+    header = int(answered.headers["Inference-Header-Content-Length"])
+    assert answered.content[header:] == body
