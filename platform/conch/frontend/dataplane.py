@@ -60,6 +60,7 @@ from conch.wire import (
     log_control,
     model_metrics,
     outage,
+    sequences,
     statistics,
     stream_log,
     trace_control,
@@ -209,6 +210,9 @@ class ModelMetrics:
     samples: dict[int, dict[str, list[int]]] | None = None
     own: dict[str, int] = field(default_factory=dict)  # the model's own counters (loads, ...)
     sequence_model: bool = False  # it has sequence_batching (its live sequences count)
+    # A sequence model's requests waiting in its sequences' mailboxes, not yet running
+    # (its queue, ``work``, holds none).
+    sequence_waiting: int = 0
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -327,6 +331,7 @@ class DataPlane:
             recorded, own = statistics.read_all(self._client, name)
             queued = entry.backend != ensemble_graph.ENSEMBLE
             versions = states.get(name, {}).get("versions", {})
+            sequential = self.sequences.spec(entry.config) is not None
             out.append(
                 ModelMetrics(
                     name,
@@ -338,7 +343,10 @@ class DataPlane:
                     if summaries and queued
                     else None,
                     own,
-                    sequence_model=self.sequences.spec(entry.config) is not None,
+                    sequence_model=sequential,
+                    sequence_waiting=sequences.pending_requests(self._client, name)
+                    if sequential
+                    else 0,
                 )
             )
         return out
