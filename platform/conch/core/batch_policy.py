@@ -27,6 +27,9 @@ class BatchPolicy:
     # first dimension's rows, with or without a dynamic batcher, as Triton counts
     # inference_count and batch_stats. False: each request is one row.
     batch_dimension: bool = True
+    # A level's queue has a max_queue_size: the requests a forming batch holds still
+    # count against it, as Triton's pending batch stays in its queue until it runs.
+    bounded: bool = False
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> BatchPolicy:
@@ -35,7 +38,10 @@ class BatchPolicy:
             preferred = tuple(
                 sorted(p for p in db.preferred_batch_size if 0 < p <= config.max_batch_size)
             )
-            return cls(config.max_batch_size, db.max_queue_delay_microseconds / 1e6, preferred)
+            policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
+            bounded = any(p.max_queue_size > 0 for p in policies)
+            delay = db.max_queue_delay_microseconds / 1e6
+            return cls(config.max_batch_size, delay, preferred, bounded=bounded)
         return cls(1, 0.0, batch_dimension=config.max_batch_size > 0)
 
     def ready(self, rows: int) -> bool:

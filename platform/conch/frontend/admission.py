@@ -25,6 +25,13 @@ class Admission:
     max_queue_size: int  # 0 = unbounded
     queue_timeout_s: float  # 0 = none
     delay_on_timeout: bool  # Triton's timeout_action DELAY (else REJECT)
+    # The queue policy took the request's ``timeout`` as its own (it allows the override),
+    # so the timeout means that and nothing more, as in Triton.
+    took_timeout: bool = False
+    # How long the model's queue may keep the request before it runs or is refused: its
+    # queue timeout (after which DELAY may still hold it for a batch), then the batcher's
+    # ``max_queue_delay``. A caller's default wait counts from there.
+    may_hold_s: float = 0.0
 
 
 def admit(config: ModelConfig, priority: int | None, timeout_us: int | None) -> Admission:
@@ -40,10 +47,27 @@ def admit(config: ModelConfig, priority: int | None, timeout_us: int | None) -> 
         )
     policy = db.priority_queue_policy.get(level, db.default_queue_policy)
     timeout = policy.default_timeout_microseconds
-    if timeout_us and policy.allow_timeout_override:
+    took = bool(timeout_us and policy.allow_timeout_override)
+    if took:
         # A request may shorten the model's queue timeout, not lengthen it.
         timeout = min(timeout, timeout_us) if timeout else timeout_us
     delay = policy.timeout_action == policy.DELAY
     return Admission(
-        broker.online_step(level) if level else 0, policy.max_queue_size, timeout / 1e6, delay
+        broker.online_step(level) if level else 0,
+        policy.max_queue_size,
+        timeout / 1e6,
+        delay,
+        took,
+        (timeout + db.max_queue_delay_microseconds) / 1e6,
     )
+
+
+def longest_hold_s(config: ModelConfig) -> float:
+    """The longest the model's queue may keep a request of any level (``Admission.may_hold_s``
+    of the level whose policy waits longest); 0 without dynamic batching."""
+    if not config.HasField("dynamic_batching"):
+        return 0.0
+    db = config.dynamic_batching
+    policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
+    timeout = max(p.default_timeout_microseconds for p in policies)
+    return (timeout + db.max_queue_delay_microseconds) / 1e6

@@ -17,8 +17,13 @@ drifted apart (the "latest version" rule was written out five ways). The rules, 
   fixed steps below every online request.
 - **Deadline.** An online call inherits the deadline of the work it is made for (a BLS
   call's batch, an ensemble's outer request); the request's own ``timeout`` only
-  shortens it. With nothing to inherit, the timeout replaces the default. A call whose
-  inherited deadline has passed is refused here rather than queued to be dropped.
+  shortens it. With nothing to inherit, the timeout replaces the default, which counts
+  from when the target's queue would let the request go (its queue timeout and
+  ``max_queue_delay``: Triton's queues keep a request that long whatever the caller's
+  default). Where Triton gives ``timeout`` a meaning of its own, it has that
+  meaning only and sets no deadline: the queue timeout of a policy that allows the
+  override, and an ensemble's, which its steps take. A call whose inherited deadline
+  has passed is refused here rather than queued to be dropped.
 
 The caller checks the request against the target's config first
 (``core.validation.validate_request``); nothing here looks at tensors.
@@ -32,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from conch.core import tracing
+from conch.core.ensemble_graph import ENSEMBLE
 from conch.core.errors import Unavailable
 from conch.core.inference import InferRequest
 from conch.core.repository import ModelEntry
@@ -112,20 +118,25 @@ def build(
     """The message for ``request`` (already validated) to ``to``, under the rules above.
 
     ``default_timeout_s`` is an online call's deadline when the request sets no
-    ``timeout`` and inherits no deadline.
+    ``timeout`` and inherits no deadline, after what the target's queue may hold it (an
+    ensemble's caller adds its steps' queues: ``ensemble_runner.steps_hold_s``).
     """
     entry, config = to.entry, to.entry.config
     now = time.time()
     timeout_us = int(request.parameters.get("timeout") or 0)
     queue_deadline, delay, bound = 0.0, False, 0
     if lane is Lane.ONLINE:
-        deadline = _deadline(now, timeout_us, caller.deadline, default_timeout_s)
+        admission = admit(config, request.parameters.get("priority"), timeout_us or None)
+        # Where Triton gives 'timeout' a meaning (a queue policy that takes it, an
+        # ensemble that hands it to its steps), it has that one only; elsewhere it is
+        # conch's deadline. The default never cuts short what the model's queue may hold.
+        own = 0 if admission.took_timeout or entry.backend == ENSEMBLE else timeout_us
+        deadline = _deadline(now, own, caller.deadline, default_timeout_s + admission.may_hold_s)
         if deadline <= now:
             raise Unavailable(
                 f"Request timeout expired for model '{entry.name}': the request that made "
                 "this call is past its deadline"
             )
-        admission = admit(config, request.parameters.get("priority"), timeout_us or None)
         step = caller.priority if caller.priority >= broker.ONLINE_STEPS else admission.step
         if admission.queue_timeout_s:
             queue_deadline = now + admission.queue_timeout_s
@@ -152,6 +163,7 @@ def build(
         delay_on_timeout=delay,
         client_id=request.id,
         timeout_us=timeout_us,
+        priority_level=int(request.parameters.get("priority") or 0),
         chain=list(caller.chain),
         traceparent=tracing.current_traceparent(),
     )

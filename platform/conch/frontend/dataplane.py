@@ -67,6 +67,7 @@ from conch.wire import (
     log_control,
     model_metrics,
     outage,
+    sequences,
     statistics,
     stream_log,
     trace_control,
@@ -216,6 +217,9 @@ class ModelMetrics:
     samples: dict[int, dict[str, list[int]]] | None = None
     own: dict[str, int] = field(default_factory=dict)  # the model's own counters (loads, ...)
     sequence_model: bool = False  # it has sequence_batching (its live sequences count)
+    # A sequence model's requests waiting in its sequences' mailboxes, not yet running
+    # (its queue, ``work``, holds none).
+    sequence_waiting: int = 0
 
     @property
     def failures(self) -> dict[int, dict[str, int]]:
@@ -334,6 +338,7 @@ class DataPlane:
             recorded, own = statistics.read_all(self._client, name)
             queued = entry.backend != ensemble_graph.ENSEMBLE
             versions = states.get(name, {}).get("versions", {})
+            sequential = self.sequences.spec(entry.config) is not None
             out.append(
                 ModelMetrics(
                     name,
@@ -345,7 +350,10 @@ class DataPlane:
                     if summaries and queued
                     else None,
                     own,
-                    sequence_model=self.sequences.spec(entry.config) is not None,
+                    sequence_model=sequential,
+                    sequence_waiting=sequences.pending_requests(self._client, name)
+                    if sequential
+                    else 0,
                 )
             )
         return out
@@ -688,13 +696,10 @@ class DataPlane:
         if spec is not None and lane is not calls.Lane.ONLINE:
             raise self.sequences.refuse_job(entry.name)
         self.view.check_available(entry.name)
-        call = calls.build(
-            to,
-            request,
-            lane=lane,
-            caller=caller,
-            default_timeout_s=self.settings.request_timeout_s,
-        )
+        default_s = self.settings.request_timeout_s
+        if entry.backend == ensemble_graph.ENSEMBLE:
+            default_s += ensemble_runner.steps_hold_s(entry, self.view.serving)
+        call = calls.build(to, request, lane=lane, caller=caller, default_timeout_s=default_s)
         rows = (
             request.inputs[0].shape[0] if entry.config.max_batch_size > 0 and request.inputs else 1
         )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from conch.core import validation
-from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor
+from conch.core.ensemble_graph import ENSEMBLE, MAX_DEPTH, Step, Tensor, steps
 from conch.core.ensemble_run import (
     PATIENCE_S,
     Done,
@@ -30,6 +30,7 @@ from conch.core.ensemble_run import (
 from conch.core.errors import Cancelled, ConchError, InvalidArgument, Unsupported
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
 from conch.frontend import calls
+from conch.frontend.admission import longest_hold_s
 from conch.frontend.producer import Abandonment, Dispatcher, Pending
 from conch.frontend.response_cache import ResponseCache
 from conch.wire import statistics
@@ -120,6 +121,34 @@ def _tensors(outputs: Iterable[WireTensor]) -> dict[str, Tensor]:
     return {n: (dt, tuple(shape), raw) for n, dt, shape, raw in outputs}
 
 
+def steps_hold_s(entry: ModelEntry, resolve: Callable[[str], ModelEntry]) -> float:
+    """How long an ensemble's steps' queues may keep one request, its steps one after
+    another (``admission.longest_hold_s`` of each; a step model ``resolve`` refuses adds
+    nothing: the request fails at that step)."""
+    total = 0.0
+    for step in steps(entry.config):
+        try:
+            model = resolve(step.model)
+        except ConchError:
+            continue
+        nested = model.backend == ENSEMBLE
+        total += steps_hold_s(model, resolve) if nested else longest_hold_s(model.config)
+    return total
+
+
+def _step_parameters(outer: InferMessage) -> dict[str, Any]:
+    """The parameters each step's request carries: the outer request's own, and its
+    ``timeout`` and ``priority``, which each step's model applies with its own queue
+    policy (as Triton's ensembles pass them on; a step at the model's default level
+    would wait behind what the client asked to go ahead of)."""
+    params = dict(outer.params)
+    if outer.timeout_us:
+        params["timeout"] = outer.timeout_us
+    if outer.priority_level:
+        params["priority"] = outer.priority_level
+    return params
+
+
 def execute(
     entry: ModelEntry,
     inputs: dict[str, Tensor],
@@ -151,7 +180,7 @@ def execute(
         raise InvalidArgument(f"ensemble '{entry.name}': ensembles nested deeper than {MAX_DEPTH}")
 
     caller = calls.Caller(outer.deadline, outer.priority, tuple(outer.chain))
-    params = {**outer.params, "timeout": outer.timeout_us} if outer.timeout_us else outer.params
+    params = _step_parameters(outer)
 
     def config_of(step: Step) -> ModelConfig:
         if check is not None:

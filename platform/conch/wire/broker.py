@@ -51,10 +51,12 @@ import redis
 from conch.core import timeline
 from conch.wire.keys import (
     BUNDLED_SUFFIX,
+    HELD_SUFFIX,
     IN_FLIGHT_CLASS_SUFFIX,
     IN_FLIGHT_SUFFIX,
     PRIORITY_SEP,
     QUEUE_PREFIX,
+    UNACKED,
     UNACKED_INDEX,
     WAKE_SUFFIX,
 )
@@ -128,6 +130,12 @@ def in_flight_key(queue: str) -> str:
 def bundled_key(queue: str) -> str:
     """The queue's bundle hash: each bundle's requests beyond the first (module docstring)."""
     return queue + BUNDLED_SUFFIX
+
+
+def held_key(queue: str) -> str:
+    """The queue's held hash: the requests a forming batch holds, which still count against
+    a ``max_queue_size`` (``conch.worker.drain``'s pop marks them when asked to)."""
+    return queue + HELD_SUFFIX
 
 
 def bundle_entry(extra: int, step: int, deadline: float) -> str:
@@ -230,13 +238,29 @@ def _message(
     )
 
 
-# KEYS: the target sub-list, the wake list, the queue's bundle hash. ARGV: message, max
-# length (0 = none), wake cap, and for a bundle its tag and its entry (bundle_entry; ''
-# for a message of one request).
+# KEYS: the target sub-list, the wake list, the queue's bundle hash, its held hash, kombu's
+# unacked hash. ARGV: message, max length (0 = none), wake cap, for a bundle its tag and its
+# entry (bundle_entry; '' for a message of one request), and the target's priority step.
+# A bounded queue's length is its sub-list's and the requests of that step a forming
+# batch holds (held_key) that are still in flight; a held tag no longer in flight (acked,
+# or restored by kombu after its worker died) is forgotten.
 _PUBLISH_LUA = """
 local limit = tonumber(ARGV[2])
-if limit > 0 and redis.call('LLEN', KEYS[1]) >= limit then
-  return 0
+if limit > 0 then
+  local n = redis.call('LLEN', KEYS[1])
+  if n < limit then
+    local held = redis.call('HGETALL', KEYS[4])
+    for i = 1, #held, 2 do
+      if redis.call('HEXISTS', KEYS[5], held[i]) == 0 then
+        redis.call('HDEL', KEYS[4], held[i])
+      elseif held[i + 1] == ARGV[6] then
+        n = n + 1
+      end
+    end
+  end
+  if n >= limit then
+    return 0
+  end
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 if ARGV[5] ~= '' then
@@ -324,8 +348,9 @@ class Publisher:
         nobody withdraws), or None when the queue is full.
 
         The length check and the push are one script, so concurrent gateways cannot
-        overfill a bounded queue. A bounded queue counts messages, so its requests are
-        never bundled. ``before``: commands (redis-py's argument tuples) that must be in
+        overfill a bounded queue; its length counts the requests a forming batch holds
+        (``held_key``), as Triton's queue counts its pending batch. A bounded queue counts
+        messages, so its requests are never bundled. ``before``: commands (redis-py's argument tuples) that must be in
         Redis before any worker can pop the message (a stream's lease and log head): sent
         just before it, in the same round trip, once (not again when the publish is
         retried); a request with them is never bundled. They must be commands Redis
@@ -412,8 +437,9 @@ class Publisher:
                 priority=e.priority,
                 reply_to=e.reply_to,
             )
-        keys = [priority_key(e.queue, e.priority), wake_key(e.queue), bundled_key(e.queue)]
-        return _Publish([e], keys, [e.raw, e.max_queue_size, WAKE_CAP, "", ""], e.before)
+        keys = [priority_key(e.queue, e.priority), *_publish_keys(e.queue)]
+        args = [e.raw, e.max_queue_size, WAKE_CAP, "", "", step_of(e.priority)]
+        return _Publish([e], keys, args, e.before)
 
     @staticmethod
     def _bundle(chunk: list[_Pending]) -> _Publish:
@@ -429,8 +455,8 @@ class Publisher:
         deadlines = [float(e.payload.get("deadline") or 0) for e in chunk]
         latest = 0.0 if not all(deadlines) else max(deadlines)
         entry = bundle_entry(len(chunk) - 1, step_of(first.priority), latest)
-        keys = [priority_key(first.queue, first.priority), wake_key(first.queue)]
-        return _Publish(chunk, [*keys, bundled_key(first.queue)], [raw, 0, WAKE_CAP, tag, entry])
+        keys = [priority_key(first.queue, first.priority), *_publish_keys(first.queue)]
+        return _Publish(chunk, keys, [raw, 0, WAKE_CAP, tag, entry, step_of(first.priority)])
 
     def _run(self, messages: list[_Publish]) -> list:
         with self._sending:  # the flush's leader, or a publish_bundle: one link, one at a time
@@ -456,6 +482,11 @@ class Publisher:
                 raise errors[0]
             self.client.script_load(_PUBLISH_LUA)  # Redis restarted or flushed its scripts
         raise AssertionError("unreachable")
+
+
+def _publish_keys(queue: str) -> list[str]:
+    """The publish script's KEYS after the target sub-list."""
+    return [wake_key(queue), bundled_key(queue), held_key(queue), UNACKED]
 
 
 def _bundles(group: list[_Pending]) -> list[list[_Pending]]:

@@ -25,6 +25,10 @@ Model queues and messages in flight (``conch.wire.broker``)::
     conch.model.<model>/bundled    hash     publish of a bundle: tag ->  work_owed (each bundle's
       [BUNDLED_SUFFIX]                      "extra step deadline"; ack   extra requests, waiting or
                                             (HDEL)                       in flight); the pop script
+    conch.model.<model>/held       hash     worker pop of a bounded      publish of a bounded
+      [HELD_SUFFIX]                         queue: tag -> its step;      queue (counts the tags
+                                            batch run, ack (HDEL)        still in unacked, forgets
+                                                                         the rest)
     conch.jobs (+ sub-lists)       list     gateway (batch job submit),  Celery workers (kombu);
       [JOBS_QUEUE]                          kombu (restore)              work_owed (LLEN, with jobs=1)
     conch.jobs/in_flight           set      batch job driver: its job id work_owed (counts those
@@ -147,6 +151,9 @@ IN_FLIGHT_SUFFIX = "/in_flight"  # a queue's tags in unacked (conch.wire.work_ow
 IN_FLIGHT_CLASS_SUFFIX = "/in_flight_class"  # tag -> online|async|offline, beside it
 # A bundle's tag -> "<requests beyond the first> <priority step> <deadline>" (broker.py).
 BUNDLED_SUFFIX = "/bundled"
+# A request a forming batch holds, popped from a queue with a max_queue_size: tag -> its
+# priority step. It still counts against the bound, as Triton's pending batch does.
+HELD_SUFFIX = "/held"
 # The Celery queue of job tasks (batch jobs): every worker takes them but --batch-jobs=false ones.
 JOBS_QUEUE = "conch.jobs"
 # Messages in flight: kombu's default keys, so its restore_visible sees our messages.

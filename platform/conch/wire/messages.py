@@ -78,6 +78,9 @@ class InferMessage:
     delayed: bool = False  # already moved behind the requests still in time
     client_id: str = ""  # the "id" the client gave its request
     timeout_us: int = 0  # the client's "timeout" parameter
+    # The client's "priority" parameter (Triton's level; 0: the model's default), which
+    # an ensemble's steps ask of their own models' queues as Triton's ensembles do.
+    priority_level: int = 0
     # BLS: the models whose instances wait on this request (outermost first); empty for a
     # request from a client. See conch.frontend.bls.
     chain: list[str] = field(default_factory=list)
@@ -122,6 +125,8 @@ class InferMessage:
             body["job"] = self.job_ttl
         if self.sequence is not None:
             body["seq"] = list(self.sequence)
+        if self.priority_level:
+            body["lvl"] = self.priority_level
         if self.traceparent:
             body["tp"] = self.traceparent
         if self.watched:
@@ -159,6 +164,7 @@ class InferMessage:
                 delayed=bool(m.get("delayed", False)),
                 client_id=_str(m.get("cid", "")),
                 timeout_us=_int(m.get("tmo", 0)),
+                priority_level=_int(m.get("lvl", 0)),
                 chain=[_model_name(c) for c in _list(m.get("chain") or [], MAX_CHAIN)],
                 job_ttl=_int(m.get("job", 0)),
                 sequence=_sequence(m.get("seq")),

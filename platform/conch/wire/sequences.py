@@ -17,7 +17,8 @@ A model with ``sequence_batching`` is not drained from its shared queue. Each se
 
 Keys (``<m>`` a model, ``<s>`` a sequence's ``token``: ``i:<uint64>`` or ``s:<string>``)::
 
-    conch.seq.<m>/<s>          hash    gateway (create, last), worker (owner, steps)
+    conch.seq.<m>/<s>          hash    gateway (create, last), worker (owner, steps,
+                                       running: its head runs now)
     conch.seq.<m>/<s>/mail     list    gateway RPUSH; the holder reads the head, LPOPs it
                                        when the step commits
     conch.seq.<m>/<s>/state    string  the holder after each step: the implicit state
@@ -139,6 +140,27 @@ class SequencePublisher:
         return bool(self._script(keys=keys, args=args))
 
 
+# KEYS: live. ARGV: record prefix. Every request in the live sequences' mailboxes, less
+# the head of each whose holder runs it now (its record's 'running').
+_PENDING_LUA = """
+local n = 0
+for _, tok in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local rec = ARGV[1] .. tok
+  local mail = redis.call('LLEN', rec .. '/mail')
+  if mail > 0 and redis.call('HGET', rec, 'running') == '1' then mail = mail - 1 end
+  n = n + mail
+end
+return n
+"""
+
+
+def pending_requests(client: redis.Redis, model: str) -> int:
+    """A sequence model's requests that wait to run (Triton's pending request count): in
+    its mailboxes, but for the head a holder is running now."""
+    script = client.register_script(_PENDING_LUA)
+    return int(script(keys=[live_key(model)], args=[record_key(model, "")]))
+
+
 def live_sequences(client: redis.Redis, model: str) -> int:
     """Sequences of ``model`` that have a record (each holds, or waits for, a slot)."""
     return int(client.zcard(live_key(model)))
@@ -150,6 +172,7 @@ __all__ = [
     "live_key",
     "live_sequences",
     "mail_key",
+    "pending_requests",
     "record_key",
     "seq_id_of",
     "slot_wake_prefix",

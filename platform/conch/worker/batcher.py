@@ -4,7 +4,8 @@ It follows Triton's ``dynamic_batching``: a batch is cut when it holds
 ``max_batch_size`` rows, or when the oldest request in it has waited
 ``max_queue_delay_microseconds`` since the gateway enqueued it; a batch that has
 reached a preferred size goes at once, and so does its largest prefix of a preferred
-size (in Triton's queue order: priority first, requests its queue policy delayed last).
+size (in Triton's queue order: priority first, requests its queue policy delayed last
+within their level).
 A request held while its batch forms is checked again when its queue timeout or
 deadline passes, so that one that times out never holds the others back. Without ``dynamic_batching`` every request runs
 alone, as under Triton's default scheduler. Nothing is held in worker memory beyond
@@ -56,8 +57,10 @@ ALONE_MAX_POP = 16
 _NEVER = float("inf")
 
 
-def _queue_order(item: Item) -> tuple[bool, int]:
-    return item.msg.delayed, item.msg.priority
+def _queue_order(item: Item) -> tuple[int, bool]:
+    """Triton's queue order: by priority level, the requests its queue policy delayed
+    behind the rest of their own level (each level is a queue with a delayed tail)."""
+    return item.msg.priority, item.msg.delayed
 
 
 def _first_lapse(items: list[Item]) -> float:
@@ -120,7 +123,7 @@ class Batcher(threading.Thread):
         self.idle_poll = idle_poll
         self.on_batch = on_batch
         self.sequencer = sequencer
-        self.drain = drain or Drain(client, model)  # where requests come from
+        self.drain = drain or Drain(client, model, hold=policy.bounded)  # where requests come from
         self.sink = sink or ReplySink(client, model)  # where their replies go
         self.link = link or RedisLink(client)  # this thread's own round trips
         # Set by ``stop``; given by the caller when ``gate`` must see it too (a wait for
@@ -242,11 +245,10 @@ class Batcher(threading.Thread):
 
     def _forming(self, items: list[Item], rows: int) -> bool:
         """Whether the batch held waits for more. As Triton's queue is, ``items`` is kept
-        in priority order (pop order within a level), with the requests its queue policy
-        delayed (DELAY) behind all the rest; the batch goes at once when it is full, or
-        when a prefix of it in that order makes a preferred size (``cut`` takes the
-        largest such prefix; the rest lead the next batch), a delayed request never
-        counting towards one."""
+        in priority order (pop order within a level), the requests its queue policy
+        delayed (DELAY) behind the rest of their level; the batch goes at once when it is
+        full, or when a prefix of it in that order makes a preferred size (``cut`` takes
+        the largest such prefix; the rest lead the next batch)."""
         policy = self.policy
         if len(items) > 1:
             items.sort(key=_queue_order)  # stable, and cheap on a list in order already
@@ -256,8 +258,6 @@ class Batcher(threading.Thread):
             return True
         acc = 0
         for item in items:
-            if item.msg.delayed:
-                break
             acc += item.rows
             if acc > policy.max_batch_size:
                 break
@@ -353,6 +353,8 @@ class Batcher(threading.Thread):
                 len(batch),
                 sum(i.rows for i in batch),
             )
+            # Its requests leave a bounded queue as Triton's do when their batch goes.
+            self.drain.release({i.tag for i in batch})
             try:
                 with self.gate() if self.gate is not None else nullcontext():
                     # What waited past its deadline since it was admitted never runs.

@@ -25,6 +25,7 @@ from conch.wire.broker import (
     WAKE_CAP,
     bundled_key,
     envelope,
+    held_key,
     in_flight_class_key,
     in_flight_key,
     priority_key,
@@ -43,13 +44,14 @@ POLL_S = 0.0005  # pop again this often while a batch waits out a short delay
 
 
 # KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set and its class
-# hash, its bundle hash, then the priority sub-lists in order (the last: offline work,
-# batch jobs' messages).
+# hash, its bundle hash, its held hash, then the priority sub-lists in order (the last:
+# offline work, batch jobs' messages).
 # ARGV: max count of requests (a bundle counts its requests: broker.bundled_key), now,
 # routing key, wake cap, max count from the last sub-list (-1: any), whether the offline
 # messages left there are held back (1: not counted as waiting, nor given wake tokens; 0:
-# merely not taken by this pop), then each sub-list's class (broker.step_class), in
-# order: ARGV[i - 1] is KEYS[i]'s.
+# merely not taken by this pop), whether each message taken is marked held with its step
+# (1: the queue is bounded, broker.held_key), then each sub-list's class
+# (broker.step_class), in order: ARGV[i - 1] is KEYS[i]'s.
 # While any bundle is queued or in flight, messages are popped one at a time, so a pop
 # stops at its count of requests (overshooting by at most one bundle); else in one RPOP.
 _POP_LUA = """
@@ -60,7 +62,8 @@ local out = {}
 local waiting = 0
 local rk = cjson.encode(ARGV[3])
 local bundles = redis.call('HLEN', KEYS[7]) > 0
-local function register(raw, class)
+local hold = ARGV[7] == '1'
+local function register(raw, class, step)
   -- A plain find, then a match anchored where it ends: a pattern search alone
   -- tries its %s* at every byte of the base64 body before the tag.
   local tag = nil
@@ -77,20 +80,22 @@ local function register(raw, class)
   redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
   redis.call('SADD', KEYS[5], tag)
   redis.call('HSET', KEYS[6], tag, class)
+  if hold then redis.call('HSET', KEYS[8], tag, step) end
   out[#out + 1] = tag
   out[#out + 1] = raw
   out[#out + 1] = redis.call('HINCRBY', KEYS[4], tag, 1)
   return tag
 end
-for i = 8, #KEYS do
+for i = 9, #KEYS do
   local key = KEYS[i]
+  local step = i - 9
   local take = n
   if i == #KEYS and offline >= 0 then take = math.min(n, offline) end
   if take > 0 and bundles then
     while take > 0 do
       local raw = redis.call('RPOP', key)
       if not raw then break end
-      local entry = redis.call('HGET', KEYS[7], register(raw, ARGV[i - 1]))
+      local entry = redis.call('HGET', KEYS[7], register(raw, ARGV[i - 1], step))
       local requests = 1 + (entry and tonumber(string.match(entry, '^%d+')) or 0)
       take = take - requests
       n = n - requests
@@ -98,7 +103,7 @@ for i = 8, #KEYS do
   elseif take > 0 then
     local items = redis.call('RPOP', key, take)
     if items then
-      for _, raw in ipairs(items) do register(raw, ARGV[i - 1]) end
+      for _, raw in ipairs(items) do register(raw, ARGV[i - 1], step) end
       n = n - #items
     end
   end
@@ -128,11 +133,17 @@ class Popped:
 
 
 class Drain:
-    """The worker's side of one model queue: block, pop a batch atomically, ack."""
+    """The worker's side of one model queue: block, pop a batch atomically, ack.
 
-    def __init__(self, client: redis.Redis, model: str) -> None:
+    ``hold``: the queue is bounded (a ``max_queue_size``), so each message a pop takes is
+    marked held (``broker.held_key``) until its batch runs (``release``) or it is acked:
+    a request its batch holds still counts against the bound, as in Triton.
+    """
+
+    def __init__(self, client: redis.Redis, model: str, *, hold: bool = False) -> None:
         self.client = client
         self.queue = queue_name(model)
+        self.hold = hold
         self.keys = [
             wake_key(self.queue),
             UNACKED,
@@ -141,6 +152,7 @@ class Drain:
             in_flight_key(self.queue),
             in_flight_class_key(self.queue),
             bundled_key(self.queue),
+            held_key(self.queue),
             *priority_keys(self.queue),
         ]
         self._pop = client.register_script(_POP_LUA)
@@ -206,7 +218,14 @@ class Drain:
 
     def _args(self, count: int, offline: int | None = None, held: bool = True) -> list:
         offline_arg = -1 if offline is None else max(0, offline)
-        return [count, time.time(), self.queue, WAKE_CAP, offline_arg, int(held), *_CLASSES]
+        flags = [offline_arg, int(held), int(self.hold)]
+        return [count, time.time(), self.queue, WAKE_CAP, *flags, *_CLASSES]
+
+    def release(self, tags: Iterable[str]) -> None:
+        """The batch of these popped messages runs now: they leave the queue's bound."""
+        tags = list(tags)
+        if self.hold and tags:
+            self._link.call("HDEL", held_key(self.queue), *tags)
 
     def _unpack(self, flat: list) -> list[Popped]:
         self.waiting = int(flat[0])
@@ -233,7 +252,8 @@ def requeue(
 
 def ack(pipe: CommandQueue, queue: str, tags: Iterable[str]) -> None:
     """Forget delivered messages of ``queue``: kombu's ack, our attempt counter, the
-    queue's in-flight set and its bundle hash (``conch.wire.work_owed``)."""
+    queue's in-flight set and its bundle hash (``conch.wire.work_owed``), and its held
+    hash."""
     tags = list(tags)
     if tags:
         pipe.zrem(UNACKED_INDEX, *tags)
@@ -242,6 +262,7 @@ def ack(pipe: CommandQueue, queue: str, tags: Iterable[str]) -> None:
         pipe.srem(in_flight_key(queue), *tags)
         pipe.hdel(in_flight_class_key(queue), *tags)
         pipe.hdel(bundled_key(queue), *tags)
+        pipe.hdel(held_key(queue), *tags)
 
 
 def dead_letter(pipe: CommandQueue, model: str, tag: str, raw: bytes | str, reason: str) -> None:

@@ -88,6 +88,7 @@ return out
 _COMMIT_LUA = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('LPOP', KEYS[2])
+redis.call('HDEL', KEYS[1], 'running')
 if ARGV[3] ~= '' then
   redis.call('RPUSH', KEYS[5], ARGV[3])
   redis.call('EXPIRE', KEYS[5], ARGV[7])
@@ -121,6 +122,14 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
 
+# KEYS: record. ARGV: me. The sequence's head runs now (sequences.pending_requests), if
+# this slot still holds it: a record gone or moved on is left as it is.
+_RUNNING_LUA = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'running', '1')
+end
+"""
+
 # KEYS: record, claims, model wake. ARGV: holder to replace ('' = any), token, wake cap.
 # Offers the sequence to any slot (a release, or a sweep of a dead holder).
 _OFFER_LUA = """
@@ -128,6 +137,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if ARGV[1] ~= '' and owner ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'owner', '', 'offered', '1', 'moved', '1')
+redis.call('HDEL', KEYS[1], 'running')
 redis.call('RPUSH', KEYS[2], ARGV[2])
 redis.call('LPUSH', KEYS[3], '1')
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[3]) - 1)
@@ -204,6 +214,7 @@ class SequenceBatcher(threading.Thread):
         self._commit = client.register_script(_COMMIT_LUA)
         self._expire = client.register_script(_EXPIRE_LUA)
         self._offer = client.register_script(_OFFER_LUA)
+        self._running = client.register_script(_RUNNING_LUA)
         self._next_sweep = 0.0
         self._ttl = max(60, int(spec.idle_s * 4) + 1)
 
@@ -420,6 +431,7 @@ class SequenceBatcher(threading.Thread):
     def _execute(self, rows: list[_Row]) -> None:
         started = time.time()
         runnable = [r for r in rows if self._prepare(r)]
+        self._mark_running(runnable)
         by_version: dict[int, list[_Row]] = {}
         for r in runnable:
             by_version.setdefault(self._version(r.msg), []).append(r)
@@ -436,6 +448,17 @@ class SequenceBatcher(threading.Thread):
             # the sequences' next holder (``release_all`` offers them back).
             return
         self._commit_all(rows, runs)
+
+    def _mark_running(self, rows: list[_Row]) -> None:
+        """Each row's head runs now, so it no longer counts as pending
+        (``sequences.pending_requests``); its commit, or an offer, clears the mark."""
+        if not rows:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for r in rows:
+            record = sequences.record_key(self.model, r.held.token)
+            self._running(keys=[record], args=[self.me], client=pipe)
+        pipe.execute()
 
     @property
     def _rows_by_slot(self) -> bool:

@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from conch.devtools.redis_server import start_private
 
 from harness import start_gateway, start_worker, wait_model_ready, wait_until, waiting
+from integration.serving.test_triton_parity import IDENTITY_CONFIG, ONE_INSTANCE, SLOW_MODEL
 from models import add_inputs, add_model, ensemble, ensemble_step, python_model
 
 
@@ -338,4 +339,64 @@ def test_metrics_address_binds_the_metrics_port_apart(tmp_path: Path, log_dir: P
         assert requests.get(f"http://{url}/v2/health/live", timeout=10).status_code == 200
     finally:
         gateway.stop()
+        server.stop()
+
+
+# L0_metrics' identity_delay as a sequence model: each batch runs SEQUENCE_DELAY_S.
+SEQUENCE_DELAY_S = 1.5
+SEQUENCE_CONFIG = (
+    IDENTITY_CONFIG.replace("max_batch_size: 0", "max_batch_size: 4")
+    + ONE_INSTANCE
+    + "sequence_batching { %s { max_queue_delay_microseconds: 100000, %s } }\n"
+)
+STRATEGIES = {
+    "sequence_direct": SEQUENCE_CONFIG % ("direct", "minimum_slot_utilization: 1.0"),
+    "sequence_oldest": SEQUENCE_CONFIG % ("oldest", "max_candidate_sequences: 4"),
+}
+
+
+@pytest.mark.parametrize("model", sorted(STRATEGIES))
+def test_a_sequence_models_waiting_requests_are_pending(
+    tmp_path: Path, log_dir: Path, model: str
+) -> None:
+    """L0_metrics' test_sequence_batch_scheduler_direct and _oldest: ten requests over four
+    sequences (one each a batch, so three batches of 4, 4 and 2 run one after another);
+    while the first runs six wait, then two, then none. They wait in their sequences'
+    mailboxes, not in the model's queue, which the gauge counted alone (always 0); the
+    head a batch runs is not waiting. Each scrape reads the gauge beside the requests
+    answered so far, so the gauge is known for the time each batch ran."""
+    repo = tmp_path / "models"
+    python_model(repo / model, STRATEGIES[model], SLOW_MODEL.format(seconds=SEQUENCE_DELAY_S))
+    server = start_private()
+    worker = start_worker(repo, server.url, log_dir)
+    gateway, url = start_gateway(repo, server.url, log_dir)
+    metrics = f"http://{gateway.metrics_url}/metrics"
+
+    def scrape() -> tuple[float, float]:
+        text = requests.get(metrics, timeout=10).text
+        done = sample(text, "nv_inference_request_success", model)
+        return done, sample(text, "nv_inference_pending_request_count", model)
+
+    try:
+        wait_model_ready(url, model, 120, worker, gateway)
+        assert scrape() == (0, 0)
+        client = httpclient.InferenceServerClient(url, concurrency=10)
+        x = httpclient.InferInput("X", [1, 1], "FP32")
+        x.set_data_from_numpy(np.ones((1, 1), np.float32))
+        sent = [
+            client.async_infer(model, [x], sequence_id=k % 4 + 1, sequence_start=k < 4)
+            for k in range(10)
+        ]
+        last: dict[float, float] = {}  # requests answered -> the gauge last seen then
+        until = time.monotonic() + 4 * SEQUENCE_DELAY_S
+        while last.get(10) != 0 and time.monotonic() < until:
+            done, waiting_now = scrape()
+            last[done] = waiting_now
+            time.sleep(0.05)
+        assert (last.get(0), last.get(4), last.get(8), last.get(10)) == (6, 2, 0, 0), last
+        for s in sent:
+            s.get_result()
+    finally:
+        gateway.stop()
+        worker.stop()
         server.stop()

@@ -10,10 +10,12 @@ import redis
 
 from conch.core.errors import Unavailable
 from conch.frontend.producer import Dispatcher
-from conch.wire import broker
+from conch.wire import broker, keys
 from conch.wire.messages import InferMessage, Reply
 from conch.wire.work_owed import work_owed
 from conch.worker.drain import Drain, ack
+
+from harness import fresh_db
 
 
 def waiting(client: redis.Redis) -> int:
@@ -115,6 +117,40 @@ def test_full_queue_is_refused(redis_url: str) -> None:
     )
     assert waiting(client) == 2
     client.delete(broker.queue_name("m"))
+
+
+def test_a_request_a_forming_batch_holds_counts_against_its_step_bound(redis_url: str) -> None:
+    """A bounded queue's pop marks what it takes held (``broker.held_key``): it counts at its
+    own step until its batch runs (``release``) or it is acked, and is forgotten once it is
+    no longer in flight (kombu restored it after its worker died: it waits in the list)."""
+    client = redis.Redis.from_url(fresh_db(redis_url, 11))
+    publisher = broker.Publisher(client)
+
+    def publish(task_id: str, step: int = 0, bound: int = 1) -> bool:
+        msg = message().to_dict()
+        got = publisher.publish(
+            "m", msg, task_id=task_id, priority=step, reply_to=None, max_queue_size=bound
+        )
+        return got is not None
+
+    drain = Drain(client, "m", hold=True)
+    assert publish("a")
+    [held] = drain.pop(4)
+    assert not publish("b")  # the forming batch's request fills the queue of one
+    assert publish("c", step=1)  # another level's queue is bounded on its own
+    drain.release([held.tag])
+    assert publish("d")  # its batch went: the queue is empty again
+    taken = drain.pop(4)
+    pipe = client.pipeline()
+    ack(pipe, drain.queue, [p.tag for p in taken])
+    pipe.execute()
+    assert publish("e")  # acked (answered, or dealt with before it ran): gone too
+    [lost] = drain.pop(1)
+    client.hdel(keys.UNACKED, lost.tag)  # kombu's restore, by hand: back in its list
+    client.rpush(broker.queue_name("m"), lost.raw)
+    assert publish("f", bound=2)  # counted once, in the list: its held mark is forgotten
+    assert not client.hexists(broker.held_key(drain.queue), lost.tag)
+    assert not publish("g", bound=2)
 
 
 def test_a_message_still_queued_can_be_withdrawn(redis_url: str) -> None:

@@ -13,6 +13,9 @@ from conch.core.inference import InferRequest, InputTensor
 from conch.core.repository import ModelRepository
 from conch.frontend import calls
 from conch.wire import broker
+from conch.wire.messages import InferMessage
+
+from models import ensemble, ensemble_step
 
 CONFIG = """
 backend: "python"
@@ -26,17 +29,27 @@ dynamic_batching {
 }
 """
 
+# A queue policy that takes the request's timeout.
+OVERRIDABLE = CONFIG.replace(
+    "default_queue_policy { max_queue_size: 7 default_timeout_microseconds: 500000 }",
+    "max_queue_delay_microseconds: 4000000 default_queue_policy { timeout_action: DELAY "
+    "default_timeout_microseconds: 500000 allow_timeout_override: true }",
+)
+
+
+def read_model(root: Path, name: str, config: str, versions: tuple[str, ...] = ("1",)):
+    for v in versions:
+        (root / name / v).mkdir(parents=True)
+        (root / name / v / "model.py").write_text("class TritonPythonModel: pass\n")
+    (root / name / "config.pbtxt").write_text(config)
+    e = ModelRepository(root, complete=complete).read_model(name)
+    assert e.error is None, e.error
+    return e
+
 
 @pytest.fixture()
 def entry(tmp_path: Path):
-    (tmp_path / "m" / "1").mkdir(parents=True)
-    (tmp_path / "m" / "2").mkdir()
-    (tmp_path / "m" / "config.pbtxt").write_text(CONFIG)
-    for v in ("1", "2"):
-        (tmp_path / "m" / v / "model.py").write_text("class TritonPythonModel: pass\n")
-    e = ModelRepository(tmp_path, complete=complete).read_model("m")
-    assert e.error is None, e.error
-    return e
+    return read_model(tmp_path, "m", CONFIG, ("1", "2"))
 
 
 def req(**params) -> InferRequest:
@@ -67,7 +80,8 @@ def test_an_online_call_takes_the_queue_policy(entry) -> None:
     assert msg.outputs == ["Y"] and msg.params == {"k": "v"} and msg.client_id == "rid"
     assert msg.priority == broker.online_step(2) and call.max_queue_size == 7
     assert msg.queue_deadline == pytest.approx(before + 0.5, abs=0.1)
-    assert msg.deadline == pytest.approx(before + 30, abs=0.1) and msg.timeout_us == 0
+    # The default deadline counts from when the queue policy's timeout would let it go.
+    assert msg.deadline == pytest.approx(before + 30.5, abs=0.1) and msg.timeout_us == 0
     assert msg.chain == [] and msg.reply_to is None and msg.job_ttl == 0
 
 
@@ -83,6 +97,33 @@ def test_the_deadline_rule(entry) -> None:
     assert msg.deadline == pytest.approx(now + 0.2, abs=0.1) and msg.chain == ["a", "b"]
     with pytest.raises(Unavailable, match="Request timeout expired for model 'm'"):
         calls.build(to, req(), caller=calls.Caller(deadline=now - 1))
+
+
+def test_a_timeout_the_queue_policy_takes_sets_no_deadline(tmp_path: Path) -> None:
+    """Triton reads 'timeout' as the queue policy's own where the policy allows the
+    override: it shortens the queue timeout and bounds nothing else; so does an
+    ensemble's, which its steps take. Elsewhere it stays conch's deadline."""
+    to, now = calls.target(read_model(tmp_path, "o", OVERRIDABLE), ""), time.time()
+    msg = calls.build(to, req(timeout=100_000), default_timeout_s=30).msg
+    assert msg.queue_deadline == pytest.approx(now + 0.1, abs=0.05)
+    assert msg.deadline == pytest.approx(now + 30 + 0.1 + 4, abs=0.1)
+    io = (
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]'
+    )
+    ensemble(tmp_path, "e", io, [ensemble_step("o", {"X": "X"}, {"Y": "Y"})], 4)
+    outer = ModelRepository(tmp_path, complete=complete).read_model("e")
+    msg = calls.build(calls.target(outer, ""), req(timeout=100_000), default_timeout_s=30).msg
+    assert msg.deadline == pytest.approx(now + 30, abs=0.1) and msg.timeout_us == 100_000
+
+
+def test_the_clients_priority_level_travels(entry) -> None:
+    """Kept beside the queue step it picked, for an ensemble's steps to ask again."""
+    msg = calls.build(calls.target(entry, ""), req(priority=2**32), default_timeout_s=30).msg
+    assert msg.priority_level == 2**32 and msg.priority == broker.online_step(2)
+    assert InferMessage.from_dict(msg.to_dict()).priority_level == 2**32
+    plain = calls.build(calls.target(entry, ""), req(), default_timeout_s=30).msg
+    assert "lvl" not in plain.to_dict()  # a message without one is as it always was
 
 
 def test_work_below_online_keeps_its_step(entry) -> None:

@@ -50,6 +50,9 @@ class FakeDrain:
         self.queued.append(Popped(tag, raw, attempts))
         return tag
 
+    def release(self, tags: set[str]) -> None:
+        pass  # the fake bounds no queue
+
     def pop(
         self, count: int, offline: int | None = None, held: bool = True, how: str = "pop"
     ) -> list[Popped]:

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from conch.core import timeline
-from conch.core.errors import ConchError, Internal, InvalidArgument
+from conch.core.errors import ConchError, Internal
 from conch.core.inference import InferRequest
 from conch.core.restricted_apis import ApiGroup
 from conch.frontend import calls
@@ -40,6 +40,7 @@ from conch.frontend.dataplane import DataPlane
 from conch.frontend.http import http_codec
 from conch.frontend.http.api_groups import refuse
 from conch.frontend.http.hangup_watch import INFER_WATCHER
+from conch.frontend.http.http_codec import too_large
 from conch.frontend.producer import Abandonment
 
 # Triton's infer route: a model name without "/", an optional numeric version.
@@ -73,18 +74,6 @@ def path_model(match: InferCall) -> str:
     return name if name.isascii() else name.encode("latin-1").decode("utf-8", "replace")
 
 
-def too_large(length: int, limit: int, *, raw: bool = False) -> InvalidArgument:
-    """A body over ``--http-max-input-size``; a raw binary request's in Triton's words."""
-    if raw:
-        return InvalidArgument(
-            f"Raw input has a byte_size ({length} bytes) that exceeds the maximum allowed "
-            f"value of {limit} bytes. Use --http-max-input-size to increase the limit."
-        )
-    return InvalidArgument(
-        f"request body of {length} bytes exceeds the {limit}-byte limit (--http-max-input-size)"
-    )
-
-
 Answer = tuple[int, list[tuple[str, str]], bytes]  # status, headers, body
 
 
@@ -116,7 +105,7 @@ def decode_call(
     limit = plane.settings.max_input_bytes
     header_length = header(http_codec.HEADER_LENGTH)
     if len(body) > limit:
-        raise too_large(len(body), limit, raw=header_length == "0")
+        raise too_large(len(body), limit, header_length)
     request = http_codec.decode_request(
         body,
         header_length,
@@ -152,7 +141,7 @@ def serve_infer(
             refuse(plane.settings.http_restricted_api, ApiGroup.INFERENCE, header)
         limit = plane.settings.max_input_bytes
         if length > limit:
-            raise too_large(length, limit, raw=header(http_codec.HEADER_LENGTH) == "0")
+            raise too_large(length, limit, header(http_codec.HEADER_LENGTH))
         body = read(length) if length else read(limit + 1)
         to, request = decode_call(
             plane, path_model(call), call.group(2) or "", body, header, regions=True

@@ -367,7 +367,10 @@ class _Call:
         limit = data_plane.settings.max_input_bytes
         if (request.content_length or 0) > limit:
             raise too_large(request.content_length or 0, limit)
-        doc = parse_body(request.get_data(cache=False))
+        body = request.get_data(cache=False)
+        if len(body) > limit:  # a chunked body, whose size no header gave
+            raise too_large(len(body), limit)
+        doc = parse_body(body)
         inputs = to.entry.metadata(to.version)["inputs"]
         decoded = decode_request(doc, inputs, max_input_bytes=limit)
         self.abandonment = Abandonment()

@@ -42,6 +42,39 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 # --------------------------------------------------------------------------- request
 
+_RAISE_IT = "Use --http-max-input-size to increase the limit."
+
+
+def too_large(length: int, limit: int, header_length: str | None = None) -> InvalidArgument:
+    """A body of ``length`` bytes over ``--http-max-input-size`` (``limit``), in Triton's
+    words for what it holds, which ``header_length`` (``Inference-Header-Content-Length``,
+    None when absent) tells: a raw binary request's one input ("0"), else a JSON document
+    (the whole body, or its JSON part when that alone is over). A body whose JSON part is
+    within the limit and whose binary tensors are not is refused too, in conch's words:
+    Triton counts those per input."""
+    if header_length == "0":
+        return InvalidArgument(
+            f"Raw input has a byte_size ({length} bytes) that exceeds the maximum allowed "
+            f"value of {limit} bytes. {_RAISE_IT}"
+        )
+    json_length = length if not header_length else _int_or_zero(header_length)
+    if json_length > limit:
+        return InvalidArgument(
+            f"request JSON size of {json_length} bytes exceeds the maximum allowed input size "
+            f"of {limit} bytes. {_RAISE_IT}"
+        )
+    return InvalidArgument(
+        f"request body of {length} bytes exceeds the maximum allowed input size of {limit} "
+        f"bytes. {_RAISE_IT}"
+    )
+
+
+def _int_or_zero(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
 
 def _decompress(body: bytes, encoding: str | None, max_body_bytes: int) -> bytes:
     """Inflate a gzip/deflate body, never producing more than ``max_body_bytes``.
@@ -65,7 +98,8 @@ def _decompress(body: bytes, encoding: str | None, max_body_bytes: int) -> bytes
         raise InvalidArgument(f"failed to decompress {enc} request body: {e}") from None
     if len(out) > max_body_bytes:
         raise InvalidArgument(
-            f"decompressed request body exceeds the maximum of {max_body_bytes} bytes"
+            f"Decompressed data size exceeds the maximum allowed value of {max_body_bytes} "
+            f"bytes. {_RAISE_IT}"
         )
     if not d.eof:
         raise InvalidArgument(f"failed to decompress {enc} request body: data is truncated")
@@ -95,9 +129,7 @@ def decode_request(
     binary request: ``raw_request`` on the model's ``config`` (named ``model_name``).
     """
     if len(body) > max_body_bytes:
-        raise InvalidArgument(
-            f"request body of {len(body)} bytes exceeds the maximum of {max_body_bytes} bytes"
-        )
+        raise too_large(len(body), max_body_bytes, header_length)
     body = _decompress(body, content_encoding, max_body_bytes)
     size = len(body)
 

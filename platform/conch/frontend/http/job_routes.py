@@ -76,7 +76,8 @@ def submit(model: str, version: int | None = None) -> Response:
     data_plane = plane()
     length = request.content_length
     if length is not None and length > data_plane.settings.max_input_bytes:
-        raise too_large(length, data_plane.settings.max_input_bytes)
+        limit = data_plane.settings.max_input_bytes
+        raise too_large(length, limit, request.headers.get(http_codec.HEADER_LENGTH))
     to, infer_request = decode_call(
         data_plane,
         model,

@@ -141,6 +141,13 @@ def _labels(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
 
 
+def _pending(m: ModelMetrics) -> int:
+    """Triton's pending request count: requests waiting to run, not yet running."""
+    if m.sequence_model:
+        return m.sequence_waiting
+    return 0 if m.work is None else m.work.waiting
+
+
 def render(plane: DataPlane) -> bytes:
     """Prometheus text format, written out by hand: Triton's counter names carry no
     ``_total`` (prometheus_client would add one), and values are plain integers."""
@@ -197,11 +204,9 @@ def render(plane: DataPlane) -> bytes:
     queued = [(m, m.work) for m in models if m.work is not None]  # ensembles have no queue
     pending = [
         # The newest version serving, else the newest counted (1 before any). An
-        # ensemble's requests wait in its steps' queues, so its own is 0, as in Triton.
-        (
-            {"model": m.name, "version": str(max(m.ready or m.counters or [1]))},
-            0 if m.work is None else m.work.waiting,
-        )
+        # ensemble's requests wait in its steps' queues, so its own is 0, as in Triton;
+        # a sequence model's wait in its sequences' mailboxes.
+        ({"model": m.name, "version": str(max(m.ready or m.counters or [1]))}, _pending(m))
         for m in models
     ]
     family(

@@ -21,6 +21,7 @@ from conch.frontend.http.http_codec import (
     decode_request,
     encode_response,
     error_body,
+    too_large,
 )
 from conch.frontend.v2_json import classify
 
@@ -473,13 +474,41 @@ def test_corrupt_and_truncated_compression() -> None:
 def test_gzip_bomb_is_bounded() -> None:
     bomb = gzip.compress(b"\x00" * (64 * 1024 * 1024), compresslevel=9)
     assert len(bomb) < 1024 * 1024
-    expect_400("exceeds the maximum of 1048576 bytes", bomb, None, "gzip", max_body=1024 * 1024)
+    expect_400(
+        "Decompressed data size exceeds the maximum allowed value of 1048576 bytes",
+        bomb,
+        None,
+        "gzip",
+        max_body=1024 * 1024,
+    )
 
 
 def test_body_over_limit() -> None:
     body = json_doc({"inputs": [simple_input()]})
-    expect_400("exceeds the maximum", body, None, None, max_body=len(body) - 1)
+    limit = len(body) - 1
+    expect_400(f"request JSON size of {len(body)} bytes", body, None, None, max_body=limit)
     decode(body, max_body=len(body))
+
+
+@pytest.mark.parametrize(
+    ("header_length", "words"),
+    [
+        (
+            "0",
+            "Raw input has a byte_size (100 bytes) that exceeds the maximum allowed value of 10 bytes",
+        ),
+        (None, "request JSON size of 100 bytes exceeds the maximum allowed input size of 10 bytes"),
+        ("40", "request JSON size of 40 bytes exceeds the maximum allowed input size of 10 bytes"),
+        ("5", "request body of 100 bytes exceeds the maximum allowed input size of 10 bytes"),
+    ],
+    ids=["raw", "json", "json-part", "binary-part"],
+)
+def test_a_body_over_the_limit_in_tritons_words(header_length: str | None, words: str) -> None:
+    """Triton's words for what is over: a raw binary request's input, the JSON document
+    (the whole body, or the JSON part of one with binary tensors); conch's, in the same
+    form, where only the binary tensors are."""
+    message = too_large(100, 10, header_length).message
+    assert message == f"{words}. Use --http-max-input-size to increase the limit."
 
 
 # ------------------------------------------------------------------------------ responses
