@@ -136,6 +136,17 @@ def steps_hold_s(entry: ModelEntry, resolve: Callable[[str], ModelEntry]) -> flo
     return total
 
 
+def _slot_deadline(outer: InferMessage) -> float:
+    """When a step's wait for a ``max_inflight_requests`` slot ends (epoch seconds; 0:
+    never): the outer request's deadline, or sooner its ``timeout``, counted from its
+    arrival. The client's timeout is each step's queue timeout, and a step waiting for a
+    slot is still queued, as Triton holds it before its model's queue."""
+    if not outer.timeout_us:
+        return outer.deadline
+    by_timeout = outer.enqueued + outer.timeout_us / 1e6
+    return min(outer.deadline, by_timeout) if outer.deadline else by_timeout
+
+
 def _step_parameters(outer: InferMessage) -> dict[str, Any]:
     """The parameters each step's request carries: the outer request's own, and its
     ``timeout`` and ``priority``, which each step's model applies with its own queue
@@ -238,7 +249,7 @@ def execute(
         )
         return _Queued(pending, abandonment, answered)
 
-    slots = _FleetSlots(dispatcher.step_slots, outer.deadline, abandonment)
+    slots = _FleetSlots(dispatcher.step_slots, _slot_deadline(outer), abandonment)
     return run(entry, inputs, wanted, start, config_of, slots)
 
 
