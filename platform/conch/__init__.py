@@ -8,20 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from conch.api import API  # what ``import conch`` offers of ``conch.server``, on first use
 from conch.version import __version__
-
-# What ``import conch`` offers of ``conch.server`` (the in-process API), imported on first
-# use; ``conch.server`` exports exactly these.
-API = (
-    "AsyncResponseIterator",
-    "ConchError",
-    "InferenceResponse",
-    "Model",
-    "ModelControlMode",
-    "ModelIndex",
-    "ResponseIterator",
-    "Server",
-)
 
 
 def __getattr__(name: str) -> Any:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from conch import API
+from conch.api import API
 from conch.core import tensors
 from conch.core.errors import ConchError, InvalidArgument, StartFailed, Unavailable
 from conch.core.inference import InferRequest, InputTensor, OutputTensor, RequestedOutput

@@ -66,6 +66,29 @@ def test_the_gateway_reaches_backends_only_through_its_completer(
     assert reached == [], f"the gateway's import graph reaches backends or the worker: {reached}"
 
 
+def test_no_circles_in_the_house(graph: grimp.ImportGraph) -> None:
+    """No module of ours reaches back, by any chain, to a module it imports: each room is
+    read from the bottom up. grimp reads every import, those under ``TYPE_CHECKING`` and
+    inside functions too, so a circle that only a type checker follows counts as well."""
+    ours = ("conch", "repo_sync")
+    circles = sorted(
+        " -> ".join((importer, *back))
+        for importer in graph.modules
+        if _under(importer, ours)
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if _under(imported, ours)
+        and (back := graph.find_shortest_chain(importer=imported, imported=importer))
+    )
+    assert circles == [], f"modules that import each other: {circles}"
+
+
+def test_no_module_imports_the_package_root(graph: grimp.ImportGraph) -> None:
+    """``conch/__init__.py`` sits on top of the house (it offers ``conch.Server``); a module
+    inside that imports it points an arrow up."""
+    importers = sorted(graph.find_modules_that_directly_import("conch"))
+    assert importers == [], f"modules that import the package root: {importers}"
+
+
 def _loaded_by(*modules: str) -> set[str]:
     """The modules a fresh interpreter holds after importing ``modules``."""
     code = (
@@ -115,7 +138,7 @@ def test_importing_conch_loads_no_role_and_the_embedded_server_no_fleet_code() -
     imported on first use. An embedded server's engine loads neither a frontend nor the
     worker's Redis-bound code, nor a server stack."""
     bare = sorted(m for m in _loaded_by("conch") if m.startswith("conch."))
-    assert bare == ["conch.version"], f"import conch loads: {bare}"
+    assert bare == ["conch.api", "conch.version"], f"import conch loads: {bare}"
     loaded = _loaded_by("conch.server", "conch.embedded.engine")
     found = sorted(
         m for m in loaded if _under(m, ("conch.frontend", "conch.worker", "celery", *HTTP_STACK))

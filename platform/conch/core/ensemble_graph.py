@@ -20,17 +20,29 @@ tensor is checked against the first place that names it (``check``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from conch.core.model_config import response_cache_problem, wire_type
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
-    from conch.core.repository import ModelEntry
 
 ENSEMBLE = "ensemble"
 MAX_DEPTH = 8  # ensembles of ensembles
+
+
+class GraphEntry(Protocol):
+    """What linking reads and writes of a repository's model (``repository.ModelEntry``,
+    whose module imports this one, so it is named here by what it must have)."""
+
+    name: str
+    config: ModelConfig | None
+    error: str | None
+    versions: list[int]
+    backend: str
+    output_labels: dict[str, list[str]]
 
 
 @dataclass(frozen=True)
@@ -189,7 +201,7 @@ def _shape(config: ModelConfig, dims: Any) -> _Shape:
 _Node = tuple[str, str, _Shape]
 
 
-def check(entry: ModelEntry, entries: dict[str, ModelEntry]) -> str | None:
+def check(entry: GraphEntry, entries: Mapping[str, GraphEntry]) -> str | None:
     """Why this ensemble cannot serve, or None. Step models must have been read.
 
     Each tensor is taken as the first place that names it has it (the ensemble's inputs,
@@ -279,7 +291,7 @@ def check(entry: ModelEntry, entries: dict[str, ModelEntry]) -> str | None:
     return None
 
 
-def link(entry: ModelEntry, entries: dict[str, ModelEntry]) -> None:
+def link(entry: GraphEntry, entries: Mapping[str, GraphEntry]) -> None:
     """Check the ensemble against its step models (``entry.error`` says why it cannot
     serve) and complete what Triton derives from them: an output with no
     ``label_filename`` of its own takes the labels of the step output it comes from, and
@@ -301,7 +313,7 @@ def link(entry: ModelEntry, entries: dict[str, ModelEntry]) -> None:
     entry.error = f"ensemble '{entry.name}': {problem}" if problem else None
 
 
-def link_all(entries: dict[str, ModelEntry]) -> None:
+def link_all(entries: Mapping[str, GraphEntry]) -> None:
     """``link`` every ensemble of a repository, each after the ensembles it calls."""
     done: set[str] = set()
 

@@ -37,7 +37,7 @@ HEAD = f"""\
 
 What each flag and environment variable of `conch` sets, which subcommands take it, and its
 default: look a setting up here. This page is generated from the settings' declarations
-(`platform/conch/settings.py`) by `{COMMAND}`; do not edit it by hand
+(`platform/conch/settings/declarations.py`) by `{COMMAND}`; do not edit it by hand
 (`tests/unit/test_flags_doc.py` fails when it is stale).
 
 A flag wins over its environment variable, which wins over the default. Flags follow

@@ -10,7 +10,7 @@ calling batch's deadline, priority and call chain (``core.call_context.CURRENT``
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -22,14 +22,38 @@ from conch.core.model_spec import BlsRequest, BlsResponse
 from conch.embedded.scheduler import Caller
 
 if TYPE_CHECKING:
-    from conch.embedded.engine import Engine
+    from conch.core.inference import InferRequest
+    from conch.core.repository import ModelEntry
     from conch.embedded.responses import Answer, Responses
+
+
+class ServedModel(Protocol):
+    """A loaded model, as BLS reads it: the entry it was loaded from."""
+
+    entry: ModelEntry
+
+
+class BlsEngine(Protocol):
+    """What BLS asks of the engine (``embedded.engine.Engine``, which imports this module
+    to hand its Python models a port, so it is named here by what it must do)."""
+
+    def serving(self, name: str) -> ServedModel: ...
+
+    def infer(self, name: str, version: str, request: InferRequest, caller: Caller) -> Responses:
+        """Check ``request`` and queue it on the model's scheduler."""
+        ...
+
+    def ready(self, name: str, version: str = "") -> bool: ...
+
+    def load(self, name: str) -> None: ...
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None: ...
 
 
 class EmbeddedBls:
     """The ``BlsPort`` an embedded server hands its Python models."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: BlsEngine) -> None:
         self.engine = engine
 
     def infer(self, request: BlsRequest, decoupled: bool = False) -> list[tuple[str, np.ndarray]]:

@@ -22,19 +22,34 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import redis
 
-from conch.core.repository import ModelEntry
+from conch.core.repository import ModelEntry, ModelRepository
 from conch.wire.work_owed import work_owed
-
-if TYPE_CHECKING:
-    from conch.worker.host import ModelHost
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # how often the standby models' queues are looked at
+
+
+class Host(Protocol):
+    """What residency asks of the worker's model host (``worker.host.ModelHost``, which
+    imports this module to start one, so it is named here by what it must do)."""
+
+    client: redis.Redis
+    repository: ModelRepository
+
+    def resident(self) -> list[str]: ...
+
+    def standby(self) -> list[str]: ...
+
+    def serve(self, name: str, entry: ModelEntry, *, load_id: str = "") -> None: ...
+
+    def evict(self, name: str) -> None: ...
+
+    def refuse(self, name: str, reason: str) -> None: ...
 
 
 def footprint(entry: ModelEntry) -> int:
@@ -49,7 +64,7 @@ def footprint(entry: ModelEntry) -> int:
 class Residency(threading.Thread):
     """Brings a standby model in when its work waits, within ``budget`` bytes."""
 
-    def __init__(self, host: ModelHost, budget: int, poll_s: float = POLL_S) -> None:
+    def __init__(self, host: Host, budget: int, poll_s: float = POLL_S) -> None:
         super().__init__(name="residency", daemon=True)
         self.host = host
         self.budget = budget

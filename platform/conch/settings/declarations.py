@@ -1,42 +1,18 @@
-"""Runtime settings shared by the gateway, the worker and ``conch serve``.
+"""``Settings``: every setting of every role, each declared once with ``setting()``.
 
-This module is the one reader of conch's configuration. Flags win over environment
-variables, which win over the defaults. Each setting is declared once, as a field of
-``Settings`` made by ``setting()``: its type, its default, the environment variables that
-can set it (``CONCH_*``, ``REDIS_URL``, ``AWS_DEFAULT_REGION``/``AWS_REGION``), and its
-command-line flags (``Flag``: Triton's names where Triton has them, the subcommands that
-take it, its help, and the check its value must pass). What a flag does with its value
-follows from the field's type unless the flag says otherwise: a ``bool`` takes Triton's
-``--flag=true|false`` (on/off/1/0 too, any case; bare ``--flag`` is true), an ``int`` or ``float`` is parsed as one, a ``StrEnum`` gives the
-choices, and a config class with ``parse`` and ``items`` takes a repeatable flag's values
-together and writes them back. A help text shows the field's default, never a copy of it: ``{default}`` in the
-text, or ``(default X)`` added when the text does not speak of a default.
-
-``FLAGS`` is every flag, in declaration order, bound to its field.
-``Settings.from_env()`` reads the environment; ``Settings.from_args(namespace)`` adds the
-flags a command line gave (argparse defaults are all None, so only given flags count);
-``settings.to_args(role)`` writes the flags that reproduce a Settings for one subcommand,
-which is how ``conch serve`` starts its worker and gateway. Settings that have no flag
-(the visibility timeout, attempts, job limits, the HTTP worker class, the local Redis
-probe, the S3 region) reach those children through the environment they inherit.
-
-Of conch, this module imports only the core's parsers of Triton's flag values
-(``restricted_apis``, ``cache_config``, ``metrics_config``, ``trace_config``) and one
-bound of ``inference``, which
-import nothing but the standard library: the gateway reads its Settings before gevent
-patches the process, and that must happen before redis is imported.
+The field-specific readers and writers of flag values (model lists, repositories, byte
+sizes, Triton's ignored flags) sit beside the one field that uses each; ``FLAGS`` and
+``add_arguments`` are bound from these declarations once, at import.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
-from enum import StrEnum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
-from types import UnionType
-from typing import Any, get_type_hints
+from typing import Any
 
 from conch.core.byte_sizes import parse_byte_size
 from conch.core.cache_config import CacheConfig
@@ -44,270 +20,47 @@ from conch.core.inference import MAX_STREAM_KEEP_S
 from conch.core.metrics_config import MetricsConfig
 from conch.core.restricted_apis import RestrictedApis, group_names
 from conch.core.trace_config import TraceConfig
+from conch.settings.flags import (
+    ALL_ROLES,
+    FRONTEND_ROLES,
+    GRPC_ROLES,
+    HTTP_ROLES,
+    SCALE_ROLES,
+    SERVE_ONLY,
+    WORKER_ROLES,
+    Flag,
+    at_least,
+    between,
+    declared_flags,
+    env_parsers,
+    no_args,
+    repeated_args,
+    setting,
+)
+from conch.settings.values import (
+    CACHE_CONFIG_ENV,
+    GEVENT_WORKER,
+    GRPC_RESTRICTED_HEADER_PREFIX,
+    GRPC_SHARED_PORT_ENV,
+    LOCAL_REDIS_URL,
+    RESTRICTED_API_ENV,
+    RESTRICTED_PROTOCOL_ENV,
+    BackendConfig,
+    CompressionLevel,
+    GrpcTransport,
+    InstanceForm,
+    LogFormat,
+    ModelControlMode,
+    RateLimitMode,
+    RateLimitResources,
+    Role,
+    WorkerRange,
+    default_http_workers,
+    is_remote_repository,
+)
 
-
-class ModelControlMode(StrEnum):
-    """Triton's ``--model-control-mode``: which models a server serves, and when it looks again.
-
-    none: every model at start, never again; poll: follow the repository as it changes;
-    explicit: only what ``--load-model`` and the load/unload API ask for.
-    """
-
-    NONE = "none"
-    POLL = "poll"
-    EXPLICIT = "explicit"
-
-    @property
-    def explicit(self) -> bool:
-        """Models are loaded and unloaded through the API (and ``--load-model``)."""
-        return self is ModelControlMode.EXPLICIT
-
-    @property
-    def polls(self) -> bool:
-        """The repository is rescanned and followed as it changes."""
-        return self is ModelControlMode.POLL
-
-    @property
-    def follows_changes(self) -> bool:
-        """Anything after start can change what is served (poll or explicit)."""
-        return self is not ModelControlMode.NONE
-
-
-class LogFormat(StrEnum):
-    """Triton's ``--log-format``: how each log line starts (``conch.server_log``)."""
-
-    DEFAULT = "default"  # I0304 10:22:33.123456 <pid> <file>:<line>] ...
-    ISO8601 = "ISO8601"  # 2024-03-04T10:22:33Z I <pid> <file>:<line>] ...
-    JSON = "json"  # conch's: one JSON object a line, for log shippers (Loki, Elasticsearch)
-
-
-class InstanceForm(StrEnum):
-    """``--instance-form``: how a worker runs each instance of a model's ``instance_group``.
-
-    thread: a drain loop on a thread of the worker process, every instance sharing its
-    interpreter (and its GIL); process: a child process per instance, each with its own
-    copy of the model, its own interpreter and its own drain loop on the model's queue,
-    as Triton's Python backend runs a stub process per instance. A model's config may
-    choose for itself (``parameters { key: "instance_form" }``).
-    """
-
-    THREAD = "thread"
-    PROCESS = "process"
-
-
-class CompressionLevel(StrEnum):
-    """Triton's ``--grpc-infer-response-compression-level``: how infer responses are
-    compressed on the wire (``frontend.grpc.transport`` picks the algorithm)."""
-
-    NONE = "none"
-    LOW = "low"
-    MEDIUM = "medium"
-    HIGH = "high"
-
-
-class GrpcTransport(StrEnum):
-    """``--grpc-transport``: what serves ``conch grpc``'s HTTP/2. grpcio: grpcio's
-    synchronous server (``frontend.grpc.server``); h2: the ``h2`` library on gevent
-    (``frontend.grpc.h2_server``). The same services answer on both."""
-
-    GRPCIO = "grpcio"
-    H2 = "h2"
-
-
-class Role(StrEnum):
-    """The subcommands that run a part of the server, each with its own flags."""
-
-    SERVE = "serve"  # Redis if needed, a worker, the gateway and the gRPC server
-    GATEWAY = "gateway"
-    GRPC = "grpc"  # the gRPC frontend (Triton's GRPCInferenceService)
-    WORKER = "worker"
-    AUTOSCALE = "autoscale"  # starts and retires workers on the work their models owe
-
-
-GEVENT_WORKER = "conch.frontend.http.gevent_worker.GatewayWorker"
-RESTRICTED_API_ENV = "CONCH_HTTP_RESTRICTED_API"
-RESTRICTED_PROTOCOL_ENV = "CONCH_GRPC_RESTRICTED_PROTOCOL"
-CACHE_CONFIG_ENV = "CONCH_CACHE_CONFIG"
-GRPC_SHARED_PORT_ENV = "CONCH_GRPC_SHARED_PORT"
-# Triton's gRPC metadata key of a restricted protocol: this prefix, then the flag's key.
-GRPC_RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
-MAX_BATCH_SIZE_KEY = "default-max-batch-size"  # the one --backend-config setting conch applies
-LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def default_http_workers(cpus: int | None) -> int:
-    """Gateway processes when ``--http-workers`` is not given (and gRPC server processes
-    when ``--grpc-workers`` is not): half the cores, 1 to 2."""
-    return min(2, max(1, (cpus or 1) // 2))
-
-
-@dataclass
-class BackendConfig:
-    """What conch applies of Triton's ``--backend-config``: ``default-max-batch-size``, the
-    max_batch_size that auto-complete gives a model that can batch (0: leave it at 0).
-
-    As in Triton it is set for every backend (``default-max-batch-size=N``) or for one
-    (``onnxruntime,default-max-batch-size=N``), a backend's own value winning over the
-    global one. Triton's backends take many other settings that
-    mean nothing here; ``parse`` keeps them in ``ignored`` for the CLI to warn about, so a
-    Triton launch line starts unchanged, and ``items`` never writes them back.
-    """
-
-    # backend name -> size; "" for every backend not named. Neither: the repository's
-    # default (Triton's 4, core.repository.DEFAULT_MAX_BATCH_SIZE).
-    max_batch_sizes: dict[str, int] = field(default_factory=dict)
-    ignored: tuple[str, ...] = field(default=(), compare=False)
-
-    @classmethod
-    def parse(cls, items: Iterable[str]) -> BackendConfig:
-        """``--backend-config`` values, in Triton's forms: ``<backend>,<setting>=<value>``
-        or ``<setting>=<value>``. Raises ValueError for a malformed one."""
-        sizes: dict[str, int] = {}
-        ignored: list[str] = []
-        for item in items:
-            backend, setting, value = _backend_setting(item)
-            if setting != MAX_BATCH_SIZE_KEY:
-                ignored.append(item)
-                continue
-            try:
-                size = int(value)
-            except ValueError:
-                raise ValueError(f"--backend-config {item!r}: not an integer") from None
-            if size < 0:
-                raise ValueError(f"--backend-config {item!r}: must be 0 or more")
-            sizes[backend] = size
-        return cls(sizes, tuple(ignored))
-
-    def items(self) -> list[str]:
-        """The ``--backend-config`` values that reproduce what is applied."""
-        return [
-            f"{backend},{MAX_BATCH_SIZE_KEY}={size}" if backend else f"{MAX_BATCH_SIZE_KEY}={size}"
-            for backend, size in self.max_batch_sizes.items()
-        ]
-
-
-def _backend_setting(item: str) -> tuple[str, str, str]:
-    """(backend or "" for every backend, setting, value) of one ``--backend-config``."""
-    form = "<backend>,<setting>=<value> or <setting>=<value>"
-    backend, comma, rest = item.partition(",")
-    if not comma or "=" in backend:  # the global form (a value may hold a comma)
-        backend, rest = "", item
-    elif not backend:
-        raise ValueError(f"--backend-config {item!r}: no backend before ','; the form is {form}")
-    setting, equals, value = rest.partition("=")
-    if not equals or not setting or not value:
-        raise ValueError(f"--backend-config {item!r}: the form is {form}")
-    return backend, setting, value
-
-
-@dataclass(frozen=True)
-class WorkerRange:
-    """``--workers MIN:MAX``: how many worker processes an autoscaler keeps (MIN may be 0:
-    scale to zero)."""
-
-    minimum: int
-    maximum: int
-
-    @classmethod
-    def parse(cls, text: str) -> WorkerRange:
-        """``MIN:MAX``, or ``N`` for a fixed N. Raises ValueError for anything else."""
-        low, colon, high = text.partition(":")
-        try:
-            minimum, maximum = int(low), int(high if colon else low)
-        except ValueError:
-            raise ValueError(f"--workers {text!r}: the form is MIN:MAX (e.g. 1:4)") from None
-        if minimum < 0 or maximum < 1 or minimum > maximum:
-            raise ValueError(f"--workers {text!r}: needs 0 <= MIN <= MAX and MAX >= 1")
-        return cls(minimum, maximum)
-
-    def __str__(self) -> str:
-        return f"{self.minimum}:{self.maximum}"
-
-
-class RateLimitMode(StrEnum):
-    """Triton's ``--rate-limit``: off runs a request on an instance as soon as one is free;
-    execution_count picks instances by priority and use, each waiting for the resources
-    its config's ``rate_limiter`` asks for, counted across the fleet
-    (``conch.worker.rate_limiter``)."""
-
-    OFF = "off"
-    EXECUTION_COUNT = "execution_count"
-
-
-RESOURCE_FORM = "<name>:<count> or <name>:<count>:<device>"
 NO_SAGEMAKER = "conch serves no SageMaker endpoint"
 NO_VERTEX_AI = "conch serves no Vertex AI endpoint"
-
-
-@dataclass
-class RateLimitResources:
-    """Triton's ``--rate-limit-resource NAME:COUNT[:DEVICE]`` values: how many of each
-    resource there are, on every device (``None``; Triton's ``-1``) or on one.
-
-    As in Triton, a resource given again for the same device keeps the smaller count (so
-    ``R:2`` and ``R:3:-1``, two spellings of one thing, leave ``R`` at 2 on every device);
-    names are kept as written, as Triton's core compares them.
-    """
-
-    counts: dict[tuple[str, int | None], int] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, items: Iterable[str]) -> RateLimitResources:
-        """Raises ValueError naming the malformed value and the form it should have."""
-        counts: dict[tuple[str, int | None], int] = {}
-        for item in items:
-            name, *numbers = item.split(":")
-            bad = f"--rate-limit-resource option format is {RESOURCE_FORM}; got {item!r}"
-            if not name or len(numbers) not in (1, 2):
-                raise ValueError(bad)
-            try:
-                count = int(numbers[0])
-                device = int(numbers[1]) if len(numbers) == 2 else -1
-            except ValueError:
-                raise ValueError(f"{bad}: count and device are whole numbers") from None
-            if count < 0 or device < -1:
-                raise ValueError(f"{bad}: count is 0 or more, device 0 or more (-1: every one)")
-            key = (name, None if device == -1 else device)
-            counts[key] = min(count, counts.get(key, count))
-        return cls(counts)
-
-    def items(self) -> list[str]:
-        """The ``--rate-limit-resource`` values that reproduce these counts."""
-        return [
-            f"{name}:{count}" if device is None else f"{name}:{count}:{device}"
-            for (name, device), count in self.counts.items()
-        ]
-
-
-# --- flags: what a command line can say about a setting ------------------------------------
-
-ALL_ROLES = frozenset(Role)
-HTTP_ROLES = frozenset({Role.SERVE, Role.GATEWAY})
-GRPC_ROLES = frozenset({Role.SERVE, Role.GRPC})
-FRONTEND_ROLES = HTTP_ROLES | GRPC_ROLES  # what both frontends apply alike
-# Roles that run workers: the autoscaler takes every worker flag, to start its workers with.
-WORKER_ROLES = frozenset({Role.SERVE, Role.WORKER, Role.AUTOSCALE})
-SCALE_ROLES = frozenset({Role.SERVE, Role.AUTOSCALE})
-SERVE_ONLY = frozenset({Role.SERVE})
-
-
-def _value(name: str, value: Any) -> list[str]:
-    return [] if value is None or value == "" else [name, str(value)]
-
-
-def _each(name: str, values: Iterable[str]) -> list[str]:
-    return [arg for v in values for arg in (name, v)]
-
-
-def _is_config(kind: type) -> bool:
-    """A config that a repeatable flag's values make together (``parse(values)``) and that
-    writes them back (``items()``): Triton's ``--backend-config``, ``--trace-config``..."""
-    return callable(getattr(kind, "parse", None)) and callable(getattr(kind, "items", None))
-
-
-def _config_args(name: str, config: Any) -> list[str]:
-    """A repeatable ``KEY=VALUE`` flag written back from its config's ``items()``."""
-    return _each(name, config.items())
 
 
 def _model_list(text: str) -> list[str] | None:
@@ -331,14 +84,6 @@ def _parse_protocols(values: Iterable[str]) -> RestrictedApis:
     )
 
 
-# The schemes of object storage that --model-repository takes, as Triton spells them.
-REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
-
-
-def is_remote_repository(spec: Path | str) -> bool:
-    return isinstance(spec, str) and spec.startswith(REPOSITORY_SCHEMES)
-
-
 def _repositories(values: Iterable[str]) -> tuple[Path | str, ...]:
     """``--model-repository`` values: a URL of object storage kept as given, a folder made
     absolute; one given twice is refused, as it would serve each of its models twice."""
@@ -358,16 +103,6 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _bool(text: str) -> bool:
-    """A boolean flag's value, as Triton reads one: true/on/1 or false/off/0, any case."""
-    word = text.strip().lower()
-    if word in ("true", "on", "1"):
-        return True
-    if word in ("false", "off", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"invalid value for bool option: {text!r}")
-
-
 def _verbosity(text: str) -> int:
     """``--log-verbose``'s value: a level, or true/false (1/0), any case, as Triton reads it."""
     word = text.strip().lower()
@@ -379,17 +114,9 @@ def _verbosity(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid value for --log-verbose: {text!r}") from None
 
 
-def _bool_arg(name: str, on: bool) -> list[str]:
-    return [f"{name}={str(on).lower()}"]
-
-
 def _switch_args(name: str, on: bool) -> list[str]:
     """A switch written back only when on."""
     return [name] if on else []
-
-
-def _never(name: str, value: Any) -> list[str]:
-    return []
 
 
 def _cache_byte_size(size: int) -> CacheConfig | None:
@@ -415,164 +142,9 @@ def _seconds(flag: str, value: int) -> int:
     return value
 
 
-def at_least(low: float, *, inclusive: bool = True) -> Callable[[str, Any], Any]:
-    """A number flag's check: refused below ``low`` (or at it, when not ``inclusive``)."""
-
-    def check(flag: str, value: Any) -> Any:
-        if value < low or (value == low and not inclusive):
-            raise ValueError(
-                f"{flag} {value}: must be {'at least' if inclusive else 'above'} {low}"
-            )
-        return value
-
-    return check
-
-
-def between(low: float, high: float) -> Callable[[str, Any], Any]:
-    """A number flag's check: refused outside ``low`` to ``high`` (both included)."""
-
-    def check(flag: str, value: Any) -> Any:
-        if not low <= value <= high:
-            raise ValueError(f"{flag} {value}: must be from {low} to {high}")
-        return value
-
-    return check
-
-
 def _given(value: Any) -> Any:
     """Empty text or 0 counts as not given."""
     return value or None
-
-
-def shown_default(value: Any) -> str | None:
-    """A default as a flag would spell it, or None for one that has no short spelling."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, StrEnum):
-        return value.value
-    if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else repr(value)
-    if isinstance(value, int | str) and value != "":
-        return str(value)
-    return None
-
-
-@dataclass(frozen=True)
-class Flag:
-    """One command-line flag of a setting: its argparse arguments, how to read a parsed
-    value into the field (None: leave the field as it is) and how to write the field back
-    as arguments.
-
-    Declared inside ``setting()``; ``Settings`` binds it to its field, filling in from the
-    field's type what the declaration left out (``bound``). ``check(flag, value)`` refuses
-    a value (ValueError) after ``read``. ``ignored``: a Triton flag taken so that a Triton
-    launch line starts, but with no effect here; the CLI warns once with this reason when
-    its field is away from the default, and it is never written back for children.
-    """
-
-    name: str
-    roles: frozenset[Role]
-    help: str | None = None
-    type: Callable[[str], Any] | None = None
-    metavar: str | None = None
-    # or "append", or "store_true": a switch, which Triton's --flag=true|false also spell
-    action: str = "store"
-    nargs: str | None = None  # "?": the value may be left out, and then is ``const``
-    const: Any = None
-    choices: tuple[str, ...] | None = None
-    required: bool = False
-    read: Callable[[Any], Any] | None = None
-    check: Callable[[str, Any], Any] | None = None
-    as_args: Callable[[str, Any], list[str]] | None = None
-    # A secret: written for children as the text of its field's environment variable,
-    # never as arguments.
-    to_env: Callable[[Any], str] | None = None
-    ignored: str | None = None
-    field: str = ""  # the Settings field it sets, filled in by ``bound``
-
-    @property
-    def dest(self) -> str:
-        return self.name.removeprefix("--").replace("-", "_")
-
-    def value(self, given: Any) -> Any:
-        """The field's new value from what argparse parsed, or None to leave it."""
-        value = self.read(given) if self.read else given
-        if value is not None and self.check is not None:
-            value = self.check(self.name, value)
-        return value
-
-    def write(self, settings: Settings) -> list[str]:
-        return (self.as_args or _value)(self.name, getattr(settings, self.field))
-
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
-        # default None everywhere: a flag not given leaves the environment's value.
-        kwargs: dict[str, Any] = {"action": self.action, "default": None, "help": self.help}
-        kwargs.update(type=self.type, metavar=self.metavar, choices=self.choices)
-        if self.action == "store_true":  # a switch: bare, or with Triton's =true|false forms
-            kwargs.update(action="store", nargs="?", const=True, type=self.type or _bool)
-        if self.nargs is not None:
-            kwargs.update(nargs=self.nargs, const=self.const)
-        if self.required:
-            kwargs["required"] = True
-        parser.add_argument(self.name, **kwargs)
-
-    def bound(self, name: str, kind: Any, default: Any) -> Flag:
-        """This flag set on field ``name`` of type ``kind``, its help showing ``default``."""
-        typed: dict[str, Any] = {}
-        plain = _plain(kind)
-        if plain is bool:  # Triton's forms, and bare for true: --flag, --flag=false, --flag 0
-            typed = {"type": _bool, "metavar": "BOOL", "nargs": "?", "const": True}
-            if self.action == "store":
-                typed["as_args"] = _bool_arg
-        elif plain in (int, float):
-            typed = {"type": plain}
-        elif isinstance(kind, type) and issubclass(kind, StrEnum):
-            typed = {"choices": tuple(kind), "read": kind}
-        elif self.action == "append" and isinstance(kind, type) and _is_config(kind):
-            typed = {"read": kind.parse, "as_args": _config_args}
-        if self.ignored:  # never written back: conch serve's children do not warn again
-            typed["as_args"] = _never
-        filled = {k: v for k, v in typed.items() if getattr(self, k) is None}
-        return replace(self, field=name, help=self._help(default), **filled)
-
-    def _help(self, default: Any) -> str | None:
-        if self.help is None or self.help == argparse.SUPPRESS or self.required:
-            return self.help
-        if self.action != "store" or self.ignored:  # a switch, or a value nothing reads
-            return self.help
-        shown = shown_default(default)
-        if "{default}" in self.help:
-            if shown is None:
-                raise ValueError(f"{self.name}: its help shows a default it does not have")
-            return self.help.replace("{default}", shown)
-        if shown is None or "default" in self.help:
-            return self.help
-        return f"{self.help} (default {shown})"
-
-
-def setting(
-    default: Any = MISSING,
-    *flags: Flag,
-    env: str | tuple[str, ...] = (),
-    parse: Callable[[str], Any] | None = None,
-    factory: Callable[[], Any] | None = None,
-    help: str | None = None,
-) -> Any:
-    """One setting: its default (or the ``factory`` that makes it), its flags, and the
-    environment variables that set it (the first one set wins), read with ``parse`` or
-    by the field's type. ``help`` says what a setting with no flag does (a flag's own
-    help says it for the others), for the flags page (``conch.devtools.flags_doc``)."""
-    if isinstance(default, Flag):  # no default value: the factory makes it
-        default, flags = MISSING, (default, *flags)
-    metadata = {
-        "env": (env,) if isinstance(env, str) else env,
-        "parse": parse,
-        "flags": flags,
-        "help": help,
-    }
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 def _millis(name: str, help: str) -> Flag:
@@ -615,7 +187,7 @@ class Settings:
             metavar="DIR|URL",
             action="append",
             read=_repositories,
-            as_args=lambda name, values: _each(name, [str(v) for v in values]),
+            as_args=lambda name, values: repeated_args(name, [str(v) for v in values]),
         ),
         # Triton's older name of the same flag; written back as the one above.
         Flag(
@@ -624,7 +196,7 @@ class Settings:
             argparse.SUPPRESS,
             action="append",
             read=_repositories,
-            as_args=_never,
+            as_args=no_args,
         ),
     )
     # Where object storage repositories are mirrored; empty: $XDG_CACHE_HOME/conch/repositories
@@ -705,7 +277,7 @@ class Settings:
             argparse.SUPPRESS,
             action="store_true",
             read=lambda strict: not strict,
-            as_args=_never,
+            as_args=no_args,
         ),
         Flag(
             "--disable-auto-complete-config",
@@ -806,7 +378,7 @@ class Settings:
             metavar="MODEL",
             action="append",
             read=list,
-            as_args=_each,
+            as_args=repeated_args,
         ),
         factory=list,
     )
@@ -928,7 +500,7 @@ class Settings:
             metavar="API,...:HEADER=VALUE",
             action="append",
             read=RestrictedApis.parse,
-            as_args=lambda name, rules: _each(name, rules.to_values()),
+            as_args=lambda name, rules: repeated_args(name, rules.to_values()),
             to_env=lambda rules: "\n".join(rules.to_values()),
         ),
         factory=RestrictedApis,
@@ -960,7 +532,7 @@ class Settings:
             metavar="BYTES",
             type=int,
             read=_cache_byte_size,
-            as_args=_never,
+            as_args=no_args,
         ),
         env=CACHE_CONFIG_ENV,
         parse=lambda text: CacheConfig.parse(text.splitlines()),
@@ -1074,7 +646,9 @@ class Settings:
             metavar="PROTOCOL,...:KEY=VALUE",
             action="append",
             read=_parse_protocols,
-            as_args=lambda name, rules: _each(name, rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
+            as_args=lambda name, rules: repeated_args(
+                name, rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)
+            ),
             to_env=lambda rules: "\n".join(rules.to_values(GRPC_RESTRICTED_HEADER_PREFIX)),
         ),
         factory=RestrictedApis,
@@ -1653,48 +1227,6 @@ class Settings:
         return self.http_worker_class == GEVENT_WORKER or "gevent" in self.http_worker_class
 
 
-def _plain(kind: Any) -> Any:
-    """``T`` of ``T | None``; any other type as it is."""
-    if isinstance(kind, UnionType):
-        args = [a for a in kind.__args__ if a is not type(None)]
-        return args[0] if len(args) == 1 else kind
-    return kind
-
-
-def _env_parser(name: str, kind: Any, parse: Callable[[str], Any] | None) -> Callable[[str], Any]:
-    """How an environment variable's text becomes field ``name``'s value."""
-    if parse is not None:
-        return parse
-    plain = _plain(kind)
-    if plain is bool:
-        return _bool
-    if plain in (str, int, float) or (isinstance(plain, type) and issubclass(plain, StrEnum)):
-        return plain
-    raise TypeError(f"Settings.{name}: give setting() a parse for its environment variable")
-
-
-def declared_flags(cls: type) -> tuple[Flag, ...]:
-    """The flags that the ``setting()`` fields of dataclass ``cls`` declare, in declaration
-    order, each bound to its field: its type fills in what the flag left out, and its help
-    shows the field's default."""
-    kinds, defaults = get_type_hints(cls), cls()
-    return tuple(
-        flag.bound(f.name, kinds[f.name], getattr(defaults, f.name))
-        for f in fields(cls)
-        for flag in f.metadata["flags"]
-    )
-
-
-def env_parsers(cls: type) -> dict[str, Callable[[str], Any]]:
-    """How each environment variable's text becomes its field's value, by field name."""
-    kinds = get_type_hints(cls)
-    return {
-        f.name: _env_parser(f.name, kinds[f.name], f.metadata["parse"])
-        for f in fields(cls)
-        if f.metadata["env"]
-    }
-
-
 FLAGS = declared_flags(Settings)
 _ENV_PARSERS = env_parsers(Settings)
 
@@ -1704,22 +1236,3 @@ def add_arguments(parser: argparse.ArgumentParser, role: Role | str) -> None:
     for flag in FLAGS:
         if role in flag.roles:
             flag.add_to(parser)
-
-
-__all__ = [
-    "FLAGS",
-    "GEVENT_WORKER",
-    "BackendConfig",
-    "CompressionLevel",
-    "Flag",
-    "GrpcTransport",
-    "LogFormat",
-    "ModelControlMode",
-    "Role",
-    "Settings",
-    "WorkerRange",
-    "add_arguments",
-    "declared_flags",
-    "env_parsers",
-    "setting",
-]
