@@ -29,10 +29,9 @@ from conch.core.ensemble_run import (
 )
 from conch.core.errors import Cancelled, ConchError, InvalidArgument, Unsupported
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput
-from conch.frontend import calls
+from conch.frontend import calls, response_cache
 from conch.frontend.admission import longest_hold_s
 from conch.frontend.producer import Abandonment, Dispatcher, Pending
-from conch.frontend.response_cache import ResponseCache
 from conch.wire import statistics
 from conch.wire.keys import ENSEMBLE_SLOTS_PREFIX
 from conch.wire.messages import InferMessage, Reply, WireTensor
@@ -172,7 +171,7 @@ def execute(
     abandonment: Abandonment | None = None,
     lane: calls.Lane = calls.Lane.ONLINE,
     depth: int = 0,
-    cache: ResponseCache | None = None,
+    cache: response_cache.ResponseCache | None = None,
 ) -> dict[str, Tensor]:
     """Run the graph with every step a request on its model's queue.
 
@@ -233,16 +232,14 @@ def execute(
             return Done(result)
         call = calls.build(to, request, lane=lane, caller=caller)
         answered = None
-        if cache is not None and cache.applies(to.entry.config):
-            since, msg = time.perf_counter_ns(), call.msg
-            lookup = cache.lookup(step.model, to.version, msg.inputs, msg.outputs, msg.params)
-            if lookup.found is not None:
-                cache.hit(lookup, since)
-                return Done(_tensors(lookup.found[1]))
+        visit = response_cache.consult(cache, to.entry.config, step.model, to.version, call.msg)
+        if visit is not None:
+            if visit.found is not None:
+                return Done(_tensors(visit.found[1]))
+            keep = visit.keep
 
             def answered(reply: Reply) -> None:
-                ran = reply.version if reply.version > 0 else call.version
-                cache.store_answer(lookup, ran, reply.outputs or ())
+                keep(reply.version if reply.version > 0 else call.version, reply.outputs or ())
 
         pending = dispatcher.submit(
             call.msg, max_queue_size=call.max_queue_size, version=call.version

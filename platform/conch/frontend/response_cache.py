@@ -38,7 +38,7 @@ import redis
 
 from conch.core.cache_config import LOCAL, CacheConfig
 from conch.wire import cache_store, statistics
-from conch.wire.messages import MAX_TENSORS, BadMessage, WireTensor, read_tensor
+from conch.wire.messages import MAX_TENSORS, BadMessage, InferMessage, WireTensor, read_tensor
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
@@ -213,6 +213,38 @@ class ResponseCache:
         self.stats.add(lookup.model, lookup.version, counts)
 
 
+@dataclass
+class Visit:
+    """A request's trip to the cache its model uses (``consult``): ``found`` on a hit,
+    counted already; after a miss, ``keep`` stores the answer the request got."""
+
+    cache: ResponseCache
+    lookup: Lookup
+
+    @property
+    def found(self) -> tuple[int, list[WireTensor]] | None:
+        """(version, outputs) on a hit; None on a miss."""
+        return self.lookup.found
+
+    def keep(self, version: int, outputs: Sequence[WireTensor]) -> None:
+        self.cache.store_answer(self.lookup, version, outputs)
+
+
+def consult(
+    cache: ResponseCache | None, config: ModelConfig, model: str, version: int, msg: InferMessage
+) -> Visit | None:
+    """The one lookup of the frontends, for the data plane's infer calls and each step of
+    an ensemble alike: None where there is no cache or the model does not use it; else
+    the visit, a hit counted from the moment of the lookup to its answer being read."""
+    if cache is None or not cache.applies(config):
+        return None
+    since = time.perf_counter_ns()
+    lookup = cache.lookup(model, version, msg.inputs, msg.outputs, msg.params)
+    if lookup.found is not None:
+        cache.hit(lookup, since)
+    return Visit(cache, lookup)
+
+
 def open_cache(config: CacheConfig | None, stats: redis.Redis) -> ResponseCache | None:
     """The cache ``config`` names (None: none). A Redis cache must answer now: a
     frontend that cannot reach its cache at start says so, as Triton's does."""
@@ -238,6 +270,8 @@ __all__ = [
     "Lookup",
     "ResponseCache",
     "Store",
+    "Visit",
+    "consult",
     "open_cache",
     "pack",
     "request_key",
