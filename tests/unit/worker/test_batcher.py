@@ -17,6 +17,7 @@ from conch.wire import broker, keys
 from conch.wire.messages import InferMessage, Reply
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight
 from conch.worker.drain import Popped
+from conch.worker.loop_parts import QueueParts
 
 CONFIG = parse_config(
     "max_batch_size: 8 dynamic_batching { }\n"
@@ -164,18 +165,19 @@ def run_until(batcher: Batcher, done: Any) -> None:
 
 
 def make(drain: FakeDrain, sink: FakeSink, client: FakeClient, **kwargs: Any) -> Batcher:
-    return Batcher(
+    policy = kwargs.pop("policy", BatchPolicy(8, 0.0))
+    parts = QueueParts(
         client=client,  # type: ignore[arg-type]
         model="m",
         backends=kwargs.pop("backends"),
-        policy=kwargs.pop("policy", BatchPolicy(8, 0.0)),
+        name="batcher-m",
         inflight=kwargs.pop("inflight", InFlight()),
         drain=drain,  # type: ignore[arg-type]
         sink=sink,  # type: ignore[arg-type]
         link=client,  # type: ignore[arg-type]
-        idle_poll=0.01,
         **kwargs,
     )
+    return Batcher(parts, policy, idle_poll=0.01)
 
 
 def test_queued_requests_run_as_one_batch_and_each_gets_its_reply_then_an_ack() -> None:

@@ -19,7 +19,7 @@ from conch.wire import statistics
 from conch.wire.messages import InferMessage, Reply
 from conch.worker import stacking
 from conch.worker.admission import Item
-from conch.worker.bundle_ledger import BundleLedger
+from conch.worker.loop_parts import QueueParts
 from conch.worker.runner import Runner
 
 CONFIG = (
@@ -73,21 +73,18 @@ def backend(config: str = CONFIG, cls: type[TensorBackend] = Affine) -> TensorBa
 
 def runner(b: Backend) -> Runner:
     nothing = SimpleNamespace()
-    return Runner(
+    parts = QueueParts(
+        client=nothing,
         model="m",
         backends={1: b},
+        name="test",
         drain=nothing,
         sink=nothing,
         link=nothing,
         inflight=nothing,
-        ledger=BundleLedger(),
-        sequencer=None,
-        on_send=None,
-        prefetched=lambda _popped: None,
         stopping=nothing,
-        samples=False,
-        name="test",
     )
+    return Runner(parts, prefetched=lambda _popped: None)
 
 
 def item(k: int, *inputs: tuple[str, str, tuple[int, ...], bytes], outputs=("Y", "N")) -> Item:
