@@ -384,7 +384,7 @@ def check_replies(client: redis.Redis, n: int, size: int) -> None:
     expected = request(size).inputs[0].raw
     for raw in (client.lindex(REPLY_KEY, 0), client.lindex(REPLY_KEY, -1)):
         reply = Reply.unpack(raw)
-        if reply.error is not None or not reply.outputs or reply.outputs[0][3] != expected:
+        if reply.error is not None or not reply.outputs or reply.outputs[0].raw != expected:
             raise RuntimeError(f"a reply is not the request's input: {reply.error}")
 
 

@@ -243,8 +243,8 @@ class Admission:
             self.parts.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
             failed.append((statistics.OTHER, msg))
             return False
-        if self.batching and msg.inputs and msg.inputs[0][2]:
-            item.rows = max(1, msg.inputs[0][2][0])
+        if self.batching and msg.inputs and msg.inputs[0].shape:
+            item.rows = max(1, msg.inputs[0].shape[0])
         return True
 
     def _lapsed(

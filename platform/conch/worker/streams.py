@@ -179,7 +179,7 @@ class Stream:
             return reply
         if reply.outputs or not reply.final:  # an empty final response is only a flag
             self.collected.append(list(reply.outputs or ()))
-            self.collected_bytes += sum(len(t[3]) for t in reply.outputs or ())
+            self.collected_bytes += sum(len(t.raw) for t in reply.outputs or ())
         if len(self.collected) > MAX_COLLECTED or self.collected_bytes > MAX_COLLECTED_BYTES:
             return Reply(
                 reply.id,
