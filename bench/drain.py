@@ -86,6 +86,7 @@ from conch.wire.redis_client import open_client  # noqa: E402
 from conch.wire.redis_link import Commands, RedisLink  # noqa: E402
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight  # noqa: E402
 from conch.worker.drain import Drain, ack  # noqa: E402
+from conch.worker.loop_parts import QueueParts  # noqa: E402
 from conch.worker.replies import ReplySink  # noqa: E402
 
 DEFAULT_JSON = ROOT / ".cache" / "bench" / "drain.json"
@@ -344,18 +345,18 @@ def measure_worker(
     drain = TimedDrain(client, entry.name)
     tally = Tally(n)
     cls = ProfiledBatcher if profile else Batcher
-    batcher = cls(
+    parts = QueueParts(
         client=client,
         model=entry.name,
         backends={1: Echo(spec, InstanceSpec(f"{entry.name}_0", "CPU"))},
-        policy=BatchPolicy.from_config(entry.config),
+        name=f"drain-{entry.name}",
         inflight=InFlight(),
         drain=drain,
         sink=ReplySink(client, entry.name),
+        link=RedisLink(client),
         on_batch=tally,
-        idle_poll=0.25,
-        name=f"drain-{entry.name}",
     )
+    batcher = cls(parts, BatchPolicy.from_config(entry.config), idle_poll=0.25)
     r0 = procs.on_cpu_seconds([redis_pid])
     batcher.start()
     finished = tally.done.wait(max(60.0, n * 0.01))
@@ -383,7 +384,7 @@ def check_replies(client: redis.Redis, n: int, size: int) -> None:
     expected = request(size).inputs[0].raw
     for raw in (client.lindex(REPLY_KEY, 0), client.lindex(REPLY_KEY, -1)):
         reply = Reply.unpack(raw)
-        if reply.error is not None or not reply.outputs or reply.outputs[0][3] != expected:
+        if reply.error is not None or not reply.outputs or reply.outputs[0].raw != expected:
             raise RuntimeError(f"a reply is not the request's input: {reply.error}")
 
 

@@ -22,7 +22,7 @@ from conch.core.errors import ModelLoadError
 from conch.core.model_config import model_config_pb2
 
 if TYPE_CHECKING:
-    from conch.core.model_config import ModelConfig
+    from conch.core.model_config import ModelConfig, ModelInput, ModelOutput
 
 
 def type_name(value: int) -> str:
@@ -35,7 +35,7 @@ def type_value(name: str) -> int:
     return model_config_pb2().DataType.Value(name)
 
 
-def set_dims(entry: Any, dims: list[int]) -> None:
+def set_dims(entry: ModelInput | ModelOutput, dims: list[int]) -> None:
     """Config dims for a model shape; a scalar is ``dims: [1]`` reshaped to ``[]``, as in Triton."""
     if dims:
         entry.dims.extend(dims)
@@ -219,7 +219,7 @@ def check_and_fill(
 def _check_entry(
     config: ModelConfig,
     what: str,
-    entry: Any,
+    entry: ModelInput | ModelOutput,
     t: ModelTensor,
     *,
     fill: bool,

@@ -20,12 +20,12 @@ from conch.core.errors import ConchError, Internal, InvalidArgument
 from conch.core.model_spec import BlsPort, InstanceSpec, ModelSpec
 
 if TYPE_CHECKING:
-    from conch.core.model_config import ModelConfig
+    from conch.core.model_config import ModelConfig, ModelInput, ModelOutput
 
 log = logging.getLogger(__name__)
 
 
-def to_model_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np.ndarray:
+def to_model_shape(model: str, entry: ModelInput, arr: np.ndarray, batched: bool) -> np.ndarray:
     """``arr`` as the model takes it: the config's ``reshape`` behind the batch dimension."""
     if not entry.HasField("reshape"):
         return arr
@@ -39,7 +39,7 @@ def to_model_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np
         ) from None
 
 
-def to_config_shape(model: str, entry: Any, arr: np.ndarray, batched: bool) -> np.ndarray:
+def to_config_shape(model: str, entry: ModelOutput, arr: np.ndarray, batched: bool) -> np.ndarray:
     """An output the model produced in its ``reshape`` shape, as the config's ``dims``."""
     if not entry.HasField("reshape"):
         return arr

@@ -36,7 +36,7 @@ from conch.core.errors import Internal, ModelLoadError
 from conch.core.extras import needs_extra
 
 if TYPE_CHECKING:
-    from conch.core.model_config import ModelConfig
+    from conch.core.model_config import ModelConfig, ModelInput, ModelOutput
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ def _check_device(core: Any, device: str, model: str) -> None:
         )
 
 
-def _dims(entry: Any) -> list[int]:
+def _dims(entry: ModelInput | ModelOutput) -> list[int]:
     """A config entry's dims as the model takes them (its ``reshape`` when it has one)."""
     return [int(d) for d in (entry.reshape.shape if entry.HasField("reshape") else entry.dims)]
 
@@ -426,7 +426,7 @@ class OpenVinoBackend(TensorBackend):
                 side.tensor().set_element_type(getattr(ov.Type, CONFIG_TO_OV[dtype]))
         return ppp.build()
 
-    def _port_for(self, entry: Any, ports: list[_Port], what: str) -> _Port:
+    def _port_for(self, entry: ModelInput | ModelOutput, ports: list[_Port], what: str) -> _Port:
         port = next((p for p in ports if entry.name in p.names), None)
         if port is None:
             raise ModelLoadError(

@@ -46,7 +46,7 @@ from conch.core.sequence import SequenceSpec
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from conch.core.model_config import ModelConfig
+    from conch.core.model_config import ModelConfig, ModelInput, ModelOutput
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,9 @@ def named_index(name: str) -> int | None:
 # --------------------------------------------------------------------------- config
 
 
-def _string_dims_error(model: str, what: str, entry: Any, batched: bool) -> str | None:
+def _string_dims_error(
+    model: str, what: str, entry: ModelInput | ModelOutput, batched: bool
+) -> str | None:
     """Triton's load error for a ``TYPE_STRING`` tensor of more than one dimension in all
     (the model's shape: ``reshape.shape`` where given, else ``dims``; plus the batch)."""
     dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from conch.core.tensors import WireTensor
+
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
 
@@ -71,8 +73,8 @@ class InferRequest:
         return dataclasses.replace(self, outputs=[o for o in self.outputs if o.name in names])
 
     # What a queue message carries of the request (gateway infer, jobs, batch lines).
-    def wire_inputs(self) -> list[tuple[str, str, tuple[int, ...], bytes]]:
-        return [(t.name, t.datatype, tuple(t.shape), t.raw) for t in self.inputs]
+    def wire_inputs(self) -> list[WireTensor]:
+        return [WireTensor(t.name, t.datatype, tuple(t.shape), t.raw) for t in self.inputs]
 
     def output_names(self, config: ModelConfig) -> list[str]:
         """The outputs asked for, in order; all of the model's when none are listed."""

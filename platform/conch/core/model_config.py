@@ -5,9 +5,10 @@ wheel as ``tritonclient/grpc/model_config_pb2.py``. Importing it as a module wou
 ``tritonclient/grpc/__init__.py``, which needs ``grpc`` (not installed), so it is loaded
 by path instead.
 
-``ModelConfig`` is the message's type for annotations, for type checkers only (import it
-under ``TYPE_CHECKING``). Annotations are never evaluated at run time (every module has
-``from __future__ import annotations``), so naming the type loads nothing.
+``ModelConfig`` is the message's type for annotations (``ModelInput`` and ``ModelOutput``
+its tensor entries'), for type checkers only (import them under ``TYPE_CHECKING``).
+Annotations are never evaluated at run time (every module has ``from __future__ import
+annotations``), so naming a type loads nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from conch.core.datatypes import config_to_wire
 from conch.core.errors import ModelLoadError
 
 if TYPE_CHECKING:
-    # The class a type checker finds; at run time it is model_config_pb2().ModelConfig.
+    # The classes a type checker finds; at run time they are model_config_pb2()'s.
     from tritonclient.grpc.model_config_pb2 import ModelConfig
+    from tritonclient.grpc.model_config_pb2 import ModelInput as ModelInput
+    from tritonclient.grpc.model_config_pb2 import ModelOutput as ModelOutput
 
 _PB2_MODULE = "conch._triton_model_config_pb2"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -29,6 +29,20 @@ _pack_u32 = _U32.pack
 _INT_TYPES = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
 _HALF_TYPES = frozenset({"FP16", "BF16"})
 _NUMBER = frozenset({int, float})
+
+
+class WireTensor(NamedTuple):
+    """A tensor as a request or reply carries it: raw bytes with their datatype and shape.
+
+    A tuple, so it travels as msgpack's ``[name, datatype, shape, raw]`` array and
+    unpacks as one; the names are for reading one field of it. It is built here and where
+    a message is read (``conch.wire.messages``) so that both sides name the same fields.
+    """
+
+    name: str
+    datatype: str  # a wire datatype (``conch.core.datatypes.WIRE_TYPES``)
+    shape: tuple[int, ...]
+    raw: bytes  # Triton binary bytes (a view of them in a stacked batch's reply)
 
 
 def _label(name: str) -> str:
@@ -213,13 +227,13 @@ def encode_bytes_elements(items: Sequence[Any]) -> bytes:
 
 def named_outputs(
     result: Mapping[str, np.ndarray], names: Sequence[str], declared: Mapping[str, str]
-) -> list[tuple[str, str, tuple[int, ...], bytes]]:
-    """The outputs ``names`` of a model's ``result``, each as (name, datatype, shape, raw):
-    what a reply carries, in the datatypes the config declares (``declared``)."""
+) -> list[WireTensor]:
+    """The outputs ``names`` of a model's ``result``, as a reply carries them, in the
+    datatypes the config declares (``declared``)."""
     out = []
     for name in names:
         datatype, raw = from_numpy(result[name], declared.get(name))
-        out.append((name, datatype, tuple(result[name].shape), raw))
+        out.append(WireTensor(name, datatype, tuple(result[name].shape), raw))
     return out
 
 

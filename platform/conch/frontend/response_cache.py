@@ -110,7 +110,7 @@ def request_key(
 
     part(model.encode())
     part(str(version).encode())
-    for name, datatype, shape, raw in sorted(inputs, key=lambda t: t[0]):
+    for name, datatype, shape, raw in sorted(inputs, key=lambda t: t.name):
         part(name.encode())
         part(datatype.encode())
         part(",".join(map(str, shape)).encode())

@@ -52,7 +52,7 @@ from conch.frontend.model_view import ModelView
 from conch.frontend.producer import Dispatcher, Pending
 from conch.settings import Settings
 from conch.wire import traffic_split
-from conch.wire.messages import InferMessage, Reply
+from conch.wire.messages import InferMessage, Reply, WireTensor
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class Traffic:
             msg = call.msg
             msg.deadline = primary.msg.deadline
             # The request's buffers may be reused once it is answered: the copy owns its bytes.
-            msg.inputs = [(n, dt, shape, bytes(raw)) for n, dt, shape, raw in msg.inputs]
+            msg.inputs = [WireTensor(n, dt, shape, bytes(raw)) for n, dt, shape, raw in msg.inputs]
             worker = threading.Thread(
                 target=self._run_shadow,
                 args=(to, request.id, primary, msg),

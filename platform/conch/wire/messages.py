@@ -16,11 +16,9 @@ from conch.core.datatypes import WIRE_TYPES
 from conch.core.errors import ConchError, InvalidArgument, from_code
 from conch.core.inference import MAX_STREAM_KEEP_S
 from conch.core.repository_keys import MAX_SEGMENT_BYTES
+from conch.core.tensors import WireTensor
 from conch.core.trace_config import TRACEPARENT
 from conch.wire.keys import REPLY_PREFIX
-
-# Tensors travel as [name, datatype, shape, raw bytes].
-WireTensor = tuple[str, str, tuple[int, ...], bytes]
 
 # Workers give a reply list this TTL at each push, so the lists of callers that died go
 # away; a caller that may read slowly (a batch job) refreshes it while it waits.
@@ -287,7 +285,7 @@ def read_tensor(t: Any) -> WireTensor:
         raise BadMessage("negative dimension")
     if not isinstance(raw, bytes):
         raise BadMessage("tensor data is not bytes")
-    return (_str(name), datatype, shape, raw)
+    return WireTensor(_str(name), datatype, shape, raw)
 
 
 def _model_name(v: Any) -> str:

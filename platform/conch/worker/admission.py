@@ -19,17 +19,13 @@ from dataclasses import dataclass
 
 import redis
 
-from conch.backends import Backend
 from conch.core import tracing
 from conch.core.errors import Internal, Unavailable
 from conch.core.request_scope import RequestTag, about
 from conch.wire import broker, statistics
 from conch.wire.messages import BadMessage, InferMessage, Reply
-from conch.worker.bundle_ledger import BundleLedger
-from conch.worker.drain import Drain, Popped, ack, dead_letter, requeue
-from conch.worker.in_flight import InFlight
-from conch.worker.replies import ReplySink
-from conch.worker.reply_order import Sequencer
+from conch.worker.drain import Popped, ack, dead_letter, requeue
+from conch.worker.loop_parts import QueueParts
 
 log = logging.getLogger(__name__)
 
@@ -62,51 +58,42 @@ def request_tag(msg: InferMessage) -> RequestTag:
 _Lapse = Callable[[redis.client.Pipeline, float, Item, list[tuple[str, InferMessage]]], bool]
 
 
-@dataclass(eq=False, kw_only=True)
 class Admission:
-    """Admits one drain loop's popped messages (``admit``).
+    """Admits one drain loop's popped messages (``admit``), with the loop's ``parts``.
 
     ``batching``: the model's requests carry a batch dimension, so a request's rows are
     its first input's first dimension, with or without a dynamic batcher (else each
-    counts as one). ``backends`` names the versions served, for
-    the statistics of requests that fail here without naming one. With a ``sequencer``, a
-    message dealt with here finishes its ticket.
+    counts as one). The loop's backends name the versions served, for the statistics of
+    requests that fail here without naming one. With a sequencer, a message dealt with
+    here finishes its ticket; past the loop's ``max_attempts``, one is dead-lettered.
     """
 
-    client: redis.Redis
-    model: str
-    backends: dict[int, Backend]
-    batching: bool
-    drain: Drain
-    sink: ReplySink
-    inflight: InFlight
-    sequencer: Sequencer | None
-    max_attempts: int
-    ledger: BundleLedger
-    name: str  # the drain loop's, for its log lines
+    def __init__(self, parts: QueueParts, *, batching: bool) -> None:
+        self.parts = parts
+        self.batching = batching
 
     def admit(self, popped: list[Popped], first_ticket: int | None = None) -> list[Item]:
         """``popped`` as batch items (with tickets from ``first_ticket`` on, in pop order,
         when the model preserves ordering); the messages dealt with here are acked."""
         if not popped:
             return []
-        self.inflight.add([p.tag for p in popped])
+        self.parts.inflight.add([p.tag for p in popped])
         try:
             return self._admit_popped(popped, first_ticket)
         except BaseException:
             # Redis went away mid-admission: let go of all of them. They stay in flight in
             # Redis, where the visibility timeout brings them back to run (none has run).
-            self.inflight.discard([p.tag for p in popped])
-            self.ledger.forget(p.tag for p in popped)
-            if self.sequencer is not None and first_ticket is not None:
+            self.parts.inflight.discard([p.tag for p in popped])
+            self.parts.ledger.forget(p.tag for p in popped)
+            if self.parts.sequencer is not None and first_ticket is not None:
                 for ticket in range(first_ticket, first_ticket + len(popped)):
-                    self.sequencer.finish(ticket)
+                    self.parts.sequencer.finish(ticket)
             raise
 
     def _admit_popped(self, popped: list[Popped], first_ticket: int | None) -> list[Item]:
         items: list[Item] = []
         now = time.time()
-        pipe = self.client.pipeline(transaction=True)  # requeue and ack go together
+        pipe = self.parts.client.pipeline(transaction=True)  # requeue and ack go together
         done: list[tuple[str, int | None]] = []  # whole messages dealt with: (tag, ticket)
         settled: list[Item] = []  # a bundle's requests dealt with, one by one
         failed: list[tuple[str, InferMessage]] = []  # (Triton's reason, request)
@@ -118,18 +105,18 @@ class Admission:
                 decoded = broker.decode(p.raw)
                 msgs = [InferMessage.from_dict(payload) for payload in decoded.payloads]
             except BadMessage as exc:
-                log.error("%s: dead-lettering message %s: %s", self.name, p.tag, exc)
-                dead_letter(pipe, self.model, p.tag, p.raw, str(exc))
+                log.error("%s: dead-lettering message %s: %s", self.parts.name, p.tag, exc)
+                dead_letter(pipe, self.parts.model, p.tag, p.raw, str(exc))
                 done.append((p.tag, ticket))
                 continue
             if p.attempts > 1:
                 redelivered += len(msgs)
-            if decoded.bundle and self.sequencer is not None:
+            if decoded.bundle and self.parts.sequencer is not None:
                 self._unbundle(pipe, msgs)
                 done.append((p.tag, ticket))
                 continue
             if decoded.bundle:
-                self.ledger.open(p.tag, len(msgs))
+                self.parts.ledger.open(p.tag, len(msgs))
             for msg in msgs:
                 item = Item(p.tag, msg, 1, p.attempts, ticket, decoded.bundle)
                 if self._admit(pipe, now, p, item, lettered, failed):
@@ -138,7 +125,7 @@ class Admission:
                     settled.append(item)
                 else:
                     done.append((p.tag, ticket))
-        gone = self.sink.cancelled(i.msg for i in items)
+        gone = self.parts.sink.cancelled(i.msg for i in items)
         if gone:  # cancelled while queued: never run
             for i in items:
                 if i.msg.id not in gone:
@@ -150,7 +137,7 @@ class Admission:
                 failed.append((statistics.CANCELED, i.msg))
             items = [i for i in items if i.msg.id not in gone]
         if redelivered:  # came back after the worker that held them went away
-            statistics.count_model(pipe, self.model, statistics.REDELIVERED, redelivered)
+            statistics.count_model(pipe, self.parts.model, statistics.REDELIVERED, redelivered)
         if done or settled or redelivered:
             self._settle(pipe, now, done, settled, failed)
         return items
@@ -176,7 +163,7 @@ class Admission:
         """Of ``items``, those ``lapsed`` keeps (it deals with the others), the rest
         acked in one round trip."""
         now = time.time()
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self.parts.client.pipeline(transaction=True)
         done: list[tuple[str, int | None]] = []
         settled: list[Item] = []
         failed: list[tuple[str, InferMessage]] = []
@@ -203,13 +190,13 @@ class Admission:
         """What was dealt with acked (whole messages ``done``; a bundle's requests
         ``settled``, once its last is), with the failures' statistics, in one round trip."""
         self._record_failures(pipe, now, failed)
-        tags = [tag for tag, _ in done] + self.ledger.settle(settled)
-        ack(pipe, self.drain.queue, tags)
+        tags = [tag for tag, _ in done] + self.parts.ledger.settle(settled)
+        ack(pipe, self.parts.drain.queue, tags)
         pipe.execute()
-        self.inflight.discard(tags)
-        if self.sequencer is not None:
+        self.parts.inflight.discard(tags)
+        if self.parts.sequencer is not None:
             for _, ticket in done:
-                self.sequencer.finish(ticket)
+                self.parts.sequencer.finish(ticket)
 
     def _unbundle(self, pipe: redis.client.Pipeline, msgs: list[InferMessage]) -> None:
         """A bundle's requests for a model that preserves ordering, whose pops take one
@@ -219,7 +206,7 @@ class Admission:
         for msg in reversed(msgs):
             requeue(
                 pipe,
-                self.drain.queue,
+                self.parts.drain.queue,
                 msg.to_dict(),
                 tag=msg.id,
                 priority=msg.priority,
@@ -243,21 +230,21 @@ class Admission:
         if self._lapsed(pipe, now, item, failed):
             return False
         msg = item.msg
-        if popped.attempts > self.max_attempts:
+        if popped.attempts > self.parts.max_attempts:
             reason = (
-                f"request for model '{self.model}' was dead-lettered after "
+                f"request for model '{self.parts.model}' was dead-lettered after "
                 f"{popped.attempts - 1} attempts: each one ended with its worker dying"
             )
             with about(request_tag(msg)):
-                log.error("%s: %s", self.name, reason)
+                log.error("%s: %s", self.parts.name, reason)
             if popped.tag not in lettered:
                 lettered.add(popped.tag)
-                dead_letter(pipe, self.model, popped.tag, popped.raw, reason)
-            self.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
+                dead_letter(pipe, self.parts.model, popped.tag, popped.raw, reason)
+            self.parts.sink.deliver(pipe, msg, Reply(msg.id, error=Internal(reason)))
             failed.append((statistics.OTHER, msg))
             return False
-        if self.batching and msg.inputs and msg.inputs[0][2]:
-            item.rows = max(1, msg.inputs[0][2][0])
+        if self.batching and msg.inputs and msg.inputs[0].shape:
+            item.rows = max(1, msg.inputs[0].shape[0])
         return True
 
     def _lapsed(
@@ -278,7 +265,7 @@ class Admission:
                 msg.delayed = True
                 requeue(
                     pipe,
-                    self.drain.queue,
+                    self.parts.drain.queue,
                     msg.to_dict(),
                     tag=item.key,
                     priority=broker.ONLINE_STEPS - 1,
@@ -288,9 +275,9 @@ class Admission:
             else:
                 error = Unavailable(
                     f"Request timeout expired: the request waited longer than the queue policy "
-                    f"of model '{self.model}' allows"
+                    f"of model '{self.parts.model}' allows"
                 )
-                self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
+                self.parts.sink.deliver(pipe, msg, Reply(msg.id, error=error))
                 failed.append((statistics.REJECTED, msg))
             return True
         return False
@@ -308,21 +295,21 @@ class Admission:
         if not msg.deadline or now <= msg.deadline:
             return False
         with about(request_tag(msg)):
-            log.info("%s: dropping a request: its deadline passed before it ran", self.name)
+            log.info("%s: dropping a request: its deadline passed before it ran", self.parts.name)
         failed.append((statistics.REJECTED, msg))
         if msg.job_ttl:  # nobody waits on a job: its result says why it never ran
             error = Unavailable(
                 f"Request timeout expired: the job waited in the queue of model "
-                f"'{self.model}' past its 'timeout' of {msg.timeout_us} us"
+                f"'{self.parts.model}' past its 'timeout' of {msg.timeout_us} us"
             )
-            self.sink.deliver(pipe, msg, Reply(msg.id, error=error))
+            self.parts.sink.deliver(pipe, msg, Reply(msg.id, error=error))
         return True
 
     def _record_failures(
         self, pipe: redis.client.Pipeline, now: float, failed: list[tuple[str, InferMessage]]
     ) -> None:
         """Count requests that failed before they ran, by version and reason."""
-        latest = max(self.backends) if self.backends else -1
+        latest = max(self.parts.backends) if self.parts.backends else -1
         groups: dict[tuple[int, str], list[int]] = {}
         for reason, msg in failed:
             version = latest if msg.version == -1 else msg.version
@@ -330,4 +317,4 @@ class Admission:
             groups.setdefault((version, reason), []).append(took)
         for (version, reason), took_ns in groups.items():
             if version > 0:
-                statistics.record_failures(pipe, self.model, version, reason, took_ns)
+                statistics.record_failures(pipe, self.parts.model, version, reason, took_ns)

@@ -23,25 +23,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from contextlib import nullcontext
 
 import redis
 
-from conch.backends import Backend
 from conch.core import timeline
 from conch.core.batch_policy import BatchPolicy
 from conch.core.request_scope import about
 from conch.wire import broker, outage
 from conch.wire.rate_limits import Stopped
-from conch.wire.redis_link import CommandQueue, RedisLink
 from conch.worker.admission import Admission, Item, request_tag
-from conch.worker.bundle_ledger import BundleLedger
-from conch.worker.drain import Drain, Popped, ack, requeue
+from conch.worker.drain import Popped, ack, requeue
 from conch.worker.in_flight import InFlight
+from conch.worker.loop_parts import QueueParts
 from conch.worker.offline_share import OfflineShare
-from conch.worker.replies import ReplySink
 from conch.worker.reply_order import Sequencer
 from conch.worker.runner import Runner, telemetry
 
@@ -77,83 +72,28 @@ def _first_lapse(items: list[Item]) -> float:
 
 
 class Batcher(threading.Thread):
-    """Drains one model's queue into one instance slot: ``backends`` maps each loaded
-    version to its instance in that slot, so a batch splits by the version its requests
-    ask for. Requests come from ``drain`` and replies go to ``sink`` (the seams a test
-    fakes); a model with N instances has N batchers on the same queue. The thread forms
-    the batches; its ``admission`` admits what it pops, and its ``runner`` runs each batch
-    and sends the replies.
+    """Drains one model's queue into one instance slot, by its ``parts``
+    (``loop_parts.QueueParts``: the slot's backends, one per loaded version, so a batch
+    splits by the version its requests ask for; requests from its ``drain``, replies to
+    its ``sink``, the seams a test fakes), batching by ``policy``. A model with N
+    instances has N batchers on the same queue. The thread forms the batches; its
+    ``admission`` admits what it pops, and its ``runner`` runs each batch and sends the
+    replies.
 
     Each execution's Triton statistics go to Redis (``conch.wire.statistics``) with its
-    replies. ``on_batch(model, counts)``, if given, also gets each batch's counts for the
-    worker's own telemetry (``telemetry.WorkerTelemetry``); ``on_send(commands)``, if given, may
-    add commands to the round trip that sends a batch's replies (the worker's custom
-    metrics, ``metrics_publisher``).
+    replies. ``parts.on_batch(model, counts)``, if given, also gets each batch's counts for
+    the worker's own telemetry (``telemetry.WorkerTelemetry``); ``parts.on_send``, if
+    given, may add commands to the round trip that sends a batch's replies (the worker's
+    custom metrics, ``metrics_publisher``).
     """
 
-    def __init__(
-        self,
-        *,
-        client: redis.Redis,
-        model: str,
-        backends: dict[int, Backend],
-        policy: BatchPolicy,
-        inflight: InFlight,
-        drain: Drain | None = None,
-        sink: ReplySink | None = None,
-        link: RedisLink | None = None,
-        max_attempts: int = 3,
-        idle_poll: float = 1.0,
-        on_batch: Callable[[str, dict[str, int]], None] | None = None,
-        on_send: Callable[[CommandQueue], None] | None = None,
-        sequencer: Sequencer | None = None,
-        samples: bool = False,
-        name: str = "",
-        gate: Callable[[], AbstractContextManager[None]] | None = None,
-        stopping: threading.Event | None = None,
-    ) -> None:
-        super().__init__(name=name or f"batcher-{model}", daemon=True)
-        # Each execution runs inside it: the rate limiter's resources held (worker.rate_limiter).
-        self.gate = gate
-        self.client = client
-        self.model = model
-        self.backends = backends
+    def __init__(self, parts: QueueParts, policy: BatchPolicy, *, idle_poll: float = 1.0) -> None:
+        super().__init__(name=parts.name, daemon=True)
+        self.parts = parts
         self.policy = policy
-        self.inflight = inflight
         self.idle_poll = idle_poll
-        self.on_batch = on_batch
-        self.sequencer = sequencer
-        self.drain = drain or Drain(client, model, hold=policy.bounded)  # where requests come from
-        self.sink = sink or ReplySink(client, model)  # where their replies go
-        self.link = link or RedisLink(client)  # this thread's own round trips
-        # Set by ``stop``; given by the caller when ``gate`` must see it too (a wait for
-        # rate-limit resources ends when the loop stops).
-        self.stopping = stopping if stopping is not None else threading.Event()
-        # What admission and running share: the model, its backends, this loop's seams.
-        shared: dict[str, Any] = {
-            "model": model,
-            "backends": backends,
-            "drain": self.drain,
-            "sink": self.sink,
-            "inflight": inflight,
-            "ledger": BundleLedger(),
-            "sequencer": sequencer,
-            "name": self.name,
-        }
-        self.admission = Admission(
-            client=client,
-            batching=policy.batch_dimension,
-            max_attempts=max_attempts,
-            **shared,
-        )
-        self.runner = Runner(
-            link=self.link,
-            on_send=on_send,
-            prefetched=self._keep_prefetched,
-            stopping=self.stopping,
-            samples=samples,
-            **shared,
-        )
+        self.admission = Admission(parts, batching=policy.batch_dimension)
+        self.runner = Runner(parts, prefetched=self._keep_prefetched)
         self._carry: list[Item] = []
         # Messages popped in the same round trip as the last batch's replies
         # (``Runner.reply``), not yet admitted; None when no pop rode along.
@@ -164,7 +104,7 @@ class Batcher(threading.Thread):
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
-        while not self.stopping.is_set():
+        while not self.parts.stopping.is_set():
             try:
                 self.runner.streams.reap()  # a decoupled model's requests left without an end
                 self._once()
@@ -185,7 +125,7 @@ class Batcher(threading.Thread):
         self.runner.streams.stop()  # a decoupled model's requests still streaming
 
     def stop(self) -> None:
-        self.stopping.set()
+        self.parts.stopping.set()
 
     def _once(self) -> None:
         items, self._carry = self._carry, []
@@ -201,7 +141,7 @@ class Batcher(threading.Thread):
                 # Offline work held back (OfflineShare) wakes nobody: look again once it
                 # may run.
                 held = self.offline_share.held_for()
-                self.drain.wait(self.idle_poll if held is None else min(self.idle_poll, held))
+                self.parts.drain.wait(self.idle_poll if held is None else min(self.idle_poll, held))
                 return
         if self.policy.max_batch_size == 1:  # no dynamic batching: each request alone
             self.execute(items, alone=True)
@@ -218,10 +158,10 @@ class Batcher(threading.Thread):
                 continue
             left = min(i.msg.enqueued for i in items) + self.policy.max_queue_delay - now
             try:
-                if self.drain.waiting == 0:  # nothing queued: wait for more, or for the delay
-                    if left <= 0 or self.stopping.is_set():
+                if self.parts.drain.waiting == 0:  # nothing queued: wait for more, or for the delay
+                    if left <= 0 or self.parts.stopping.is_set():
                         break
-                    self.drain.wait(min(left, lapses - now))
+                    self.parts.drain.wait(min(left, lapses - now))
                 more = self._take(self.policy.max_batch_size - rows)
             except redis.RedisError as exc:  # run what is held; its replies wait for Redis
                 log.warning("%s: Redis error while forming a batch (%s)", self.name, exc)
@@ -293,11 +233,11 @@ class Batcher(threading.Thread):
         """Pop up to ``count`` messages and admit them; with ``preserve_ordering`` the pop
         takes their tickets under the sequencer's lock."""
         offline, held = self._offline_limit(count)
-        if self.sequencer is None:
-            return self._admit(self.drain.pop(count, offline, held))
-        with self.sequencer.lock:
-            popped = self.drain.pop(count, offline, held)
-            first = self.sequencer.issue(len(popped))
+        if self.parts.sequencer is None:
+            return self._admit(self.parts.drain.pop(count, offline, held))
+        with self.parts.sequencer.lock:
+            popped = self.parts.drain.pop(count, offline, held)
+            first = self.parts.sequencer.issue(len(popped))
         return self._admit(popped, first)
 
     def _admit(self, popped: list[Popped], first_ticket: int | None = None) -> list[Item]:
@@ -319,24 +259,24 @@ class Batcher(threading.Thread):
         ``quiet``: offline messages a batch had no room for)."""
         if not items:
             return
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self.parts.client.pipeline(transaction=True)
         for item in reversed(items):
             requeue(
                 pipe,
-                self.drain.queue,
+                self.parts.drain.queue,
                 item.msg.to_dict(),
                 tag=item.key,
                 priority=item.msg.priority,
                 reply_to=item.msg.reply_to,
                 head=True,
             )
-        tags = self.runner.ledger.settle(items)
-        ack(pipe, self.drain.queue, tags)
+        tags = self.parts.ledger.settle(items)
+        ack(pipe, self.parts.drain.queue, tags)
         pipe.execute()
-        self.inflight.discard(tags)
-        if self.sequencer is not None:
+        self.parts.inflight.discard(tags)
+        if self.parts.sequencer is not None:
             for item in items:
-                self.sequencer.finish(item.ticket)
+                self.parts.sequencer.finish(item.ticket)
         if not quiet:
             log.info("%s: handed back %d request(s) it held", self.name, len(items))
 
@@ -354,9 +294,9 @@ class Batcher(threading.Thread):
                 sum(i.rows for i in batch),
             )
             # Its requests leave a bounded queue as Triton's do when their batch goes.
-            self.drain.release({i.tag for i in batch})
+            self.parts.drain.release({i.tag for i in batch})
             try:
-                with self.gate() if self.gate is not None else nullcontext():
+                with self.parts.gate() if self.parts.gate is not None else nullcontext():
                     # What waited past its deadline since it was admitted never runs.
                     batch = self.admission.overdue(batch)
                     if not batch:
@@ -369,18 +309,18 @@ class Batcher(threading.Thread):
                 self._carry = batch + self._carry
                 return
             self._ran(batch, time.time() - started, alone)
-            if self.sequencer is None:
+            if self.parts.sequencer is None:
                 # The next pop rides with these replies: one round trip per batch, not two.
                 # Not with requests carried over (they lead the next batch), nor while
                 # stopping; with preserve_ordering pops take tickets, so they go alone.
-                count = self._count() if not self._carry and not self.stopping.is_set() else 0
+                count = self._count() if not self._carry and not self.parts.stopping.is_set() else 0
                 offline, held = self._offline_limit(count)
                 self.runner.reply(batch, result, prefetch=count, offline=offline, held=held)
             else:
                 self.runner.reply(batch, result)
-            if self.on_batch is not None:
+            if self.parts.on_batch is not None:
                 executions = len(batch) if alone else 1
-                self.on_batch(self.model, telemetry(batch, result.replies, executions))
+                self.parts.on_batch(self.parts.model, telemetry(batch, result.replies, executions))
 
     def _ran(self, batch: list[Item], seconds: float, alone: bool) -> None:
         """Keep the accounts the next pops go by: offline work's share of the time, and

@@ -10,7 +10,6 @@ form in a child of its own (``conch.worker.process_instance``), so the two canno
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import redis
 
@@ -20,9 +19,12 @@ from conch.core.repository import ModelEntry
 from conch.core.sequence import SequenceSpec, state_in_redis
 from conch.settings import Settings
 from conch.wire.rate_limits import FleetLimiter
-from conch.wire.redis_link import CommandQueue
+from conch.wire.redis_link import RedisLink
 from conch.worker import rate_limiter
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
+from conch.worker.drain import Drain
+from conch.worker.loop_parts import LoopParts, OnBatch, OnSend, QueueParts
+from conch.worker.replies import ReplySink
 from conch.worker.sequence_batcher import SequenceBatcher
 
 DrainLoop = Batcher | SequenceBatcher
@@ -45,8 +47,8 @@ def drain_loop(
     settings: Settings,
     worker_id: str,
     inflight: InFlight,
-    on_batch: Callable[[str, dict[str, int]], None] | None = None,
-    on_send: Callable[[CommandQueue], None] | None = None,
+    on_batch: OnBatch | None = None,
+    on_send: OnSend | None = None,
     sequencer: Sequencer | None = None,
     limiter: FleetLimiter | None = None,
 ) -> DrainLoop:
@@ -58,33 +60,40 @@ def drain_loop(
     stopping = threading.Event()
     gate = rate_limiter.gate(limiter, limits, spec, stop=stopping)
     if seq is not None:
-        return SequenceBatcher(
+        parts = LoopParts(
             client=client,
             model=entry.name,
             backends=backends,
+            name=f"sequences-{spec.name}",
+            stopping=stopping,
+            gate=gate,
+            on_batch=on_batch,
+        )
+        return SequenceBatcher(
+            parts,
             spec=seq,
             max_batch_size=entry.config.max_batch_size,
             worker_id=worker_id,
             slot=spec.name,
             initial_state=seq.initial_state(entry.path),
             state_moves=state_in_redis(entry.config),
-            on_batch=on_batch,
-            name=f"sequences-{spec.name}",
-            gate=gate,
-            stopping=stopping,
         )
-    return Batcher(
+    policy = BatchPolicy.from_config(entry.config)
+    queue_parts = QueueParts(
         client=client,
         model=entry.name,
         backends=backends,
-        policy=BatchPolicy.from_config(entry.config),
-        inflight=inflight,
-        max_attempts=settings.max_attempts,
         name=f"batcher-{spec.name}",
-        on_batch=on_batch,
-        on_send=on_send,
-        sequencer=sequencer,
-        samples=settings.metrics_config.summary_latencies,
-        gate=gate,
         stopping=stopping,
+        gate=gate,
+        on_batch=on_batch,
+        drain=Drain(client, entry.name, hold=policy.bounded),
+        sink=ReplySink(client, entry.name),
+        link=RedisLink(client),
+        inflight=inflight,
+        sequencer=sequencer,
+        on_send=on_send,
+        max_attempts=settings.max_attempts,
+        samples=settings.metrics_config.summary_latencies,
     )
+    return Batcher(queue_parts, policy)

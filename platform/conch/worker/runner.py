@@ -14,7 +14,6 @@ not with the batch (``conch.worker.streams``).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,14 +28,11 @@ from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, U
 from conch.core.model_config import output_types
 from conch.wire import outage, statistics
 from conch.wire.messages import Reply
-from conch.wire.redis_link import CommandQueue, Commands, RedisLink
+from conch.wire.redis_link import Commands
 from conch.worker import stacking
 from conch.worker.admission import Item
-from conch.worker.bundle_ledger import BundleLedger
-from conch.worker.drain import Drain, Popped, ack
-from conch.worker.in_flight import InFlight
-from conch.worker.replies import ReplySink
-from conch.worker.reply_order import Sequencer
+from conch.worker.drain import Popped, ack
+from conch.worker.loop_parts import QueueParts
 from conch.worker.streams import StreamGroup, Streams
 
 log = logging.getLogger(__name__)
@@ -53,50 +49,26 @@ class BatchResult:
     streamed: set[str] = field(default_factory=set)
 
 
-@dataclass(eq=False, kw_only=True)
 class Runner:
-    """Runs one drain loop's batches on ``backends`` (each loaded version's instance in
-    its slot) and sends their replies to ``sink`` through ``link``.
+    """Runs one drain loop's batches on its backends (each loaded version's instance in
+    its slot) and sends their replies to its sink through its link, with the loop's
+    ``parts``.
 
     Each execution's Triton statistics go to Redis (``conch.wire.statistics``) with its
-    replies; ``on_send(commands)``, if given, may add commands to that round trip (the
-    worker's custom metrics, ``metrics_publisher``). ``prefetched(popped)`` gets what a
-    pop that rode with the replies took. ``stopping``: the drain loop's, which ends the
-    wait for a Redis that went away.
+    replies; the loop's ``on_send(commands)``, if given, may add commands to that round
+    trip (the worker's custom metrics, ``metrics_publisher``). ``prefetched(popped)`` gets
+    what a pop that rode with the replies took. The loop's ``stopping`` ends the wait for
+    a Redis that went away.
     """
 
-    model: str
-    backends: dict[int, Backend]
-    drain: Drain
-    sink: ReplySink
-    link: RedisLink
-    inflight: InFlight
-    ledger: BundleLedger
-    sequencer: Sequencer | None
-    on_send: Callable[[CommandQueue], None] | None
-    prefetched: Callable[[list[Popped]], None]
-    stopping: threading.Event
-    samples: bool  # keep each request's latencies for the summaries
-    name: str  # the drain loop's, for its log lines
-    # Outputs go out as the config declares them, whatever width the backend used.
-    output_types: dict[str, str] = field(init=False)
-    # A decoupled model's requests still streaming (conch.worker.streams).
-    streams: Streams = field(init=False)
-
-    def __post_init__(self) -> None:
-        first = next(iter(self.backends.values()), None)
+    def __init__(self, parts: QueueParts, *, prefetched: Callable[[list[Popped]], None]) -> None:
+        self.parts = parts
+        self.prefetched = prefetched
+        first = next(iter(parts.backends.values()), None)
+        # Outputs go out as the config declares them, whatever width the backend used.
         self.output_types = output_types(first.spec.config) if first is not None else {}
-        self.streams = Streams(
-            model=self.model,
-            sink=self.sink,
-            drain=self.drain,
-            inflight=self.inflight,
-            ledger=self.ledger,
-            stopping=self.stopping,
-            samples=self.samples,
-            output_types=self.output_types,
-            name=self.name,
-        )
+        # A decoupled model's requests still streaming (conch.worker.streams).
+        self.streams = Streams(parts, output_types=self.output_types)
 
     # -- running a batch --------------------------------------------------------------
     def run(self, batch: list[Item], *, alone: bool = False, cut: str = "") -> BatchResult:
@@ -105,7 +77,7 @@ class Runner:
         (counted once, with its first execution)."""
         started = time.time()
         result = BatchResult({}, [])
-        backends = self.backends  # one consistent view, should a reload swap it
+        backends = self.parts.backends  # one consistent view, should a reload swap it
         for group in ([item] for item in batch) if alone else (batch,):
             self._execute_one(group, backends, result, started)
         if cut and result.runs:
@@ -128,7 +100,7 @@ class Runner:
             backend = backends.get(used)
             if backend is None:
                 err = NotFound(
-                    f"Request for unknown model version: '{self.model}' version {used} is not loaded here"
+                    f"Request for unknown model version: '{self.parts.model}' version {used} is not loaded here"
                 )
                 for item in items:
                     replies[item.key] = Reply(item.msg.id, error=err)
@@ -136,12 +108,12 @@ class Runner:
             refused: set[str] = set()
             traced = [(i.msg.traceparent, i.msg.enqueued) for i in items]
             if backend.spec.config.model_transaction_policy.decoupled:  # Backend.decoupled
-                with tracing.batch_span(self.model, traced):
+                with tracing.batch_span(self.parts.model, traced):
                     self._run_streamed(backend, used, items, result, started)
                 for item in items:
                     replies[item.key].version = used
                 continue
-            with tracing.batch_span(self.model, traced):
+            with tracing.batch_span(self.parts.model, traced):
                 phases = self._run(backend, items, replies, started, refused)
             for item in items:
                 replies[item.key].version = used
@@ -212,7 +184,7 @@ class Runner:
             return None
         timeline.stamp("worker.executing")
         t0 = time.perf_counter_ns()
-        results = execute_answered(backend, requests, self.name)
+        results = execute_answered(backend, requests, self.parts.name)
         t_out = time.perf_counter_ns()
         timeline.stamp("worker.executed")
         compute_ns = t_out - t0
@@ -227,7 +199,7 @@ class Runner:
             except Exception as exc:
                 replies[item.key] = Reply(
                     item.msg.id,
-                    error=Internal(f"model '{self.model}' returned a bad output: {exc}"),
+                    error=Internal(f"model '{self.parts.model}' returned a bad output: {exc}"),
                 )
                 continue
             replies[item.key] = Reply(item.msg.id, outputs=outputs, timing=timing, batch_size=rows)
@@ -251,7 +223,7 @@ class Runner:
             request = _request(item)
             if item.msg.job_ttl and not item.msg.collect:  # one result, not a stream of them
                 request = Unsupported(
-                    f"model '{self.model}' is decoupled: an async job on it must collect its "
+                    f"model '{self.parts.model}' is decoupled: an async job on it must collect its "
                     "responses (a gateway of this version sends it so)"
                 )
             if isinstance(request, ConchError):
@@ -267,7 +239,7 @@ class Runner:
         for request, stream in zip(requests, streams, strict=True):
             request.responder = stream
         t0 = time.perf_counter_ns()
-        results: list[Any] = execute_answered(backend, requests, self.name)
+        results: list[Any] = execute_answered(backend, requests, self.parts.name)
         t_out = time.perf_counter_ns()
         for item, stream, answer in zip(runnable, streams, results, strict=True):
             replies[item.key] = Reply(item.msg.id)
@@ -304,7 +276,7 @@ class Runner:
         except ConchError as exc:
             failed = exc
         except Exception as exc:  # as TensorBackend.execute answers a failed group
-            failed = Internal(f"model '{self.model}' failed to execute: {exc}")
+            failed = Internal(f"model '{self.parts.model}' failed to execute: {exc}")
         t_out = time.perf_counter_ns()
         compute_ns = t_out - t0
         parts = stacking.split(out, stacked, self.output_types) if failed is None else {}
@@ -318,7 +290,7 @@ class Runner:
             for name in item.msg.outputs:
                 tensor = parts[name]
                 if isinstance(tensor, Exception):
-                    bad = Internal(f"model '{self.model}' returned a bad output: {tensor}")
+                    bad = Internal(f"model '{self.parts.model}' returned a bad output: {tensor}")
                     replies[item.key] = Reply(item.msg.id, error=bad)
                     break
                 outputs.append(tensor[k])
@@ -345,16 +317,16 @@ class Runner:
         ``sequencer``, each reply goes once every request popped before it has its own.
         """
         streamed = result.streamed  # a decoupled model's: answered through their streams
-        if self.sequencer is None:
+        if self.parts.sequencer is None:
             sent = [i for i in batch if i.key not in streamed] if streamed else batch
             self._send(sent, result.replies, result.runs, prefetch, offline, held)
             return
         ordered = sorted(batch, key=lambda i: i.ticket)
         for k, item in enumerate(ordered):
-            self.sequencer.wait_turn(item.ticket)
+            self.parts.sequencer.wait_turn(item.ticket)
             sent = [] if item.key in streamed else [item]
             self._send(sent, result.replies, result.runs if k == len(ordered) - 1 else [])
-            self.sequencer.finish(item.ticket)
+            self.parts.sequencer.finish(item.ticket)
 
     def _send(
         self,
@@ -370,24 +342,24 @@ class Runner:
         pipe = Commands()
         now_ms = int(time.time() * 1000)
         for run in runs:
-            statistics.record(pipe, self.model, run, now_ms, samples=self.samples)
-        if self.on_send is not None:
-            self.on_send(pipe)
-        self.sink.deliver_all(pipe, [(item.msg, replies[item.key]) for item in items])
-        tags = self.ledger.settle(items)
-        ack(pipe, self.drain.queue, tags)
+            statistics.record(pipe, self.parts.model, run, now_ms, samples=self.parts.samples)
+        if self.parts.on_send is not None:
+            self.parts.on_send(pipe)
+        self.parts.sink.deliver_all(pipe, [(item.msg, replies[item.key]) for item in items])
+        tags = self.parts.ledger.settle(items)
+        ack(pipe, self.parts.drain.queue, tags)
         if prefetch:
-            self.drain.queue_pop(pipe, prefetch, offline, held)
+            self.parts.drain.queue_pop(pipe, prefetch, offline, held)
         timeline.stamp("worker.replying")
         try:
             results = self._deliver(pipe)
             timeline.stamp("worker.replied")
         finally:  # sent, or given up (left for the visibility timeout to bring back)
-            self.inflight.discard(tags)
+            self.parts.inflight.discard(tags)
         errors = [r for r in results[: -1 if prefetch else None] if isinstance(r, Exception)]
         if prefetch:
-            popped = self.drain.popped(results[-1], prefetch, offline, held)
-            self.inflight.add([p.tag for p in popped])
+            popped = self.parts.drain.popped(results[-1], prefetch, offline, held)
+            self.parts.inflight.add([p.tag for p in popped])
             self.prefetched(popped)
         if errors:
             raise errors[0]
@@ -404,15 +376,15 @@ class Runner:
         away_since = 0.0
         while True:
             try:
-                results = self.link.run(pipe)
+                results = self.parts.link.run(pipe)
             except redis.RedisError as exc:
-                if not outage.is_outage(exc) or self.stopping.is_set():
+                if not outage.is_outage(exc) or self.parts.stopping.is_set():
                     raise
                 if not away_since:
                     away_since = time.monotonic()
                     log.warning(
                         "%s: Redis is away (%s); holding the replies of a batch until it is back",
-                        self.name,
+                        self.parts.name,
                         exc,
                     )
                 time.sleep(outage.RECONNECT_S)
@@ -420,7 +392,7 @@ class Runner:
             if away_since:
                 log.info(
                     "%s: replies sent %.1f s late, once Redis was back",
-                    self.name,
+                    self.parts.name,
                     time.monotonic() - away_since,
                 )
             return results

@@ -23,15 +23,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import redis
 
-from conch.backends import Backend, BackendRequest
+from conch.backends import BackendRequest
 from conch.core import tensors
 from conch.core.errors import ConchError, Internal, InvalidArgument, Unavailable
 from conch.core.model_config import output_types
@@ -52,6 +51,7 @@ from conch.wire.messages import REPLY_TTL_S, BadMessage, InferMessage, Reply
 from conch.wire.rate_limits import Stopped
 from conch.wire.sequence_state import pack_state, unpack_state
 from conch.worker.drain import REDIS_TICK_S, dead_letter
+from conch.worker.loop_parts import LoopParts
 
 log = logging.getLogger(__name__)
 
@@ -172,25 +172,19 @@ class SequenceBatcher(threading.Thread):
 
     def __init__(
         self,
+        parts: LoopParts,
         *,
-        client: redis.Redis,
-        model: str,
-        backends: dict[int, Backend],
         spec: SequenceSpec,
         max_batch_size: int,
         worker_id: str,
         slot: str,
         initial_state: dict[str, np.ndarray],
         state_moves: bool,
-        on_batch: Callable[[str, dict[str, int]], None] | None = None,
-        name: str = "",
-        gate: Callable[[], AbstractContextManager[None]] | None = None,
-        stopping: threading.Event | None = None,
     ) -> None:
-        super().__init__(name=name or f"sequences-{model}", daemon=True)
-        self.client = client
-        self.model = model
-        self.backends = backends
+        super().__init__(name=parts.name, daemon=True)
+        self.client = client = parts.client
+        self.model = parts.model
+        self.backends = parts.backends
         self.spec = spec
         self.max_rows = max(1, max_batch_size)
         self.capacity = spec.slots
@@ -198,9 +192,9 @@ class SequenceBatcher(threading.Thread):
         self.me = f"{worker_id}/{slot}"
         self.initial_state = initial_state
         self.state_moves = state_moves and bool(spec.states)
-        self.on_batch = on_batch
+        self.on_batch = parts.on_batch
         self.output_types = (
-            output_types(next(iter(backends.values())).spec.config) if backends else {}
+            output_types(next(iter(self.backends.values())).spec.config) if self.backends else {}
         )
         self.state_outputs = {s.output_name: s.input_name for s in spec.states}
         self._ready = spec.control(READY) is not None
@@ -208,8 +202,8 @@ class SequenceBatcher(threading.Thread):
         # Each step's executions run inside it: the rate limiter's resources held
         # (worker.rate_limiter). ``stopping`` is shared with it, so that a stopping
         # loop's wait for resources ends.
-        self.gate = gate
-        self.stopping = stopping if stopping is not None else threading.Event()
+        self.gate = parts.gate
+        self.stopping = parts.stopping
         self._claim = client.register_script(_CLAIM_LUA)
         self._commit = client.register_script(_COMMIT_LUA)
         self._expire = client.register_script(_EXPIRE_LUA)

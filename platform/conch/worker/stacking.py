@@ -88,7 +88,7 @@ def stack(items: list[Item]) -> Stack | None:
         total = sum(rows)
         by_name = [sorted(item.msg.inputs) for item in runnable]
         for k, (name, dt, inner) in enumerate(common):
-            parts = [inputs[k][3] for inputs in by_name]
+            parts = [inputs[k].raw for inputs in by_name]
             # A bytearray: a stacked batch is writable, as np.concatenate made it.
             raw = parts[0] if len(parts) == 1 else bytearray().join(parts)
             arrays[name] = np.frombuffer(raw, dtype=WIRE_TO_NUMPY[dt]).reshape((total, *inner))
@@ -122,6 +122,7 @@ def split(
             continue
         inner = tuple(int(d) for d in arr.shape[1:])
         out[name] = [
-            (name, datatype, (n, *inner), part) for n, part in zip(rows, parts, strict=True)
+            WireTensor(name, datatype, (n, *inner), part)
+            for n, part in zip(rows, parts, strict=True)
         ]
     return out

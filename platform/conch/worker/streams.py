@@ -44,10 +44,8 @@ from conch.wire import statistics, stream_log
 from conch.wire.messages import MAX_COLLECTED, Reply, WireTensor
 from conch.wire.redis_link import Commands
 from conch.worker.admission import Item
-from conch.worker.bundle_ledger import BundleLedger
-from conch.worker.drain import Drain, ack
-from conch.worker.in_flight import InFlight
-from conch.worker.replies import ReplySink
+from conch.worker.drain import ack
+from conch.worker.loop_parts import QueueParts
 from conch.worker.stream_outbox import Outbox, Parcel
 
 log = logging.getLogger(__name__)
@@ -124,7 +122,7 @@ class Stream:
         if now - self._checked >= CANCEL_CHECK_S:
             self._checked = now
             try:
-                self._cancelled = not stream_log.held(self.streams.sink.client, [msg.id])[0]
+                self._cancelled = not stream_log.held(self.streams.parts.sink.client, [msg.id])[0]
             except redis.RedisError:
                 return False  # unknown during an outage: keep going
         return self._cancelled
@@ -134,8 +132,8 @@ class Stream:
             if self.ended:
                 log.error(
                     "%s: model '%s' sent a response for request '%s' after its final one; dropped",
-                    self.streams.name,
-                    self.streams.model,
+                    self.streams.parts.name,
+                    self.streams.parts.model,
                     self.item.msg.id,
                 )
                 return
@@ -159,7 +157,7 @@ class Stream:
                 else []
             )
         except Exception as exc:
-            bad = Internal(f"model '{self.streams.model}' returned a bad output: {exc}")
+            bad = Internal(f"model '{self.streams.parts.model}' returned a bad output: {exc}")
             return Reply(msg.id, error=bad, seq=self.seq, version=self.version, attempt=attempt)
         return Reply(
             msg.id,
@@ -181,12 +179,12 @@ class Stream:
             return reply
         if reply.outputs or not reply.final:  # an empty final response is only a flag
             self.collected.append(list(reply.outputs or ()))
-            self.collected_bytes += sum(len(t[3]) for t in reply.outputs or ())
+            self.collected_bytes += sum(len(t.raw) for t in reply.outputs or ())
         if len(self.collected) > MAX_COLLECTED or self.collected_bytes > MAX_COLLECTED_BYTES:
             return Reply(
                 reply.id,
                 error=Internal(
-                    f"model '{self.streams.model}' sent more than {MAX_COLLECTED} responses "
+                    f"model '{self.streams.parts.model}' sent more than {MAX_COLLECTED} responses "
                     f"or {MAX_COLLECTED_BYTES} bytes for request '{reply.id}', more than an "
                     "async or batch job's answer holds: stream it instead"
                 ),
@@ -219,7 +217,7 @@ class Stream:
         self.ended = final
         streams = self.streams
         pipe = Commands()
-        streams.sink.deliver(pipe, msg, reply)
+        streams.parts.sink.deliver(pipe, msg, reply)
         if msg.keep_s:
             stream_log.append(pipe, msg.id, reply, msg.keep_s)
         tags: list[str] = []
@@ -230,13 +228,13 @@ class Stream:
             if ready:
                 now_ms = int(time.time() * 1000)
                 statistics.record(
-                    pipe, streams.model, self.group.run, now_ms, samples=streams.samples
+                    pipe, streams.parts.model, self.group.run, now_ms, samples=streams.parts.samples
                 )
             tags = streams.settle(self.item)
-            ack(pipe, streams.drain.queue, tags)
+            ack(pipe, streams.parts.drain.queue, tags)
 
         def let_go() -> None:  # sent, or given up (for the visibility timeout to bring back)
-            streams.inflight.discard(tags)
+            streams.parts.inflight.discard(tags)
             streams.closed(self)
 
         streams.outbox.put(Parcel(pipe, msg.id, let_go if final else None))
@@ -246,31 +244,12 @@ class Streams:
     """One drain loop's decoupled requests: opened by its runner, ended by their final
     responses (from any thread), by ``reap`` or by ``stop``."""
 
-    def __init__(
-        self,
-        *,
-        model: str,
-        sink: ReplySink,
-        drain: Drain,
-        inflight: InFlight,
-        ledger: BundleLedger,
-        stopping: threading.Event,
-        samples: bool,
-        output_types: dict[str, str],
-        name: str,
-    ) -> None:
-        self.model = model
-        self.sink = sink
-        self.drain = drain
-        self.inflight = inflight
-        self.ledger = ledger
-        self.stopping = stopping
-        self.samples = samples
+    def __init__(self, parts: QueueParts, *, output_types: dict[str, str]) -> None:
+        self.parts = parts
         self.output_types = output_types
-        self.name = name
         self._open: dict[int, Stream] = {}
         self._changed = threading.Condition()
-        self.outbox = Outbox(sink, stopping, name)
+        self.outbox = Outbox(parts.sink, parts.stopping, parts.name)
 
     def open(self, item: Item, version: int, started: float, group: StreamGroup) -> Stream:
         stream = Stream(self, item, version, started, group)
@@ -285,7 +264,7 @@ class Streams:
 
     def settle(self, item: Item) -> list[str]:
         """The tags to ack now that ``item`` ended (a bundle's once its last one has)."""
-        return self.ledger.settle([item])
+        return self.parts.ledger.settle([item])
 
     def __len__(self) -> int:
         with self._changed:
@@ -319,8 +298,8 @@ class Streams:
 
     def _abandon(self, stream: Stream, why: str, kind: type[ConchError]) -> None:
         message = (
-            f"model '{self.model}' sent no final response (TRITONSERVER_RESPONSE_COMPLETE_FINAL) "
+            f"model '{self.parts.model}' sent no final response (TRITONSERVER_RESPONSE_COMPLETE_FINAL) "
             f"for request '{stream.item.msg.id}' {why}"
         )
-        log.error("%s: %s; ending it with an error", self.name, message)
+        log.error("%s: %s; ending it with an error", self.parts.name, message)
         stream.fail(kind(message))

@@ -11,10 +11,10 @@ from conch.frontend.response_cache import LocalStore, pack, request_key, unpack
 from conch.settings import Settings
 from conch.wire import keys
 from conch.wire.cache_store import RedisCacheStore
-from conch.wire.messages import BadMessage
+from conch.wire.messages import BadMessage, WireTensor
 
-A = ("A", "FP32", (1, 4), b"\x00" * 16)
-B = ("B", "FP32", (1, 4), b"\x01" * 16)
+A = WireTensor("A", "FP32", (1, 4), b"\x00" * 16)
+B = WireTensor("B", "FP32", (1, 4), b"\x01" * 16)
 
 
 # -- --cache-config ------------------------------------------------------------------------
@@ -87,10 +87,10 @@ def test_the_key_ignores_input_order_and_sees_every_part() -> None:
     different = [
         request_key("n", 1, [A, B], ["OUT"], {}),  # model
         request_key("m", 2, [A, B], ["OUT"], {}),  # version
-        request_key("m", 1, [("A", "INT32", A[2], A[3]), B], ["OUT"], {}),  # datatype
-        request_key("m", 1, [("A", "FP32", (4, 1), A[3]), B], ["OUT"], {}),  # shape
-        request_key("m", 1, [("A", "FP32", (1, 4), b"\x02" * 16), B], ["OUT"], {}),  # bytes
-        request_key("m", 1, [("C", *A[1:]), B], ["OUT"], {}),  # input name
+        request_key("m", 1, [A._replace(datatype="INT32"), B], ["OUT"], {}),  # datatype
+        request_key("m", 1, [A._replace(shape=(4, 1)), B], ["OUT"], {}),  # shape
+        request_key("m", 1, [A._replace(raw=b"\x02" * 16), B], ["OUT"], {}),  # bytes
+        request_key("m", 1, [A._replace(name="C"), B], ["OUT"], {}),  # input name
         request_key("m", 1, [A, B], ["OUT", "OUT2"], {}),  # outputs asked
         request_key("m", 1, [A, B], ["OUT"], {"temperature": 1}),  # what the model sees
     ]
@@ -99,9 +99,11 @@ def test_the_key_ignores_input_order_and_sees_every_part() -> None:
 
 def test_the_key_has_no_ambiguous_concatenation() -> None:
     """Length-prefixed parts: moving bytes from one field into the next changes the key."""
-    assert request_key("ab", 1, [], [], {}) != request_key("a", 1, [("b", "FP32", (), b"")], [], {})
-    one = request_key("m", 1, [("A", "BYTES", (1,), b"xy")], [], {})
-    assert one != request_key("m", 1, [("A", "BYTES", (1,), b"x")], ["y"], {})
+    assert request_key("ab", 1, [], [], {}) != request_key(
+        "a", 1, [WireTensor("b", "FP32", (), b"")], [], {}
+    )
+    one = request_key("m", 1, [WireTensor("A", "BYTES", (1,), b"xy")], [], {})
+    assert one != request_key("m", 1, [WireTensor("A", "BYTES", (1,), b"x")], ["y"], {})
 
 
 # -- entries -----------------------------------------------------------------------------

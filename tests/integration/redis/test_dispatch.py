@@ -68,7 +68,7 @@ def test_duplicate_replies_are_ignored(redis_url: str) -> None:
     worker = play_worker(client, replies=3)  # a redelivered request answered again and again
     reply = d.call(message())
     worker.join(5)
-    assert reply.outputs is not None and reply.outputs[0][3] == b"\0\0\0\0"  # the first one wins
+    assert reply.outputs is not None and reply.outputs[0].raw == b"\0\0\0\0"  # the first one wins
     # The late duplicates find no waiting request and change nothing; the next call is fine.
     worker = play_worker(client, replies=1)
     assert d.call(message()).outputs is not None

@@ -80,7 +80,7 @@ def test_responses_come_in_order_up_to_the_final_one(client, model) -> None:
     got = list(stream)
     assert [r.seq for r in got] == [0, 1, 2]
     assert [r.final for r in got] == [False, False, True]
-    assert [r.outputs[0][3][0] for r in got if r.outputs] == [0, 1, 2]
+    assert [r.outputs[0].raw[0] for r in got if r.outputs] == [0, 1, 2]
     assert d._pending == {}  # forgotten at the final reply
 
 

@@ -241,7 +241,7 @@ def test_prepare_builds_the_message_the_gateway_would(client: bls.BlsClient) -> 
         ("T", "BYTES", (1, 1)),
         ("H", "BF16", (1, 1)),
     ]
-    assert tensors.to_numpy("BYTES", (1, 1), msg.inputs[1][3])[0, 0] == "héllo".encode()
+    assert tensors.to_numpy("BYTES", (1, 1), msg.inputs[1].raw)[0, 0] == "héllo".encode()
     assert msg.outputs == ["OUT", "TXT"]  # none asked for: all of them
     assert msg.chain == ["outer", "caller"]
     assert msg.deadline == before + 5

@@ -14,9 +14,10 @@ from conch.core.errors import Internal, Unavailable
 from conch.core.model_config import parse_config
 from conch.devtools.processes import wait_until
 from conch.wire import broker, keys
-from conch.wire.messages import InferMessage, Reply
+from conch.wire.messages import InferMessage, Reply, WireTensor
 from conch.worker.batcher import Batcher, BatchPolicy, InFlight
 from conch.worker.drain import Popped
+from conch.worker.loop_parts import QueueParts
 
 CONFIG = parse_config(
     "max_batch_size: 8 dynamic_batching { }\n"
@@ -146,7 +147,7 @@ def message(rows: int, **fields: Any) -> InferMessage:
         "id": broker.new_id(),
         "model": "m",
         "version": -1,
-        "inputs": [("X", "FP32", (rows, 4), x.tobytes())],
+        "inputs": [WireTensor("X", "FP32", (rows, 4), x.tobytes())],
         "outputs": ["Y"],
         "reply_to": "conch.reply.test",
         "enqueued": now,
@@ -164,18 +165,19 @@ def run_until(batcher: Batcher, done: Any) -> None:
 
 
 def make(drain: FakeDrain, sink: FakeSink, client: FakeClient, **kwargs: Any) -> Batcher:
-    return Batcher(
+    policy = kwargs.pop("policy", BatchPolicy(8, 0.0))
+    parts = QueueParts(
         client=client,  # type: ignore[arg-type]
         model="m",
         backends=kwargs.pop("backends"),
-        policy=kwargs.pop("policy", BatchPolicy(8, 0.0)),
+        name="batcher-m",
         inflight=kwargs.pop("inflight", InFlight()),
         drain=drain,  # type: ignore[arg-type]
         sink=sink,  # type: ignore[arg-type]
         link=client,  # type: ignore[arg-type]
-        idle_poll=0.01,
         **kwargs,
     )
+    return Batcher(parts, policy, idle_poll=0.01)
 
 
 def test_queued_requests_run_as_one_batch_and_each_gets_its_reply_then_an_ack() -> None:
@@ -199,7 +201,7 @@ def test_queued_requests_run_as_one_batch_and_each_gets_its_reply_then_an_ack() 
         reply = sink.replies[m.id]
         assert reply.error is None and reply.version == 1 and reply.batch_size == 4
         ((name, datatype, shape, raw),) = reply.outputs
-        x = np.frombuffer(m.inputs[0][3], np.float32).reshape(shape)
+        x = np.frombuffer(m.inputs[0].raw, np.float32).reshape(shape)
         assert (name, datatype) == ("Y", "FP32")
         np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(shape), 2 * x)
     # Reply, then ack, in one pipeline: a crash in between re-runs, never loses.
@@ -400,7 +402,7 @@ def test_a_bundles_requests_run_in_one_batch_each_answered_and_the_bundle_acked_
         reply = sink.replies[m.id]
         assert reply.error is None and reply.batch_size == 4
         ((_, _, shape, raw),) = reply.outputs
-        x = np.frombuffer(m.inputs[0][3], np.float32).reshape(shape)
+        x = np.frombuffer(m.inputs[0].raw, np.float32).reshape(shape)
         np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(shape), 2 * x)
     assert acked_tags(client) == [tag]
     assert inflight.snapshot() == []

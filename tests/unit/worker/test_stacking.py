@@ -16,10 +16,10 @@ from conch.core.errors import InvalidArgument
 from conch.core.model_config import parse_config
 from conch.core.model_spec import InstanceSpec, ModelSpec
 from conch.wire import statistics
-from conch.wire.messages import InferMessage, Reply
+from conch.wire.messages import InferMessage, Reply, WireTensor
 from conch.worker import stacking
 from conch.worker.admission import Item
-from conch.worker.bundle_ledger import BundleLedger
+from conch.worker.loop_parts import QueueParts
 from conch.worker.runner import Runner
 
 CONFIG = (
@@ -73,24 +73,21 @@ def backend(config: str = CONFIG, cls: type[TensorBackend] = Affine) -> TensorBa
 
 def runner(b: Backend) -> Runner:
     nothing = SimpleNamespace()
-    return Runner(
+    parts = QueueParts(
+        client=nothing,
         model="m",
         backends={1: b},
+        name="test",
         drain=nothing,
         sink=nothing,
         link=nothing,
         inflight=nothing,
-        ledger=BundleLedger(),
-        sequencer=None,
-        on_send=None,
-        prefetched=lambda _popped: None,
         stopping=nothing,
-        samples=False,
-        name="test",
     )
+    return Runner(parts, prefetched=lambda _popped: None)
 
 
-def item(k: int, *inputs: tuple[str, str, tuple[int, ...], bytes], outputs=("Y", "N")) -> Item:
+def item(k: int, *inputs: WireTensor, outputs=("Y", "N")) -> Item:
     now = time.time()
     msg = InferMessage(
         id=f"r{k}",
@@ -102,13 +99,13 @@ def item(k: int, *inputs: tuple[str, str, tuple[int, ...], bytes], outputs=("Y",
         enqueued=now,
         deadline=now + 60,
     )
-    rows = inputs[0][2][0] if inputs and inputs[0][2] else 1
+    rows = inputs[0].shape[0] if inputs and inputs[0].shape else 1
     return Item(f"t{k}", msg, rows, 1)
 
 
-def fp32(k: int, rows: int, width: int = 3) -> tuple[str, str, tuple[int, ...], bytes]:
+def fp32(k: int, rows: int, width: int = 3) -> WireTensor:
     arr = np.arange(rows * width, dtype=np.float32).reshape(rows, width) + 100 * k
-    return ("X", "FP32", arr.shape, arr.tobytes())
+    return WireTensor("X", "FP32", arr.shape, arr.tobytes())
 
 
 def both(b: TensorBackend, batch: list[Item]):
@@ -140,7 +137,7 @@ def test_requests_of_different_rows_answer_as_the_per_request_path():
     first = stacked.replies["t1"].outputs
     assert [(n, dt, s) for n, dt, s, _ in first] == [("Y", "FP32", (3, 3)), ("N", "INT32", (3, 1))]
     expected = np.arange(9, dtype=np.float32).reshape(3, 3) + 100
-    assert bytes(first[0][3]) == (expected * 2 + 1).tobytes()
+    assert bytes(first[0].raw) == (expected * 2 + 1).tobytes()
     assert stacked.replies["t0"].batch_size == 6
     run = stacked.runs[0]
     assert (run.batch_size, run.success, run.rows) == (6, 3, 6)
@@ -162,7 +159,7 @@ def test_empty_requests_stack_and_split_as_the_per_request_path():
 
 def test_a_bad_input_in_the_middle_is_answered_alone():
     b = backend()
-    short = ("X", "FP32", (2, 3), b"\0" * 20)
+    short = WireTensor("X", "FP32", (2, 3), b"\0" * 20)
     batch = [item(0, fp32(0, 2)), item(1, short), item(2, fp32(2, 1))]
     stacked, each = both(b, batch)
     same_replies(stacked.replies, each.replies)
@@ -191,7 +188,7 @@ def test_a_failing_model_or_a_missing_output_answers_every_request_alike():
     "batch",
     [
         # BYTES: its rows have no fixed size
-        [item(0, ("X", "BYTES", (1, 1), b"\x01\0\0\0a")), item(1, fp32(1, 1))],
+        [item(0, WireTensor("X", "BYTES", (1, 1), b"\x01\0\0\0a")), item(1, fp32(1, 1))],
         # inner shapes that differ: grouped by TensorBackend.execute
         [item(0, fp32(0, 1, width=3)), item(1, fp32(1, 1, width=4))],
     ],
@@ -206,7 +203,7 @@ def test_what_cannot_be_stacked_takes_the_per_request_path(batch):
 
 def test_a_model_without_batching_takes_the_per_request_path():
     b = backend(CONFIG.replace("max_batch_size: 16 dynamic_batching { }", "max_batch_size: 0"))
-    result = runner(b).run([item(0, ("X", "FP32", (3,), b"\0" * 12))])
+    result = runner(b).run([item(0, WireTensor("X", "FP32", (3,), b"\0" * 12))])
     assert b.executes == 1
     assert "t0" in result.replies
 

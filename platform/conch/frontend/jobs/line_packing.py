@@ -112,5 +112,5 @@ def split(outputs: Sequence[WireTensor], pack: Sequence[Line]) -> list[list[Wire
     for name, datatype, shape, raw in outputs:
         parts = tensors.split_rows(datatype, shape, raw, rows, name)
         for mine, part, r in zip(per_line, parts, rows, strict=True):
-            mine.append((name, datatype, (r, *tuple(shape)[1:]), part))
+            mine.append(WireTensor(name, datatype, (r, *tuple(shape)[1:]), part))
     return per_line
