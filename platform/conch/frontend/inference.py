@@ -332,7 +332,7 @@ class Inference:
             return None
         if config.dynamic_batching.preserve_ordering:
             return None
-        shape = msg.inputs[0][2] if msg.inputs else ()
+        shape = msg.inputs[0].shape if msg.inputs else ()
         rows = max(1, shape[0]) if shape else 1
         nbytes = sum(len(raw) for *_, raw in msg.inputs)
         return broker.Bundling(rows, config.max_batch_size, nbytes)

@@ -10,6 +10,7 @@ from typing import Any
 
 from conch.core.model_config import parse_config
 from conch.frontend.response_cache import LocalStore, ResponseCache, consult
+from conch.wire.messages import WireTensor
 
 CONFIG = """
 backend: "python"
@@ -17,7 +18,7 @@ max_batch_size: 4
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
-Y = ("Y", "FP32", (1, 1), b"\1\0\0\0")
+Y = WireTensor("Y", "FP32", (1, 1), b"\1\0\0\0")
 
 
 class Tally:
@@ -35,7 +36,7 @@ def cache() -> tuple[ResponseCache, Tally]:
 
 
 def msg(raw: bytes = b"\0\0\0\0") -> Any:
-    return SimpleNamespace(inputs=[("X", "FP32", (1, 1), raw)], outputs=["Y"], params={})
+    return SimpleNamespace(inputs=[WireTensor("X", "FP32", (1, 1), raw)], outputs=["Y"], params={})
 
 
 def config(enabled: bool) -> Any:
