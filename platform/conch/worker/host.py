@@ -33,6 +33,7 @@ from conch.worker import instance, rate_limiter, residency
 from conch.worker.batcher import InFlight, Sequencer
 from conch.worker.host_metrics import HostMetrics
 from conch.worker.instance_supervisor import KILL_AFTER_S, InstanceMain, InstanceProcess
+from conch.worker.loop_parts import WorkerParts
 from conch.worker.metrics_publisher import MetricsPublisher
 from conch.worker.process_instance import InstancePlan
 from conch.worker.telemetry import WorkerTelemetry
@@ -382,20 +383,19 @@ class ModelHost:
             raise
         versions = {v: [slot[v] for slot in slots] for v in entry.versions}
         sequencer = Sequencer() if instance.ordered(entry) else None
+        # Built at each load: the rate limiter's counts are settled only once start() has
+        # read the repository.
+        worker = WorkerParts(
+            client=self.client,
+            settings=self.settings,
+            worker_id=self.worker_id,
+            inflight=self.inflight,
+            on_batch=self._on_batch,
+            on_send=self.metrics.queue,
+            limiter=self.limiter,
+        )
         loops: list[Instance] = [
-            instance.drain_loop(
-                entry,
-                slot,
-                spec,
-                client=self.client,
-                settings=self.settings,
-                worker_id=self.worker_id,
-                inflight=self.inflight,
-                on_batch=self._on_batch,
-                on_send=self.metrics.queue,
-                sequencer=sequencer,
-                limiter=self.limiter,
-            )
+            instance.drain_loop(entry, slot, spec, worker, sequencer=sequencer)
             for slot, spec in zip(slots, specs, strict=True)
         ]
         return versions, loops

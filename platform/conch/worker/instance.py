@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import threading
 
-import redis
-
 from conch.backends import Backend
 from conch.backends.base import InstanceSpec
 from conch.core.repository import ModelEntry
 from conch.core.sequence import SequenceSpec, state_in_redis
-from conch.settings import Settings
-from conch.wire.rate_limits import FleetLimiter
 from conch.wire.redis_link import RedisLink
 from conch.worker import rate_limiter
-from conch.worker.batcher import Batcher, BatchPolicy, InFlight, Sequencer
+from conch.worker.batcher import Batcher, BatchPolicy, Sequencer
 from conch.worker.drain import Drain
-from conch.worker.loop_parts import LoopParts, OnBatch, OnSend, QueueParts
+from conch.worker.loop_parts import LoopParts, QueueParts, WorkerParts
 from conch.worker.replies import ReplySink
 from conch.worker.sequence_batcher import SequenceBatcher
 
@@ -42,58 +38,53 @@ def drain_loop(
     entry: ModelEntry,
     backends: dict[int, Backend],
     spec: InstanceSpec,
+    worker: WorkerParts,
     *,
-    client: redis.Redis,
-    settings: Settings,
-    worker_id: str,
-    inflight: InFlight,
-    on_batch: OnBatch | None = None,
-    on_send: OnSend | None = None,
     sequencer: Sequencer | None = None,
-    limiter: FleetLimiter | None = None,
 ) -> DrainLoop:
     """The loop that drains ``entry``'s queue into one instance's ``backends`` (not
-    started); with ``limiter``, each execution holds the instance's rate-limit resources."""
+    started); with the worker's ``limiter``, each execution holds the instance's rate-limit
+    resources."""
     seq = SequenceSpec.from_config(entry.config)
     limits = rate_limiter.instance_limits(entry, spec)
     # The loop's stop, shared with its gate: a stopping worker's wait for resources ends.
     stopping = threading.Event()
-    gate = rate_limiter.gate(limiter, limits, spec, stop=stopping)
+    gate = rate_limiter.gate(worker.limiter, limits, spec, stop=stopping)
     if seq is not None:
         parts = LoopParts(
-            client=client,
+            client=worker.client,
             model=entry.name,
             backends=backends,
             name=f"sequences-{spec.name}",
             stopping=stopping,
             gate=gate,
-            on_batch=on_batch,
+            on_batch=worker.on_batch,
         )
         return SequenceBatcher(
             parts,
             spec=seq,
             max_batch_size=entry.config.max_batch_size,
-            worker_id=worker_id,
+            worker_id=worker.worker_id,
             slot=spec.name,
             initial_state=seq.initial_state(entry.path),
             state_moves=state_in_redis(entry.config),
         )
     policy = BatchPolicy.from_config(entry.config)
     queue_parts = QueueParts(
-        client=client,
+        client=worker.client,
         model=entry.name,
         backends=backends,
         name=f"batcher-{spec.name}",
         stopping=stopping,
         gate=gate,
-        on_batch=on_batch,
-        drain=Drain(client, entry.name, hold=policy.bounded),
-        sink=ReplySink(client, entry.name),
-        link=RedisLink(client),
-        inflight=inflight,
+        on_batch=worker.on_batch,
+        drain=Drain(worker.client, entry.name, hold=policy.bounded),
+        sink=ReplySink(worker.client, entry.name),
+        link=RedisLink(worker.client),
+        inflight=worker.inflight,
         sequencer=sequencer,
-        on_send=on_send,
-        max_attempts=settings.max_attempts,
-        samples=settings.metrics_config.summary_latencies,
+        on_send=worker.on_send,
+        max_attempts=worker.settings.max_attempts,
+        samples=worker.settings.metrics_config.summary_latencies,
     )
     return Batcher(queue_parts, policy)

@@ -9,8 +9,9 @@ test with its fakes) into one of the types here, and each piece takes from it wh
 needs, as Celery's bootsteps take theirs from the one parent they are given; nothing of a
 loop travels as a loose list of arguments or an untyped dict.
 
-``LoopParts`` is what every drain loop has, a sequence model's (``SequenceBatcher``)
-included; ``QueueParts`` adds what a loop on a model's queue shares among its batcher,
+``WorkerParts`` is what every drain loop of one worker (or one process instance) shares,
+handed to ``instance.drain_loop``; ``LoopParts`` is what every drain loop has, a sequence
+model's (``SequenceBatcher``) included; ``QueueParts`` adds what a loop on a model's queue shares among its batcher,
 admission, runner and streams.
 """
 
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 import redis
 
 from conch.backends import Backend
+from conch.settings import Settings
+from conch.wire.rate_limits import FleetLimiter
 from conch.wire.redis_link import CommandQueue, RedisLink
 from conch.worker.bundle_ledger import BundleLedger
 from conch.worker.drain import Drain
@@ -37,6 +40,22 @@ Gate = Callable[[], AbstractContextManager[None]]
 OnBatch = Callable[[str, dict[str, int]], None]
 # May add commands to the round trip that sends a batch's replies (``metrics_publisher``).
 OnSend = Callable[[CommandQueue], None]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class WorkerParts:
+    """What every drain loop of one worker process (or one process instance) shares: its
+    Redis client and settings, its id (which sequences it holds are named by), the tags it
+    holds (``inflight``), its telemetry's and metrics' hooks, and with ``--rate-limit`` the
+    fleet's ``limiter``."""
+
+    client: redis.Redis
+    settings: Settings
+    worker_id: str
+    inflight: InFlight
+    on_batch: OnBatch | None = None
+    on_send: OnSend | None = None
+    limiter: FleetLimiter | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

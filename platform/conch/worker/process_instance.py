@@ -43,6 +43,7 @@ from conch.settings import Settings
 from conch.wire import broker, worker_reports
 from conch.worker import instance, rate_limiter
 from conch.worker.batcher import InFlight
+from conch.worker.loop_parts import WorkerParts
 from conch.worker.metrics_publisher import MetricsPublisher
 from conch.worker.sequence_batcher import SequenceBatcher
 from conch.worker.telemetry import WorkerTelemetry
@@ -191,13 +192,15 @@ def _drain(
         entry,
         backends,
         plan.instance,
-        client=client,
-        settings=plan.settings,
-        worker_id=plan.worker_id,
-        inflight=inflight,
-        on_batch=counts.add,
-        on_send=metrics.queue,
-        limiter=rate_limiter.fleet_limiter(plan.settings, client),
+        WorkerParts(
+            client=client,
+            settings=plan.settings,
+            worker_id=plan.worker_id,
+            inflight=inflight,
+            on_batch=counts.add,
+            on_send=metrics.queue,
+            limiter=rate_limiter.fleet_limiter(plan.settings, client),
+        ),
     )
     if plan.generation and isinstance(loop, SequenceBatcher):
         loop.release_own()  # sequences the instance's earlier life held when it died
