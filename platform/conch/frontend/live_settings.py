@@ -2,7 +2,9 @@
 
 ``DataPlane`` hands these calls here. A change is checked whole first (a wrong value
 changes nothing anywhere: a 400), then published for every process to apply
-(``conch.wire.log_control``, ``conch.wire.trace_control``) and applied here; each
+(``conch.wire.log_control``, ``conch.wire.trace_control``) and applied here with every
+setting stored so far, so a change another gateway process made a moment before, which
+this one's follower may not have heard yet, is not undone by it arriving late; each
 frontend process follows them from its start (``frontend.composition``).
 """
 
@@ -39,8 +41,10 @@ class LiveSettings:
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         # The log file is each process's own: only an unchanged one gets through the check.
-        log_control.publish(self._client, {k: v for k, v in changes.items() if k != "log_file"})
-        return server_log.update(changes).to_json()
+        shared = log_control.publish(
+            self._client, {k: v for k, v in changes.items() if k != "log_file"}
+        )
+        return server_log.update({**shared, **changes}).to_json()
 
     def trace_settings(self, model: str = "") -> dict[str, Any]:
         """Triton's trace extension: the settings for ``model`` ("": for every model)."""
@@ -68,8 +72,7 @@ class LiveSettings:
             if k not in ("trace_mode", "log_frequency")
         }
         if scoped:
-            tracing.apply(scoped)
-            trace_control.TRACING.publish(self._client, scoped)
+            tracing.apply(trace_control.TRACING.publish(self._client, scoped))
         return self.trace_settings(model)
 
 

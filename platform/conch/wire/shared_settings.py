@@ -33,11 +33,20 @@ class SharedSettings:
     channel: str
     thread: str  # the follower's thread name
 
-    def publish(self, client: redis.Redis, changes: dict[str, Any]) -> None:
-        """Record ``changes`` (checked already) for every process, and tell the live ones."""
+    def publish(self, client: redis.Redis, changes: dict[str, Any]) -> dict[str, Any]:
+        """Record ``changes`` (checked already) for every process, and tell the live ones.
+
+        Returns what the publishing process is to apply: every stored setting, ``changes``
+        included (their ``None`` values too, which remove a setting). A change another
+        process published just before is in it, though this process's follower may not
+        have heard of it yet; applied as the deltas alone, that change would arrive after
+        this one and undo it here until this one's own message followed.
+        """
         payload = json.dumps(changes)
+        kept: dict[str, Any] = {}
 
         def merge(pipe: redis.client.Pipeline) -> None:
+            nonlocal kept
             merged = {**self.stored(pipe), **changes}
             pipe.multi()
             kept = {k: v for k, v in merged.items() if v is not None}
@@ -45,6 +54,7 @@ class SharedSettings:
             pipe.publish(self.channel, payload)
 
         client.transaction(merge, self.key)
+        return {**kept, **changes}
 
     def stored(self, client: redis.Redis | redis.client.Pipeline) -> dict[str, Any]:
         """Every setting the API has changed so far ({} if none, or unreadable)."""
