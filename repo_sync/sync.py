@@ -111,8 +111,8 @@ class PassResult:
 def required_files(model: str, config_text: bytes | None) -> tuple[str, ...]:
     """The model file names of which a version needs one, from the model's config.
 
-    ``()`` for an ensemble (it has none); ``("*",)`` when the config cannot tell (then any
-    file will do); else the config's ``default_model_filename``, or the default file name
+    ``()`` for an ensemble or an identity model (they have none); ``("*",)`` when the
+    config cannot tell (then any file will do); else the config's ``default_model_filename``, or the default file name
     of its platform/backend, or, with neither, any backend's default file name (the
     config is auto-completed from whichever model file is there)."""
     from conch.core.backend_table import BACKENDS, backend_name_for, model_filename
@@ -120,7 +120,7 @@ def required_files(model: str, config_text: bytes | None) -> tuple[str, ...]:
     from conch.core.errors import ModelLoadError
     from conch.core.model_config import parse_config
 
-    any_default = tuple(e.default_filename for e in BACKENDS.values())
+    any_default = tuple(e.default_filename for e in BACKENDS.values() if e.default_filename)
     if config_text is None:
         return any_default
     try:
@@ -140,7 +140,8 @@ def required_files(model: str, config_text: bytes | None) -> tuple[str, ...]:
             per_platform = BACKENDS[cfg.backend].platform_filenames
             if per_platform and not cfg.platform:  # TensorFlow: either platform's file
                 return tuple(f for _, f in per_platform)
-            return (model_filename(cfg),)
+            filename = model_filename(cfg)
+            return (filename,) if filename else ()  # identity's version is its folder
         except ModelLoadError:
             return (ANY_FILE,)
     return any_default

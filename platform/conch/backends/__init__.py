@@ -27,6 +27,7 @@ CLASSES: dict[str, str] = {
     "tensorflow": "conch.backends.tensorflow:TensorFlowBackend",
     "fil": "conch.backends.fil:FilBackend",
     "openvino": "conch.backends.openvino:OpenVinoBackend",
+    "identity": "conch.backends.identity:IdentityBackend",
 }
 
 

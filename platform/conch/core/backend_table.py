@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class BackendFacts:
     platforms: tuple[str, ...]  # Triton platform names that select this backend; first = default
-    default_filename: str  # Triton's default model file name
+    default_filename: str  # Triton's default model file name; "" for a model with no file
     # Whether Triton writes ``default_model_filename`` into the config of a model whose
     # platform is known (given, or found from its model file). Triton's server-side
     # auto-complete (``AutoCompleteBackendFields`` in triton-inference-server/core
@@ -84,6 +84,9 @@ BACKENDS: dict[str, BackendFacts] = {
             ("treelite_checkpoint", "checkpoint.tl"),
         ),
     ),
+    # Triton's identity backend reads no file: Triton passes a custom backend the version
+    # folder and checks nothing in it, so a version is its folder alone.
+    "identity": BackendFacts((), ""),
 }
 
 

@@ -375,9 +375,9 @@ class ModelRepository:
         if not cfg.HasField("version_policy"):
             cfg.version_policy.latest.num_versions = 1
         entry.versions = self._versions(cfg, on_disk, where, path)
-        filename = model_filename(cfg)
+        filename = model_filename(cfg)  # "": a backend that reads no file (identity)
         for v in entry.versions:
-            if not (path / str(v) / filename).exists():
+            if filename and not (path / str(v) / filename).exists():
                 raise ModelLoadError(
                     f"model '{name}' version {v}: model file {path / str(v) / filename} not found"
                 )
@@ -441,7 +441,7 @@ class ModelRepository:
                 f"{where}: cannot tell the backend from the model files "
                 f"{sorted(found.values())}; set field backend or platform"
             )
-        defaults = sorted(e.default_filename for e in BACKENDS.values())
+        defaults = sorted(e.default_filename for e in BACKENDS.values() if e.default_filename)
         raise ModelLoadError(
             f"{where}: no field platform or backend, and no known model file ({', '.join(defaults)}) "
             f"in the version directories {on_disk or '(none)'}"
