@@ -403,8 +403,9 @@ def _with_initial(spec: StateSpec, init: Any) -> StateSpec:
 
 # Backends that take control inputs from conch's sequence batcher, and those among them
 # that take implicit state (Triton's python backend has no implicit state: a Python model
-# keeps its own, by ``request.correlation_id()``).
-CONTROL_BACKENDS = frozenset({"onnxruntime", "pytorch", "python"})
+# keeps its own, by ``request.correlation_id()``). The identity backend copies only its
+# INPUT<k>s, so controls pass it by; Triton's qa holds sequences with it (L0_metrics).
+CONTROL_BACKENDS = frozenset({"onnxruntime", "pytorch", "python", "identity"})
 STATE_BACKENDS = frozenset({"onnxruntime", "pytorch"})
 
 

@@ -2,7 +2,7 @@
 version folders, a gateway and a gRPC server in front, asked with stock tritonclient.
 Concurrent requests are batched into one delayed execution and each gets its own tensors
 back (FP32 of varying width, empty ones, BYTES) over HTTP and gRPC; an ensemble of two
-identity steps passes tensors through; the backend's byte counter shows on the metrics
+identity steps passes tensors through; a sequence model answers each step; the backend's byte counter shows on the metrics
 port; a config that does not pair loads as unavailable, with Triton's reason."""
 
 from __future__ import annotations
@@ -58,6 +58,14 @@ ensemble_scheduling { step [
   { model_name: "tunnel_out" model_version: -1
     input_map { key: "INPUT0" value: "flat" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
 """
+# As Triton's L0_metrics holds sequences with identity_delay: no control inputs.
+SEQUENCE = """name: "sequence"
+backend: "identity"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching { direct { max_queue_delay_microseconds: 1000 } }
+"""
 UNPAIRED = """name: "unpaired"
 backend: "identity"
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
@@ -68,9 +76,10 @@ CONFIGS = {
     "tunnel_in": TUNNEL_IN,
     "tunnel_out": TUNNEL_OUT,
     "tunnel": TUNNEL,
+    "sequence": SEQUENCE,
     "unpaired": UNPAIRED,
 }
-READY = ("echo", "tunnel_in", "tunnel_out", "tunnel")
+READY = ("echo", "tunnel_in", "tunnel_out", "tunnel", "sequence")
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +177,24 @@ def test_an_ensemble_of_identity_steps_takes_their_reshapes(stack) -> None:
     finally:
         client.close()
     np.testing.assert_array_equal(step, x.reshape(3, 4))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_sequence_model_answers_each_request_of_its_sequence(stack, protocol) -> None:
+    url, grpc_url, _ = stack
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(url if protocol == "http" else grpc_url)
+    try:
+        for step, (start, end) in enumerate([(True, False), (False, False), (False, True)]):
+            x = np.array([[float(step)]], np.float32)
+            inp = module.InferInput("INPUT0", [1, 1], "FP32")
+            inp.set_data_from_numpy(x)
+            got = client.infer(
+                "sequence", [inp], sequence_id=77, sequence_start=start, sequence_end=end
+            ).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(got, x)
+    finally:
+        client.close()
 
 
 def test_the_byte_counter_shows_on_the_metrics_port(stack) -> None:
