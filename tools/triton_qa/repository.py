@@ -5,9 +5,9 @@ A test.sh copies models out of Triton's generated data repositories
 ``sed`` and ``echo >>``. Here the data repositories come from Triton's own generators
 (``qa/common/gen_qa_*.py``) run with this venv's onnx and torch, each once a run and only
 when a chosen case needs it, and the edits are the functions below, each named for the
-shell it stands for. Models on Triton's C++ ``identity`` backend get a Python stand-in
-(``identity_model.py``) with the same config otherwise; the TensorRT models one test reads
-get an ONNX stand-in (``plan_stand_in.py``).
+shell it stands for. Models on Triton's C++ ``identity`` backend are served as written, on
+conch's own (``conch.backends.identity``); the TensorRT models one test reads get an ONNX
+stand-in (``plan_stand_in.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-STAND_IN = Path(__file__).with_name("identity_model.py")
 PLAN_STAND_IN = str(Path(__file__).with_name("plan_stand_in.py"))
-IDENTITY = re.compile(r'^(\s*)backend:\s*"identity"', re.MULTILINE)
 
 # Each data repository a test.sh copies from, and the generator runs that make it (those of
 # gen_qa_model_repository's ONNX and PyTorch scripts; the TensorRT and OpenVINO models need
@@ -120,25 +118,3 @@ def nop_version_dirs(repo: Path) -> None:
     """util.sh's ``create_nop_version_dir``: a version folder for every ``nop_*`` model."""
     for model in repo.glob("nop_*"):
         (model / "1").mkdir(parents=True, exist_ok=True)
-
-
-def versions(model: Path) -> list[Path]:
-    return sorted(p for p in model.iterdir() if p.is_dir() and p.name.isdigit())
-
-
-def stand_in_identity(repo: Path) -> list[str]:
-    """Every model of ``repo`` on the ``identity`` backend served by the Python stand-in:
-    its config names ``python`` instead and each version folder (``1`` if it has none)
-    gets ``model.py``. Returns the models changed."""
-    changed = []
-    for config in sorted(repo.glob("*/config.pbtxt")):
-        text = config.read_text()
-        if not IDENTITY.search(text):
-            continue
-        config.write_text(IDENTITY.sub(r'\1backend: "python"', text))
-        model = config.parent
-        for version in versions(model) or [model / "1"]:
-            version.mkdir(exist_ok=True)
-            shutil.copyfile(STAND_IN, version / "model.py")
-        changed.append(model.name)
-    return changed

@@ -1,13 +1,13 @@
 """make triton-qa's own logic (tools/triton_qa): which cases run, how a run's result reads,
-the repository edits that stand for a test.sh's sed and echo, the identity backend's
-stand-in, and reading Triton's checkout. The files of Triton's it reads are never here:
-the configs below are written for these tests."""
+the repository edits that stand for a test.sh's sed and echo (their models served as
+written, identity models included), and reading Triton's checkout. The files of Triton's
+it reads are never here: the configs below are written for these tests."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,6 @@ from tools.triton_qa.repository import (
     nop_version_dirs,
     sed,
     sed_first,
-    stand_in_identity,
 )
 from tools.triton_qa.run import Result, outcome, reason, select, summary, table
 from tools.triton_qa.source import SourceError, resolve
@@ -184,51 +183,12 @@ def test_sed_replaces_the_first_match_on_each_line_or_every_one(tmp_path: Path):
     )
 
 
-IDENTITY_CONFIG = """\
-name: "echo"
-backend: "identity"
-max_batch_size: 4
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
-        { name: "INPUT1" data_type: TYPE_INT32 dims: [ 2 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
-         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 2 ] } ]
-parameters [ { key: "execute_delay_ms" value: { string_value: "300" } } ]
-"""
-
-
-def test_identity_models_get_the_python_stand_in_and_nothing_else_changes(tmp_path: Path):
-    echo = tmp_path / "echo"
-    echo.mkdir()
-    (echo / "config.pbtxt").write_text(IDENTITY_CONFIG)
-    other = tmp_path / "other"
-    (other / "2").mkdir(parents=True)
-    (other / "config.pbtxt").write_text('backend: "onnxruntime"\n')
+def test_nop_models_get_the_version_folder_util_sh_makes(tmp_path: Path):
     (tmp_path / "nop_TYPE_FP32_1").mkdir()
+    (tmp_path / "other").mkdir()
     nop_version_dirs(tmp_path)
     assert (tmp_path / "nop_TYPE_FP32_1" / "1").is_dir()
-
-    assert stand_in_identity(tmp_path) == ["echo"]
-    assert (echo / "config.pbtxt").read_text() == IDENTITY_CONFIG.replace('"identity"', '"python"')
-    assert (echo / "1" / "model.py").exists()
-    assert list((other / "2").iterdir()) == []
-    assert _config(echo).backend == "python"
-
-
-def test_the_stand_in_answers_each_input_as_its_output_after_the_delay(tmp_path: Path):
-    """Served by conch in process: outputs pair with inputs in config order, and an
-    execution takes execute_delay_ms."""
-    (tmp_path / "echo").mkdir()
-    (tmp_path / "echo" / "config.pbtxt").write_text(IDENTITY_CONFIG)
-    stand_in_identity(tmp_path)
-    a = np.array([[0.5, 1.5, 2.5]], np.float32)
-    b = np.array([[7, 8]], np.int32)
-    with conch.Server(tmp_path).start(wait_until_ready=True) as server:
-        began = time.monotonic()
-        [response] = server.model("echo").infer({"INPUT0": a, "INPUT1": b})
-        took = time.monotonic() - began
-    np.testing.assert_array_equal(response.outputs["OUTPUT0"], a)
-    np.testing.assert_array_equal(response.outputs["OUTPUT1"], b)
-    assert took >= 0.3
+    assert not (tmp_path / "other" / "1").exists()
 
 
 def test_a_model_queue_recipe_edits_the_config_as_its_test_sh_does(tmp_path: Path):
@@ -248,9 +208,8 @@ def test_a_model_queue_recipe_edits_the_config_as_its_test_sh_does(tmp_path: Pat
     cases.queue_models(cases.QUEUE_POLICIES["test_priority_with_policy"])(
         Build(tmp_path / "src", tmp_path / "data"), repo
     )
-    stand_in_identity(repo)
     config = _config(repo / "custom_zero_1_float32")
-    assert config.backend == "python" and config.max_batch_size == 32
+    assert config.backend == "identity" and config.max_batch_size == 32
     assert list(config.input[0].dims) == [-1] and list(config.output[0].dims) == [-1]
     assert [(g.kind, g.count) for g in config.instance_group] == [
         (config.instance_group[0].KIND_CPU, 1)
@@ -260,7 +219,13 @@ def test_a_model_queue_recipe_edits_the_config_as_its_test_sh_does(tmp_path: Pat
     assert batching.priority_levels == 2 and batching.default_priority_level == 2
     assert batching.priority_queue_policy[2].timeout_action == batching.default_queue_policy.REJECT
     assert (repo / "ensemble_zero_1_float32" / "1").is_dir()
-    assert (repo / "custom_zero_1_float32" / "1" / "model.py").exists()
+    # Served as written, on conch's identity backend, from its empty version folder.
+    assert list((repo / "custom_zero_1_float32" / "1").iterdir()) == []
+    shutil.rmtree(repo / "ensemble_zero_1_float32")  # its config is not written here
+    x = np.array([[0.5, 1.5, 2.5]], np.float32)
+    with conch.Server(repo).start(wait_until_ready=True) as server:
+        [response] = server.model("custom_zero_1_float32").infer({"INPUT0": x})
+    np.testing.assert_array_equal(response.outputs["OUTPUT0"], x)
 
 
 # -- Triton's checkout ------------------------------------------------------------------
