@@ -45,7 +45,7 @@ from conch.core import custom_metrics
 from conch.core.datatypes import WIRE_TO_NUMPY
 from conch.core.errors import ModelLoadError, Unsupported
 from conch.core.model_config import wire_type
-from conch.core.tensors import encode_bytes_elements
+from conch.core.tensors import encode_bytes_elements, shape_text
 
 if TYPE_CHECKING:
     from conch.core.model_config import ModelConfig
@@ -80,10 +80,6 @@ def _model_shape(entry: Any) -> list[int]:
     return [int(d) for d in (entry.reshape.shape if entry.HasField("reshape") else entry.dims)]
 
 
-def _shape_text(shape: list[int]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
-
-
 def pairs(config: ModelConfig) -> list[Pair]:
     """The config's output/input pairs, or the load error Triton's identity backend gives."""
 
@@ -115,7 +111,7 @@ def pairs(config: ModelConfig) -> list[Pair]:
         if shape != _model_shape(out):
             raise refuse(
                 "expected input and output shape to match, got "
-                f"{_shape_text(shape)} and {_shape_text(_model_shape(out))}"
+                f"{shape_text(shape)} and {shape_text(_model_shape(out))}"
             )
         found.append(
             Pair(

@@ -132,7 +132,7 @@ def _inputs(given: Sequence[tuple[str, Any]], config: ModelConfig, target: str) 
     for name, arr in given:
         if name in seen:
             raise InvalidArgument(
-                f"BLS request to model '{target}': input '{name}' is given more than once"
+                f"BLS request to model '{target}': {inference.already_in_request('input', name)}"
             )
         seen.add(name)
         as_bf16 = expected.get(name) == "BF16" and (
@@ -156,7 +156,7 @@ def _outputs(names: Iterable[Any], target: str) -> list[str]:
             )
         if name in wanted:
             raise InvalidArgument(
-                f"BLS request to model '{target}': output '{name}' is requested more than once"
+                f"BLS request to model '{target}': {inference.already_in_request('output', name)}"
             )
         wanted.append(name)
     return wanted  # empty: every output, as in Triton

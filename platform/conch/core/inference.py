@@ -37,6 +37,12 @@ MAX_STREAM_KEEP_S = 7 * 24 * 3600
 ALLOWED_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
 
 
+def already_in_request(kind: str, name: str) -> str:
+    """Triton's words for a tensor a request names twice (``kind``: ``input`` or
+    ``output``), whichever protocol or BLS call carried it: its core refuses both so."""
+    return f"{kind} '{name}' already exists in request"
+
+
 @dataclass
 class InputTensor:
     name: str

@@ -57,6 +57,33 @@ def element_count(shape: Sequence[int]) -> int:
     return n
 
 
+# The most elements, and bytes, a tensor may have: Triton counts both in a signed 64-bit
+# integer and refuses a shape whose count would not fit.
+INT64_MAX = 2**63 - 1
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """A shape as Triton writes one in its messages: ``[2,3]``."""
+    return "[" + ",".join(str(int(d)) for d in shape) + "]"
+
+
+def check_countable(datatype: str, shape: Sequence[int], name: str) -> None:
+    """Refuse, in Triton's words, a shape whose element count or byte size is past what a
+    signed 64-bit integer holds, before any data is read against it."""
+    count = element_count(shape)
+    if count > INT64_MAX:
+        raise InvalidArgument(
+            f"invalid shape for input '{name}': shape {shape_text(shape)} causes total element "
+            f"count to exceed maximum size of {INT64_MAX}"
+        )
+    size = ITEMSIZE.get(datatype, 0)
+    if size > 1 and count > INT64_MAX // size:
+        raise InvalidArgument(
+            f"byte size overflow for input '{name}': element count ({count}) * data type "
+            f"size ({size}) exceeds maximum allowed size ({INT64_MAX})"
+        )
+
+
 def check_datatype(datatype: str, name: str) -> None:
     """Refuse a datatype Triton does not have, naming input ``name``."""
     if datatype not in WIRE_TYPES:
@@ -321,6 +348,7 @@ def json_to_raw(datatype: str, shape: Sequence[int], data: Any, name: str = "") 
         raise InvalidArgument(f"sending {datatype} data via JSON is not supported{label}")
     if datatype not in WIRE_TYPES:
         raise InvalidArgument(f"invalid datatype '{datatype}'{label}")
+    check_countable(datatype, shape, name)
     if not isinstance(data, list):
         data = [data]  # a bare scalar, as some clients send for shape [1] or []
     types = set(map(type, data))

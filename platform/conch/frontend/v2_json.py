@@ -28,6 +28,7 @@ from conch.core.inference import (
     InputTensor,
     OutputTensor,
     RequestedOutput,
+    already_in_request,
 )
 
 MAX_JSON_DEPTH = 100  # Triton's limit on JSON nesting (src/common.h)
@@ -168,7 +169,7 @@ def _requested_outputs(
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"outputs[{i}] must have a non-empty string 'name'")
         if name in seen:
-            raise InvalidArgument(f"output '{name}' is requested more than once")
+            raise InvalidArgument(already_in_request("output", name))
         seen.add(name)
         params = entry.get("parameters")
         if params is None:
@@ -246,7 +247,7 @@ def decode_request(
     for i, entry in enumerate(entries):
         name, datatype, shape, params = _input_header(entry, i)
         if name in seen:
-            raise InvalidArgument(f"input '{name}' is given more than once")
+            raise InvalidArgument(already_in_request("input", name))
         seen.add(name)
         has_data = "data" in entry
         has_binary = "binary_data_size" in params

@@ -319,7 +319,7 @@ def test_queue_policy_and_priority_of_the_target(client: bls.BlsClient) -> None:
             request(inputs=[pb.Tensor("X", np.ones((1, 2), np.float32))] * 2),
             False,
             InvalidArgument,
-            "given more than once",
+            "already exists in request",
         ),
         (request(inputs=[np.ones(2)]), False, InvalidArgument, "pb_utils.Tensor"),
         (request(model_version=3), False, NotFound, "'m' version 3 is not served"),

@@ -31,6 +31,7 @@ from conch.core.inference import (
     InferRequest,
     InputTensor,
     RequestedOutput,
+    already_in_request,
 )
 from conch.frontend import shared_memory, v2_json
 from conch.frontend.dataplane import InferOutcome
@@ -153,7 +154,7 @@ def _requested_outputs(
     for entry in entries:
         name = entry.name
         if name in seen:
-            raise InvalidArgument(f"output '{name}' is requested more than once")
+            raise InvalidArgument(already_in_request("output", name))
         seen.add(name)
         params = entry.parameters
         in_shm = not v2_json.SHM_PARAMETERS.isdisjoint(params)
@@ -192,7 +193,7 @@ def decode_request(request: Any, shm: v2_json.SharedMemoryPort | None = None) ->
         if not name:
             raise InvalidArgument(f"inputs[{index}] must have a non-empty 'name'")
         if name in seen:
-            raise InvalidArgument(f"input '{name}' is given more than once")
+            raise InvalidArgument(already_in_request("input", name))
         seen.add(name)
         tensors.check_datatype(datatype, name)
         if any(d < 0 for d in io.shape):

@@ -63,6 +63,17 @@ def test_typed_contents_use_the_shared_checks(datatype: str, values: list, messa
         codec.decode_request(request)
 
 
+def test_a_tensor_named_twice_is_refused_in_tritons_words() -> None:
+    request = _request()
+    request.outputs.add(name="Z")
+    with pytest.raises(InvalidArgument, match=r"^output 'Z' already exists in request$"):
+        codec.decode_request(request)
+    request = _request()
+    request.inputs.add().CopyFrom(request.inputs[0])
+    with pytest.raises(InvalidArgument, match=r"^input 'X' already exists in request$"):
+        codec.decode_request(request)
+
+
 def test_negative_timeout_is_refused() -> None:
     request = pb.ModelInferRequest(model_name="m")
     request.parameters["timeout"].int64_param = -1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from typing import Any
 
@@ -434,7 +435,8 @@ def test_bad_request_level_fields() -> None:
         json_doc({"inputs": [simple_input()], "parameters": {"custom": [1]}}),
     )
     expect_400(
-        "input 'IN' is given more than once", json_doc({"inputs": [simple_input(), simple_input()]})
+        "input 'IN' already exists in request",
+        json_doc({"inputs": [simple_input(), simple_input()]}),
     )
     # sequence ids may be strings
     req = decode(json_doc({"inputs": [simple_input()], "parameters": {"sequence_id": "abc"}}))
@@ -442,10 +444,34 @@ def test_bad_request_level_fields() -> None:
 
 
 @pytest.mark.parametrize(
+    ("shape", "words"),
+    [
+        # [16, 2**60 + 2] holds 2**64 + 32 elements: more than an int64 counts.
+        (
+            [16, 2**60 + 2],
+            "invalid shape for input 'IN': shape [16,1152921504606846978] causes total element "
+            "count to exceed maximum size of 9223372036854775807",
+        ),
+        # [4, 2**60 + 2] has 2**62 + 8 elements, which fit, but not their FP32 bytes.
+        (
+            [4, 2**60 + 2],
+            "byte size overflow for input 'IN': element count (4611686018427387912) * data "
+            "type size (4) exceeds maximum allowed size (9223372036854775807)",
+        ),
+    ],
+)
+def test_a_shape_past_int64_is_refused_in_tritons_words(shape: list[int], words: str) -> None:
+    """L0_http's test_buffer_size_overflow: the shape is refused before the one element of
+    'data' is counted against it."""
+    body = json_doc({"inputs": [simple_input(datatype="FP32", shape=shape, data=[1.0])]})
+    assert expect_400(re.escape(words), body).message == words
+
+
+@pytest.mark.parametrize(
     "outputs, match",
     [
         ({"name": "A"}, "'outputs' must be a JSON array"),
-        ([{"name": "A"}, {"name": "A"}], "output 'A' is requested more than once"),
+        ([{"name": "A"}, {"name": "A"}], "output 'A' already exists in request"),
         (["A"], r"outputs\[0\] must be a JSON object"),
         ([{"parameters": {}}], r"outputs\[0\] must have a non-empty string 'name'"),
         ([{"name": "A", "parameters": {"binary_data": "yes"}}], "'binary_data' of output 'A'"),
