@@ -443,6 +443,16 @@ def test_bad_request_level_fields() -> None:
     assert req.parameters["sequence_id"] == "abc"
 
 
+def test_a_negative_dimension_is_the_clients_400() -> None:
+    """L0_http's test_negative_dimensions expects Triton's 500, which only says that its JSON
+    reader failed first (reading 'shape' as unsigned, its errors carry INTERNAL). The shape
+    is the client's mistake: the same frontend's own check a step later answers a negative
+    dimension with INVALID_ARG ("contains one or more invalid dimensions"), a 400. So conch
+    keeps the 400."""
+    body = json_doc({"inputs": [simple_input(datatype="FP32", shape=[2, -5], data=[1.0])]})
+    expect_400(re.escape("input 'IN' must have a 'shape' that is a list of non-negative"), body)
+
+
 @pytest.mark.parametrize(
     ("shape", "words"),
     [
