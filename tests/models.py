@@ -11,7 +11,7 @@ import onnx
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 
-from harness import ROOT
+from harness import ROOT, wait_until
 
 # Every Triton datatype onnxruntime can pass through Identity on the CPU.
 IDENTITY_TYPES = {
@@ -98,6 +98,59 @@ def python_model(path: Path, config: str, source: str) -> None:
     (path / "1").mkdir(parents=True)
     (path / "1" / "model.py").write_text(source)
     (path / "config.pbtxt").write_text(config)
+
+
+# Runs a request for up to 2 s, or until its caller goes away (is_cancelled), then
+# writes "<cancelled> <seconds>" to <marks>/<request id>.
+CANCEL_WATCHER = """
+import json
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.marks = Path(config["parameters"]["marks"]["string_value"])
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            began = time.monotonic()
+            while time.monotonic() - began < 2 and not r.is_cancelled():
+                time.sleep(0.05)
+            took = time.monotonic() - began
+            (self.marks / r.request_id()).write_text(f"{r.is_cancelled()} {took:.2f}")
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return out
+"""
+
+
+def cancel_watcher_model(path: Path, marks: Path, *, instances: int = 2) -> None:
+    """A Python model (``CANCEL_WATCHER``, X -> Y, FP32 [4]) that tells whether its
+    request's caller went away while it ran; ``marks`` is made here."""
+    marks.mkdir(parents=True, exist_ok=True)
+    python_model(
+        path,
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f'parameters [ {{ key: "marks" value: {{ string_value: "{marks}" }} }} ]\n'
+        f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n",
+        CANCEL_WATCHER,
+    )
+
+
+def watched(marks: Path, request_id: str) -> tuple[bool, float]:
+    """What ``CANCEL_WATCHER`` wrote for the request: whether it saw it cancelled, and
+    after how many seconds."""
+    mark = marks / request_id
+    wait_until(lambda: mark.exists() and mark.read_text() != "", 10, f"the mark of {request_id}")
+    cancelled, took = mark.read_text().split()
+    return cancelled == "True", float(took)
 
 
 def add_model(path: Path, *, max_batch_size: int = 8, delay_us: int = 0, extra: str = "") -> None:

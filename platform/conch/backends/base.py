@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -84,6 +85,9 @@ class BackendRequest:
     priority: int = 0  # the queue priority step it came from (BLS calls inherit it)
     # A decoupled model's request: where its responses go (``Responder``); None otherwise.
     responder: Responder | None = None
+    # Any other request's ``is_cancelled()`` (Triton's): whether its caller went away while
+    # it runs. None where nobody can tell (warmup, a caller that cannot cancel).
+    cancelled: Callable[[], bool] | None = None
 
 
 # A backend answers each request with its output tensors or with the error for it.

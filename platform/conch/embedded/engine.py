@@ -290,6 +290,7 @@ class Engine:
             deadline,
             caller.chain,
             caller.priority,
+            cancelled=responses.is_cancelled,
         )
         assert served.scheduler is not None  # every model but an ensemble has one
         served.scheduler.submit(Job(backend_request, used, rows, time.time(), responses))

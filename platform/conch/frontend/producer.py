@@ -58,7 +58,7 @@ import redis
 from conch.core import timeline
 from conch.core.errors import BrokerUnavailable, Cancelled, ConchError, Internal, Unavailable
 from conch.frontend.stream_leases import MIN_TTL_S, LeaseKeeper
-from conch.wire import broker, outage, statistics, stream_log
+from conch.wire import broker, cancellation, outage, statistics, stream_log
 from conch.wire.messages import REPLY_PREFIX, BadMessage, InferMessage, Reply
 from conch.wire.rate_limits import FleetLimiter
 from conch.wire.redis_link import Commands, RedisLink
@@ -248,10 +248,16 @@ class Pending:
     def abandon(self, reason: str) -> bool:
         """The caller went away (a cancelled gRPC call or stream): take the message back
         out of its queue if it is still there, so it never runs (counted as ``CANCELED``,
-        as Triton counts a request cancelled before it ran), and end ``wait()`` at once
+        as Triton counts a request cancelled before it ran), else mark it cancelled for
+        the model running it (``conch.wire.cancellation``), and end ``wait()`` at once
         with ``Cancelled(reason)``. True when the message was still queued."""
         msg, client = self.msg, self._dispatcher.client
         withdrawn = _withdraw(client, msg, self._raw, self.version)
+        if not withdrawn:
+            try:
+                cancellation.mark(client, msg.id, msg.deadline)
+            except redis.RedisError as exc:  # the caller is gone either way
+                log.warning("request '%s': could not mark it cancelled: %s", msg.id, exc)
         self._slot.abandon(Cancelled(reason))
         return withdrawn
 

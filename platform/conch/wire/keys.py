@@ -69,6 +69,10 @@ Replies and job results (``conch.wire.messages``, ``conch.wire.job_store``)::
     conch.stream.<id>/lease        string   gateways reading the stream  worker (is_cancelled,
       [STREAM_LEASE_SUFFIX]                 (SET PX, refreshed)          admission), gateway (the
                                                                          grace withdraw, reconnect)
+    conch.cancel.<id>              string   gateway: the caller of a     worker (a running model's
+      [CANCEL_PREFIX]                       request a worker took went   is_cancelled(), at most
+                                            away (SET EX; wire.          every half second)
+                                            cancellation)
     conch.dataset                  string   the first dispatcher to      dispatchers, after they
       [DATASET]                             reach Redis: a random id     reconnect (another id, or
                                             (SET NX, never expires)      none: Redis lost its data)
@@ -172,6 +176,7 @@ ENSEMBLE_SLOTS_PREFIX = "conch.ensemble_slots."
 REPLY_PREFIX = "conch.reply."
 STREAM_PREFIX = "conch.stream."  # + a request's message id (32 hex digits)
 STREAM_LEASE_SUFFIX = "/lease"
+CANCEL_PREFIX = "conch.cancel."  # + a request's message id: its caller went away
 JOB_RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
 JOB_RECORD_PREFIX = "conch.job."
 DATASET = "conch.dataset"  # names what Redis holds: gone or changed when Redis lost it
@@ -217,6 +222,7 @@ __all__ = [
     "CACHE_ENTRY_PREFIX",
     "CACHE_LRU",
     "CACHE_SIZES",
+    "CANCEL_PREFIX",
     "CONTROL_COMMANDS",
     "CUSTOM_METRICS_PREFIX",
     "DATASET",

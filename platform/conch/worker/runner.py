@@ -26,7 +26,7 @@ from conch.backends.base import execute_answered
 from conch.core import tensors, timeline, tracing
 from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unsupported
 from conch.core.model_config import output_types
-from conch.wire import outage, statistics
+from conch.wire import cancellation, outage, statistics
 from conch.wire.messages import Reply
 from conch.wire.redis_link import Commands
 from conch.worker import stacking
@@ -173,7 +173,7 @@ class Runner:
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
         for item in items:
-            request = _request(item)
+            request = _request(item, self.sink.client)
             if isinstance(request, ConchError):
                 replies[item.key] = Reply(item.msg.id, error=request)
                 refused.add(item.key)
@@ -220,7 +220,7 @@ class Runner:
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
         for item in items:
-            request = _request(item)
+            request = _request(item, self.sink.client)
             if item.msg.job_ttl and not item.msg.collect:  # one result, not a stream of them
                 request = Unsupported(
                     f"model '{self.parts.model}' is decoupled: an async job on it must collect its "
@@ -398,8 +398,9 @@ class Runner:
             return results
 
 
-def _request(item: Item) -> BackendRequest | ConchError:
-    """``item``'s request as backends take it, or the error its inputs make."""
+def _request(item: Item, client: redis.Redis) -> BackendRequest | ConchError:
+    """``item``'s request as backends take it, or the error its inputs make; its
+    ``cancelled`` reads the mark its frontend leaves if the caller goes away."""
     msg = item.msg
     try:
         inputs = {name: tensors.to_numpy(dt, shape, raw) for name, dt, shape, raw in msg.inputs}
@@ -416,6 +417,7 @@ def _request(item: Item) -> BackendRequest | ConchError:
         msg.deadline,
         tuple(msg.chain),
         msg.priority,
+        cancelled=cancellation.Check(client, msg.id),
     )
 
 

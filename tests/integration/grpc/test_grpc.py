@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -42,12 +43,14 @@ from integration.grpc.certificates import Pki, make_pki
 from models import (
     IDENTITY_TYPES,
     add_model,
+    cancel_watcher_model,
     ensemble,
     ensemble_step,
     identity_array,
     identity_model,
     python_model,
     slow_model,
+    watched,
     with_config,
 )
 
@@ -85,7 +88,7 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1)]) for r in requests]
 """
-SERVED = ("identity", "add", "echo", "step", "step_bounded", "slow", "nap")  # by the worker
+SERVED = ("identity", "add", "echo", "step", "step_bounded", "slow", "nap", "watcher")  # by the worker
 MODELS = (*SERVED, "twice")
 
 
@@ -110,6 +113,7 @@ def _repo(root: Path) -> Path:
     slow_model(root / "step", seconds=0.3, max_batch_size=1, delay_us=1)
     with_config(root / "step", root / "step_bounded", "default_queue_policy { max_queue_size: 1 }")
     slow_model(root / "slow", seconds=1.0)
+    cancel_watcher_model(root / "watcher", root.parent / "marks")
     ensemble(  # step, then step again: 0.6 s, queued twice
         root,
         "twice",
@@ -561,6 +565,41 @@ def test_a_cancelled_call_never_runs_its_queued_request(client) -> None:
     assert "CANCELLED" in str(answers["late"])
     time.sleep(0.8)  # a worker would have run it by now, had it stayed queued
     assert _successes(client, "step") == before + 1
+
+
+def _watched(client, request_id: str) -> tuple[bool, float]:
+    marks = client.get_model_config("watcher").config.parameters["marks"].string_value
+    return watched(Path(marks), request_id)
+
+
+def test_a_call_cancelled_while_it_runs_is_cancelled_for_its_model(client) -> None:
+    """Triton's request.is_cancelled() (L0_backend_python/lifecycle's test_execute_cancel):
+    a unary call whose client cancels it while a Python model runs it turns true for the
+    model, which can stop early; a call that stays is never seen as cancelled."""
+    x = np.zeros(4, np.float32)
+    inp = grpcclient.InferInput("X", [4], "FP32")
+    inp.set_data_from_numpy(x)
+    ids = {"gone": uuid.uuid4().hex, "stays": uuid.uuid4().hex}
+    answers: dict[str, object] = {}
+    gone = client.async_infer(
+        "watcher",
+        [inp],
+        callback=lambda result, error: answers.setdefault("gone", error),
+        request_id=ids["gone"],
+    )
+    client.async_infer(
+        "watcher",
+        [inp],
+        callback=lambda result, error: answers.setdefault("stays", error),
+        request_id=ids["stays"],
+    )
+    time.sleep(0.5)  # both are running, on the model's two instances
+    gone.cancel()
+    cancelled, took = _watched(client, ids["gone"])
+    assert cancelled and took < 1.5  # noticed within the check's half second
+    assert _watched(client, ids["stays"]) == (False, pytest.approx(2, abs=0.3))
+    wait_until(lambda: "stays" in answers, 10, "the call that stayed to be answered")
+    assert answers["stays"] is None and "CANCELLED" in str(answers["gone"])
 
 
 def _step_input() -> list[grpcclient.InferInput]:

@@ -27,7 +27,7 @@ from conch.core.errors import ConchError, InvalidArgument, StartFailed, Unavaila
 from conch.settings import Settings
 
 from harness import ROOT, fresh_db, serving
-from models import add_model, python_model
+from models import add_model, cancel_watcher_model, python_model, watched
 
 FUNCTIONS = ROOT / "functions"
 RNG = np.random.default_rng(7)
@@ -271,6 +271,28 @@ def test_a_cancelled_request_never_runs_and_tensors_come_as_dlpack(tmp_path: Pat
         stats = model.statistics()["model_stats"][0]
         assert stats["inference_stats"]["fail"]["count"] == 1
         assert stats["inference_count"] == 2 and stats["execution_count"] == 1
+
+
+def test_a_request_cancelled_while_it_runs_is_cancelled_for_its_model(tmp_path: Path) -> None:
+    """``ResponseIterator.cancel`` on a request a Python model is running: the model's
+    request.is_cancelled() turns true. One instance: the first request runs in its
+    caller's thread for 2 s, the second waits, then runs on the instance's thread, and is
+    cancelled half a second in; the first is never seen as cancelled."""
+    marks = tmp_path / "marks"
+    cancel_watcher_model(tmp_path / "models" / "watcher", marks, instances=1)
+    x = {"X": np.zeros(4, np.float32)}
+    with conch.Server(tmp_path / "models") as server:
+        model = server.model("watcher")
+        first = threading.Thread(target=lambda: list(model.infer(x, request_id="stays")))
+        first.start()
+        threading.Event().wait(0.2)  # the first holds the instance
+        gone = model.infer(x, request_id="gone")  # queued: returns at once
+        assert watched(marks, "stays") == (False, pytest.approx(2, abs=0.3))
+        threading.Event().wait(0.5)  # the second has run for about half a second
+        gone.cancel()
+        cancelled, took = watched(marks, "gone")
+        first.join(10)
+    assert cancelled and took < 1.5
 
 
 SELF_CALL = """

@@ -79,6 +79,8 @@ class FakeDrain:
 
 
 class FakeSink:
+    client = None  # the real one's Redis: what a running request's is_cancelled() reads
+
     def __init__(self, cancelled: set[str] = frozenset()) -> None:
         self.replies: dict[str, Reply] = {}
         self._cancelled = set(cancelled)

@@ -79,7 +79,7 @@ def runner(b: Backend) -> Runner:
         backends={1: b},
         name="test",
         drain=nothing,
-        sink=nothing,
+        sink=SimpleNamespace(client=None),
         link=nothing,
         inflight=nothing,
         stopping=nothing,

@@ -444,7 +444,9 @@ class PythonBackend(Backend):
                     kept.append(response)
                 return final
 
-            sender = pb.InferenceResponseSender(keep, decoupled=False, about=about)
+            sender = pb.InferenceResponseSender(
+                keep, decoupled=False, about=about, cancelled=req.cancelled
+            )
         else:
             responder = req.responder
 
