@@ -705,6 +705,38 @@ def test_a_cancelled_stream_never_runs_its_queued_requests(stack, client) -> Non
     assert error is None and result.get_response().id == "on"
 
 
+@pytest.mark.parametrize("ends_at_error", [True, False])
+def test_triton_grpc_error_ends_a_stream_at_its_first_error(client, ends_at_error) -> None:
+    """Triton's ``triton_grpc_error: true`` stream metadata (L0_backend_python/lifecycle's
+    test_triton_grpc_error_*): the first error ends the stream with its gRPC status and
+    message, and a request sent after it is never answered. Without it, the error comes
+    in band (no status) and the stream goes on."""
+    answers: queue.Queue = queue.Queue()
+    headers = {"triton_grpc_error": "true"} if ends_at_error else None
+    client.start_stream(
+        callback=lambda result, error: answers.put((result, error)), headers=headers
+    )
+    inp = grpcclient.InferInput("IN", [1], "BF16")
+    inp.set_data_from_numpy(np.ones(1, dtype=ml_dtypes.bfloat16))
+    try:
+        client.async_stream_infer("echo", [inp], request_id="first")
+        assert answers.get(timeout=30)[1] is None
+        client.async_stream_infer("echo", [inp], request_id="fails", parameters={"fail": True})
+        _, error = answers.get(timeout=30)
+        assert "the echo was asked to fail" in error.message()
+        assert _code(error) == ("StatusCode.INTERNAL" if ends_at_error else "None")
+        with suppress(InferenceServerException):  # the client may see the stream is over
+            client.async_stream_infer("echo", [inp], request_id="after")
+        if ends_at_error:
+            with pytest.raises(queue.Empty):
+                answers.get(timeout=1)
+        else:
+            result, error = answers.get(timeout=30)
+            assert error is None and result.get_response().id == "after"
+    finally:
+        client.stop_stream()
+
+
 def test_a_half_closed_stream_answers_every_request(client) -> None:
     """stop_stream() without cancelling closes the sending side only: every request
     sent still runs and is answered."""

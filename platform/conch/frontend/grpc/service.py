@@ -26,11 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
 
-from conch.core.errors import ConchError, InvalidArgument, NotFound, Unsupported
+from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unsupported
 from conch.core.restricted_apis import ApiGroup, RestrictedApis
 from conch.frontend import calls
 from conch.frontend.composition import build_dataplane
@@ -56,6 +57,25 @@ FINAL_PARAMETER = "triton_final_response"
 # died mid-stream: the client drops the responses the lost run sent before it.
 RESTARTED_PARAMETER = "conch_restarted"
 EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
+# Triton's stream metadata: "true" ends the stream at the first error, with its gRPC status.
+GRPC_ERROR_HEADER = "triton_grpc_error"
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A stream request's error, before the stream decides how it goes: in band, as an
+    answer with ``error_message`` (Triton's default), or as the stream's gRPC status
+    (``triton_grpc_error``). ``final``: the request was under way, so the in-band answer
+    says it is the request's last."""
+
+    request: Any
+    error: ConchError
+    final: bool = False
+
+    def in_band(self) -> Any:
+        answer = _stream_error(self.request, self.error.message)
+        return _final(answer, True) if self.final else answer
+
 
 # Triton's error codes (``ConchError.code``) as gRPC status codes, as Triton maps them.
 STATUS: dict[str, Status] = {
@@ -280,7 +300,8 @@ class InferenceService:
     def _stream_answers(
         self, request: Any, context: ServicerContext, abandonment: Abandonment
     ) -> Iterator[Any]:
-        """One stream request's answers, never an exception. A decoupled model's
+        """One stream request's answers, never an exception (an error is a ``_Failed``,
+        for the stream to send as it does). A decoupled model's
         responses go as they come, each with ``triton_final_response`` (false but for
         the last), as Triton's stream sends them; any other model's one answer is
         final too. The first response of a run that replaced one lost with its worker
@@ -301,11 +322,11 @@ class InferenceService:
                 traceparent=_traceparent(context),
             )
         except ConchError as exc:
-            yield _stream_error(request, exc.message)
+            yield _Failed(request, exc)
             return
         except Exception as exc:
             log.exception("stream infer failed")
-            yield _stream_error(request, f"internal error: {exc}")
+            yield _Failed(request, Internal(f"internal error: {exc}"))
             return
         # Triton's opt-in: a model's "done" with no response is sent as an empty response.
         empty_final = decoded.parameters.get(EMPTY_FINAL_PARAMETER) is True
@@ -321,10 +342,10 @@ class InferenceService:
                 elif empty_final:
                     yield _final(_stream_error(request, ""), True)  # no error: empty
         except ConchError as exc:
-            yield _final(_stream_error(request, exc.message), True)
+            yield _Failed(request, exc, final=True)
         except Exception as exc:
             log.exception("stream infer failed")
-            yield _final(_stream_error(request, f"internal error: {exc}"), True)
+            yield _Failed(request, Internal(f"internal error: {exc}"), final=True)
         finally:
             responses.close()
 
@@ -346,8 +367,14 @@ class InferenceService:
         counts until its last answer is on the wire (a decoupled model's final one, or
         its end when no answer is sent for it). A decoupled request's responses are not
         held back: its worker pushes them to Redis whatever the client reads, so they
-        wait here, in order, for the writer."""
+        wait here, in order, for the writer.
+
+        With Triton's ``triton_grpc_error: true`` in the stream's metadata, the first
+        error ends the stream instead, with its gRPC status and message: the stream's
+        requests still queued are withdrawn, those running are told they are cancelled,
+        and nothing more is sent."""
         self.check_restriction(ApiGroup.INFERENCE, context)
+        ends_at_error = dict(context.invocation_metadata()).get(GRPC_ERROR_HEADER) == "true"
         context.set_compression(self.compression)
         answers: queue.Queue[Any] = queue.Queue()
         read_all, ended, finished = object(), object(), object()  # markers on ``answers``
@@ -397,6 +424,11 @@ class InferenceService:
             elif answer is finished:
                 done += 1
                 room.release()  # a request answered: the reader may take one more
+            elif isinstance(answer, _Failed):
+                if ends_at_error:
+                    abandonment.abandon("the stream ended at a request's error")
+                    context.abort(status_code(answer.error), answer.error.message)
+                yield answer.in_band()
             else:
                 yield answer
 
