@@ -173,7 +173,7 @@ class Runner:
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
         for item in items:
-            request = _request(item, self.sink.client)
+            request = _request(item, self.parts.client)
             if isinstance(request, ConchError):
                 replies[item.key] = Reply(item.msg.id, error=request)
                 refused.add(item.key)
@@ -220,7 +220,7 @@ class Runner:
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
         for item in items:
-            request = _request(item, self.sink.client)
+            request = _request(item, self.parts.client)
             if item.msg.job_ttl and not item.msg.collect:  # one result, not a stream of them
                 request = Unsupported(
                     f"model '{self.parts.model}' is decoupled: an async job on it must collect its "

@@ -88,7 +88,16 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1)]) for r in requests]
 """
-SERVED = ("identity", "add", "echo", "step", "step_bounded", "slow", "nap", "watcher")  # by the worker
+SERVED = (
+    "identity",
+    "add",
+    "echo",
+    "step",
+    "step_bounded",
+    "slow",
+    "nap",
+    "watcher",
+)  # by the worker
 MODELS = (*SERVED, "twice")
 
 
