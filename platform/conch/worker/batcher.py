@@ -138,10 +138,7 @@ class Batcher(threading.Thread):
             else:
                 items = self._take(self._count())
             if not items:
-                # Offline work held back (OfflineShare) wakes nobody: look again once it
-                # may run.
-                held = self.offline_share.held_for()
-                self.parts.drain.wait(self.idle_poll if held is None else min(self.idle_poll, held))
+                self._idle()
                 return
         if self.policy.max_batch_size == 1:  # no dynamic batching: each request alone
             self.execute(items, alone=True)
@@ -182,6 +179,26 @@ class Batcher(threading.Thread):
             self.offline_share.refund(sum(i.rows for i in offline))
         self._carry = [i for i in carry if i.msg.priority < broker.PRIORITY_OFFLINE]
         self.execute(batch, cut=cut)
+
+    def _idle(self) -> None:
+        """Nothing to run: block until work comes. The pop rides behind the wait in one
+        round trip (``Drain.wait_pop``), its messages taken as the next batch's start.
+        With a sequencer it does not: the pop takes its tickets under the sequencer's
+        lock, which a wait must not hold.
+
+        Offline work held back (``OfflineShare``) wakes nobody, so the wait ends when it
+        may run; the pop sent with the wait still held it back, so when that pop took
+        nothing another one, sized now, follows at once."""
+        held = self.offline_share.held_for()
+        timeout = self.idle_poll if held is None else min(self.idle_poll, held)
+        if self.parts.sequencer is not None:
+            self.parts.drain.wait(timeout)
+            return
+        count = self._count()
+        popped = self.parts.drain.wait_pop(timeout, count, *self._offline_limit(count))
+        if not popped and held is not None and self.offline_share.held_for() is None:
+            popped = self.parts.drain.pop(count, *self._offline_limit(count))
+        self._prefetched = popped
 
     def _forming(self, items: list[Item], rows: int) -> bool:
         """Whether the batch held waits for more. As Triton's queue is, ``items`` is kept

@@ -67,6 +67,12 @@ class FakeDrain:
     def wait(self, timeout: float) -> None:
         time.sleep(min(timeout, 0.01))
 
+    def wait_pop(
+        self, timeout: float, count: int, offline: int | None = None, held: bool = True
+    ) -> list[Popped]:
+        self.wait(timeout)
+        return self.pop(count, offline, held)
+
     def queue_pop(
         self, pipe: Any, count: int, offline: int | None = None, held: bool = True
     ) -> None:
