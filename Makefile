@@ -174,6 +174,7 @@ mlserver_for_bench = $(if $(findstring --skip-mlserver,$(TREE_BENCH_ARGS)),$(cal
 # SEQ_BENCH_ARGS to bench/sequences.py, e.g. BENCH_ARGS="--quick --skip-mlserver --skip-triton"
 # TE_BENCH_ARGS="--quick --skip-mlserver --skip-triton --skip-batch" SEQ_BENCH_ARGS="--quick".
 # DRAIN_BENCH_ARGS passes flags to bench/drain.py, e.g. DRAIN_BENCH_ARGS="--quick";
+# TIMELINE_BENCH_ARGS to bench/timeline.py (one add_sub request's hand-offs), e.g. "--quick";
 # STREAM_BENCH_ARGS to bench/streaming.py, e.g. STREAM_BENCH_ARGS="--quick --skip-triton";
 # TREE_BENCH_ARGS to bench/trees.py, OV_BENCH_ARGS to bench/onnx_runtimes.py, EMBED_BENCH_ARGS
 # to bench/embedded.py (conch.Server in process; all three take "--quick").
@@ -183,6 +184,7 @@ bench: $(STAMP) functions redis-server perf-analyzer \
   $(if $(findstring --skip-triton,$(STREAM_BENCH_ARGS)),,$(TRITON_STAMP))
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 	$(BIN)/python bench/drain.py $(DRAIN_BENCH_ARGS)
+	$(BIN)/python bench/timeline.py $(TIMELINE_BENCH_ARGS)
 	$(BIN)/python bench/text_embedding.py $(TE_BENCH_ARGS)
 	$(BIN)/python bench/sequences.py $(SEQ_BENCH_ARGS)
 	$(BIN)/python bench/streaming.py $(STREAM_BENCH_ARGS)

@@ -648,6 +648,21 @@ def floor_for(rows: list[Row], row: Row) -> Row | None:
     )
 
 
+GATEWAY_GOAL_US = 80  # issue 42: the gateway's CPU per request at concurrency 64, 1 KiB
+GATEWAY_GOAL_AT = (64, 1)  # (concurrency, KiB)
+
+
+def gateway_goal(rows: list[Row]) -> str:
+    """Issue 42's goal for the gateway row, PASS/FAIL/SKIP with what was measured."""
+    batch, kib = GATEWAY_GOAL_AT
+    row = next((r for r in rows if (r.kind, r.batch, r.kib) == ("gateway", batch, kib)), None)
+    goal = f"gateway c={batch}, {kib} KiB: CPU <= {GATEWAY_GOAL_US} µs/request (issue 42)"
+    if row is None:
+        return f"SKIP  {goal}: not measured"
+    us = row.us(row.cpu_s)
+    return f"{'PASS' if us <= GATEWAY_GOAL_US else 'FAIL'}  {goal}: {us:.1f} µs"
+
+
 def format_table(rows: list[Row]) -> str:
     head = (
         "row",
@@ -792,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if row.note:
             print(f"  {row.kind} batch {row.batch}, {row.kib} KiB: {row.note}")
+    print(f"\ngoal:\n  {gateway_goal(rows)}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "argv": sys.argv[1:],

@@ -48,6 +48,7 @@ the benchmark could not run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -736,6 +737,7 @@ def bench_triton(
         if m not in pa.input_files:
             pa.input_files[m] = write_input_data(repo, m, run_dir / f"input-{m}.json")
     port = free_port()
+    grpc_port = None if args.skip_grpc or args.gpu else free_port()
     cmd = [
         str(tdir / "bin" / "tritonserver"),
         "--model-repository",
@@ -748,8 +750,8 @@ def bench_triton(
         "127.0.0.1",
         "--http-port",
         str(port),
-        "--allow-grpc",
-        "false",  # perf_analyzer speaks HTTP here; one port and thread pool less
+        # Triton's gRPC beside its HTTP, as conch's is: issue 42's gRPC goal is against it.
+        *(["--allow-grpc", "false"] if grpc_port is None else ["--grpc-port", str(grpc_port)]),
         "--metrics-address",
         "127.0.0.1",
         "--metrics-port",
@@ -817,6 +819,27 @@ def bench_triton(
                 after = _triton_stats(port, model)
                 point.compute_ms = _compute_ms(compute0, _compute_infer(f"127.0.0.1:{port}", model))
                 _count_point(point, before, after, cpu0, cpu1)
+                results.points.append(point)
+                _report_point(point)
+        for model in served if grpc_port is not None else ():
+            for c in args.concurrency:
+                group.check_alive()
+                say(f"triton-grpc: {model} at concurrency {c}")
+                before = _triton_stats(port, model)
+                cpu0 = _triton_cpu(server.pid)
+                point = run_perf_analyzer(
+                    pa,
+                    f"127.0.0.1:{grpc_port}",
+                    model,
+                    c,
+                    run_dir,
+                    "triton-grpc",
+                    json=False,
+                    protocol="grpc",
+                )
+                _count_point(
+                    point, before, _triton_stats(port, model), cpu0, _triton_cpu(server.pid)
+                )
                 results.points.append(point)
                 _report_point(point)
 
@@ -1021,17 +1044,18 @@ def format_table(results: Results, args: argparse.Namespace) -> str:
 
 def format_triton_table(results: Results, args: argparse.Namespace) -> str:
     lines = [
-        "| Triton model | conc | infer/s | p50 ms | p99 ms | mean batch |",
-        "|---|---|---|---|---|---|",
+        "| Triton model | conc | protocol | infer/s | p50 ms | p99 ms | mean batch |",
+        "|---|---|---|---|---|---|---|",
     ]
     for model in triton_models(args.models):
-        for c in args.concurrency:
-            p = results.get("triton", model, c)
+        for c, server in itertools.product(args.concurrency, ("triton", "triton-grpc")):
+            p = results.get(server, model, c)
             if p is None:
                 continue
             note = f" ({p.error})" if p.error and p.infer_per_s is None else ""
+            protocol = "gRPC" if server == "triton-grpc" else "HTTP"
             lines.append(
-                f"| {model} | {c} | {_f(p.infer_per_s, ',.0f')}{note} "
+                f"| {model} | {c} | {protocol} | {_f(p.infer_per_s, ',.0f')}{note} "
                 f"| {_f(p.p50_ms, '.2f')} | {_f(p.p99_ms, '.2f')} | {_f(p.mean_batch, '.1f')} |"
             )
     return "\n".join(lines)
@@ -1147,16 +1171,21 @@ def format_cpu_table(results: Results, args: argparse.Namespace) -> str:
                 ("conch", model),
                 ("conch-grpc", model),
                 ("triton", triton_twin(model, args)),
+                ("triton-grpc", triton_twin(model, args)),
             ):
                 p = results.get(server, served, c) if served else None
                 if p is None or not p.cpu_ms_per_request:
                     continue
-                if server == "triton" and served != model and served in args.models:
+                if server.startswith("triton") and served != model and served in args.models:
                     continue  # printed on the Python model's own rows
                 cpu = p.cpu_ms_per_request
                 total = sum(cpu.values())
                 cores = total / 1000 * (p.infer_per_s or 0)
-                name = {"conch": "conch HTTP", "conch-grpc": "conch gRPC"}.get(server, server)
+                name = {
+                    "conch": "conch HTTP",
+                    "conch-grpc": "conch gRPC",
+                    "triton-grpc": "triton gRPC",
+                }.get(server, server)
                 label = name if served == model else f"{name} ({served})"
                 lines.append(
                     f"| {model} | {c} | {label} | "
@@ -1257,6 +1286,70 @@ def floors(results: Results, repo: Path) -> list[tuple[str, str, str]]:
         measured = f"{ratio:.2f}x ({g.infer_per_s:,.0f} vs {p.infer_per_s:,.0f})"
     out.append((f"{small} c=16: conch gRPC >= conch HTTP (issue 14)", measured, verdict(ok)))
 
+    return out
+
+
+# Issue 42's goals (bench/README.md, "conch against NVIDIA Triton and MLServer").
+GOAL_THROUGHPUT = 0.8  # conch ÷ Triton infer/s at concurrency 16 and 64
+GOAL_CPU = 1.5  # conch's CPU per request (all its processes) ÷ Triton's, at 16 and 64
+GOAL_P50_MS = 0.4  # conch's p50 minus Triton's at concurrency 1
+GOAL_GRPC = 0.8  # conch's gRPC ÷ Triton's gRPC infer/s at 16 and 64
+GOAL_CONCURRENCY = (16, 64)
+# Whose CPU counts as the server's: perf_analyzer, the client, is left out on both sides.
+SERVER_CPU = {"conch": ("gateway", "worker", "redis"), "conch-grpc": ("grpc", "worker", "redis")}
+TRITON_CPU = ("tritonserver", "python_stubs")
+
+
+def _server_cpu(p: Point | None, keys: tuple[str, ...]) -> float | None:
+    if p is None or not p.cpu_ms_per_request:
+        return None
+    return sum(p.cpu_ms_per_request.get(k, 0.0) for k in keys)
+
+
+def goals(results: Results, args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(goal, measured, PASS/FAIL/SKIP) for issue 42 point 5, each on the models this run
+    served to both conch and Triton: throughput and CPU at 16 and 64, p50 at 1, gRPC
+    against Triton's gRPC. The drain bench prints the gateway row's goal; the MLServer
+    floors are ``floors``."""
+    out: list[tuple[str, str, str]] = []
+
+    def add(goal: str, ok: bool | None, measured: str) -> None:
+        out.append((goal, measured, "SKIP" if ok is None else ("PASS" if ok else "FAIL")))
+
+    for model in args.models:
+        tmodel = triton_twin(model, args)
+        if not tmodel or (tmodel != model and tmodel in args.models):
+            continue  # an ONNX model whose Triton twin has its own rows
+        name = model if tmodel == model else f"{model} (Triton: {tmodel})"
+        for c in (c for c in args.concurrency if c in GOAL_CONCURRENCY):
+            p, t = results.get("conch", model, c), results.get("triton", tmodel, c)
+            ok, measured = None, "not measured"
+            if p and t and p.infer_per_s and t.infer_per_s:
+                ratio = p.infer_per_s / t.infer_per_s
+                ok = ratio >= GOAL_THROUGHPUT
+                measured = f"{ratio:.2f}x ({p.infer_per_s:,.0f} vs {t.infer_per_s:,.0f})"
+            add(f"{name} c={c}: conch >= {GOAL_THROUGHPUT}x Triton", ok, measured)
+            mine, theirs = _server_cpu(p, SERVER_CPU["conch"]), _server_cpu(t, TRITON_CPU)
+            ok, measured = None, "not measured"
+            if mine and theirs:
+                ok = mine <= GOAL_CPU * theirs
+                measured = f"{mine / theirs:.2f}x ({mine:.3f} vs {theirs:.3f} ms/request)"
+            add(f"{name} c={c}: conch CPU <= {GOAL_CPU}x Triton's", ok, measured)
+            g, tg = results.get("conch-grpc", model, c), results.get("triton-grpc", tmodel, c)
+            ok, measured = None, "not measured"
+            if g and tg and g.infer_per_s and tg.infer_per_s:
+                ratio = g.infer_per_s / tg.infer_per_s
+                ok = ratio >= GOAL_GRPC
+                measured = f"{ratio:.2f}x ({g.infer_per_s:,.0f} vs {tg.infer_per_s:,.0f})"
+            add(f"{name} c={c}: conch gRPC >= {GOAL_GRPC}x Triton gRPC", ok, measured)
+        if 1 in args.concurrency:
+            p, t = results.get("conch", model, 1), results.get("triton", tmodel, 1)
+            ok, measured = None, "not measured"
+            if p and t and p.p50_ms is not None and t.p50_ms is not None:
+                gap = p.p50_ms - t.p50_ms
+                ok = gap <= GOAL_P50_MS
+                measured = f"{gap:+.2f} ms ({p.p50_ms:.2f} vs {t.p50_ms:.2f})"
+            add(f"{name} c=1: conch p50 within {GOAL_P50_MS} ms of Triton's", ok, measured)
     return out
 
 
@@ -1371,7 +1464,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--grpc-infer-thread-count", type=int, default=None, help="conch grpc's infer threads"
     )
     p.add_argument("--grpc-workers", type=int, default=None, help="conch grpc's server processes")
-    p.add_argument("--strict", action="store_true", help="exit 1 if a floor fails")
+    p.add_argument("--strict", action="store_true", help="exit 1 if a floor or a goal fails")
     p.add_argument(
         "--gpu",
         action="store_true",
@@ -1591,11 +1684,15 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(format_mlserver_table(results, args))
     print_notes(results)
-    print("\nfloors (issue 3, point 8; issue 14, point 7):")
     failed = False
-    for name, measured, verdict in floors(results, repo):
-        failed |= verdict == "FAIL"
-        print(f"  {verdict:4}  {name}: {measured}")
+    for title, rows in (
+        ("goals (issue 42, point 5; the gateway's: bench/drain.py)", goals(results, args)),
+        ("floors (issue 3, point 8; issue 14, point 7)", floors(results, repo)),
+    ):
+        print(f"\n{title}:")
+        for name, measured, verdict in rows:
+            failed |= verdict == "FAIL"
+            print(f"  {verdict:4}  {name}: {measured}")
     return _footer(run_dir, started, 1 if failed and args.strict else 0)
 
 

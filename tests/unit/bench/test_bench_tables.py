@@ -121,3 +121,61 @@ def test_instances_are_set_in_a_copy_and_their_memory_tabled(run, tmp_path: Path
         "| two | two_1 | 9 | 96 | 512 |",
     ]
     assert run.format_instance_table(run.Results()) == ""
+
+
+def test_issue_42_goals_judge_conch_against_triton_in_the_same_run(run) -> None:
+    """Throughput and CPU at 16 and 64 (perf_analyzer's CPU left out on both sides), gRPC
+    against Triton's gRPC, p50 at 1; an ONNX model whose Triton twin has its own rows is
+    judged there; a point not measured is SKIP."""
+    results = run.Results()
+    cpu = {"gateway": 0.30, "worker": 0.10, "redis": 0.05, "perf_analyzer": 9.0}
+    triton_cpu = {"tritonserver": 0.20, "python_stubs": 0.10, "perf_analyzer": 0.1}
+    results.points += [
+        run.Point("conch", "mlp_py", 16, infer_per_s=900, cpu_ms_per_request=cpu),
+        run.Point("triton", "mlp_py", 16, infer_per_s=1000, cpu_ms_per_request=triton_cpu),
+        run.Point("conch-grpc", "mlp_py", 16, infer_per_s=700),
+        run.Point("triton-grpc", "mlp_py", 16, infer_per_s=1000),
+        run.Point("conch", "mlp_py", 1, p50_ms=1.50),
+        run.Point("triton", "mlp_py", 1, p50_ms=1.00),
+    ]
+    args = argparse.Namespace(models=["mlp", "mlp_py"], concurrency=[1, 16], gpu=False)
+    got = {goal: (measured, verdict) for goal, measured, verdict in run.goals(results, args)}
+    assert got == {
+        "mlp_py c=16: conch >= 0.8x Triton": ("0.90x (900 vs 1,000)", "PASS"),
+        # 0.45 / 0.30 ms: conch's gateway, worker and Redis against Triton's server and stubs.
+        "mlp_py c=16: conch CPU <= 1.5x Triton's": ("1.50x (0.450 vs 0.300 ms/request)", "PASS"),
+        "mlp_py c=16: conch gRPC >= 0.8x Triton gRPC": ("0.70x (700 vs 1,000)", "FAIL"),
+        "mlp_py c=1: conch p50 within 0.4 ms of Triton's": ("+0.50 ms (1.50 vs 1.00)", "FAIL"),
+    }
+    results.points[0].cpu_ms_per_request = {**cpu, "worker": 0.11}
+    verdicts = {goal: verdict for goal, _m, verdict in run.goals(results, args)}
+    assert verdicts["mlp_py c=16: conch CPU <= 1.5x Triton's"] == "FAIL"
+    args.models = ["mlp"]  # its twin, mlp_py, not served to conch: judged on mlp's own rows
+    assert {v for _g, _m, v in run.goals(results, args)} == {"SKIP"}
+
+
+def test_triton_grpc_points_have_rows_of_their_own(run) -> None:
+    results = run.Results()
+    results.points += [
+        run.Point(
+            "triton",
+            "add_sub",
+            16,
+            infer_per_s=4000,
+            p50_ms=3.9,
+            cpu_ms_per_request={"tritonserver": 0.2},
+        ),
+        run.Point(
+            "triton-grpc",
+            "add_sub",
+            16,
+            infer_per_s=2000,
+            p50_ms=7.9,
+            cpu_ms_per_request={"tritonserver": 0.4},
+        ),
+    ]
+    args = argparse.Namespace(models=["add_sub"], concurrency=[16])
+    rows = run.format_triton_table(results, args).splitlines()[2:]
+    assert [r.split(" | ")[2:4] for r in rows] == [["HTTP", "4,000"], ["gRPC", "2,000"]]
+    cpu_rows = run.format_cpu_table(results, args).splitlines()[2:]
+    assert [r.split(" | ")[2] for r in cpu_rows] == ["triton", "triton gRPC"]
