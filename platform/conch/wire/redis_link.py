@@ -21,6 +21,7 @@ connection a 5 s read timeout by default, which would otherwise cut a longer wai
 from __future__ import annotations
 
 import os
+import select
 import socket
 import time
 from collections.abc import Sequence
@@ -138,6 +139,79 @@ class RedisLink:
             if isinstance(exc, OSError):
                 raise redis.ConnectionError(f"Redis connection lost: {exc}") from exc
             raise
+
+
+class PendingReply:
+    """One blocking command kept waiting on a connection of its own: ``send`` writes it,
+    ``receive`` waits for its reply as long as the caller likes (not as long as Redis
+    holds the command), and leaves it pending when that time passes first.
+
+    Redis times a blocked command out on its clock tick (100 ms at the default ``hz 10``),
+    so a wait shorter than a few ticks cannot be a BLPOP's timeout: it is this, a BLPOP
+    that Redis may hold far longer, and a local wait on its socket. ``client_id`` names the
+    connection, for a ``CLIENT UNBLOCK`` sent on another one (the waiter gave up; a BLPOP
+    left pending would take what another waiter should get).
+    """
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self._link = RedisLink(client)
+        self._conn: Any = None  # the connection client_id names
+        self.name = name  # the connection's name in Redis (CLIENT LIST), no spaces
+        self.client_id = 0
+        self.pending = False  # a command was sent and its reply not yet read
+
+    def send(self, command: Sequence[Any]) -> None:
+        """Write ``command``; its reply is ``receive``'s."""
+        link = self._link
+        conn = link._connection()
+        try:
+            if conn is not self._conn:  # a new connection: named, its id read, one round trip
+                got = link.pipeline([("CLIENT", "SETNAME", self.name), ("CLIENT", "ID")])
+                self.client_id, self._conn = int(got[1]), conn
+            conn._sock.sendall(hiredis.pack_command(tuple(command)))
+        except BaseException as exc:
+            self._lose(exc)
+        self.pending = True
+
+    def receive(self, timeout: float) -> tuple[bool, Any]:
+        """(True, the reply) once it comes within ``timeout`` seconds, else (False, None)
+        with the command still pending. Errors come back as ResponseError values."""
+        link = self._link
+        try:
+            reply = link._reader.gets()
+            if reply is False:
+                sock = self._conn._sock
+                buffered = getattr(sock, "pending", None)  # TLS: bytes read and decrypted
+                ready = buffered is not None and buffered() > 0
+                if not ready and not select.select([sock], [], [], max(0.0, timeout))[0]:
+                    return False, None
+                data = sock.recv(65536)
+                if not data:
+                    raise redis.ConnectionError("Redis closed the connection")
+                link._reader.feed(data)
+                reply = link._reader.gets()
+                while reply is False:  # the rest of a reply split across reads
+                    data = sock.recv(65536)
+                    if not data:
+                        raise redis.ConnectionError("Redis closed the connection")
+                    link._reader.feed(data)
+                    reply = link._reader.gets()
+        except BaseException as exc:
+            self._lose(exc)
+        self.pending = False
+        link._used_at = time.monotonic()
+        return True, reply
+
+    def _lose(self, exc: BaseException) -> None:
+        """The connection is in an unknown state: drop it, the next send reconnects."""
+        self.pending = False
+        self._conn = None
+        if self._link._conn is not None:
+            self._link._conn.disconnect()
+            self._link._conn = None
+        if isinstance(exc, OSError):
+            raise redis.ConnectionError(f"Redis connection lost: {exc}") from exc
+        raise exc
 
 
 def _closed(sock: Any) -> bool:

@@ -158,7 +158,8 @@ class Batcher(threading.Thread):
                 if self.parts.drain.waiting == 0:  # nothing queued: wait for more, or for the delay
                     if left <= 0 or self.parts.stopping.is_set():
                         break
-                    self.parts.drain.wait(min(left, lapses - now))
+                    if not self.parts.drain.wait(min(left, lapses - now)):
+                        continue  # nothing was published meanwhile: no pop to make
                 more = self._take(self.policy.max_batch_size - rows)
             except redis.RedisError as exc:  # run what is held; its replies wait for Redis
                 log.warning("%s: Redis error while forming a batch (%s)", self.name, exc)

@@ -180,36 +180,3 @@ def test_a_publish_sends_its_before_commands_first_in_its_round_trip(redis_url: 
     )
     assert raw and waiting(client) == 1
     assert client.lrange("before:a", 0, -1) == [b"x"]  # sent once, though published twice
-
-
-@pytest.mark.parametrize("scripts", ["loaded", "flushed"])
-def test_an_idle_pop_takes_the_message_in_the_round_trip_that_wakes_it(
-    redis_url: str, scripts: str
-) -> None:
-    client = redis.Redis.from_url(redis_url)
-    queue = broker.queue_name("m")
-    client.delete(broker.wake_key(queue), *broker.priority_keys(queue))
-    drain = Drain(client, "m")
-    if scripts == "flushed":  # Redis restarted meanwhile: the pop loads its script again
-        client.script_flush()
-    msg = message()
-    publisher = broker.Publisher(client)
-    late = threading.Timer(
-        0.4,
-        lambda: publisher.publish("m", msg.to_dict(), task_id=msg.id, priority=0, reply_to=None),
-    )
-    sent = time.time()
-    late.start()
-    popped = drain.wait_pop(5.0, 8)
-    took = time.time()
-    assert [p.tag for p in popped] == [msg.id], "the wake came without its message"
-    assert took - sent < 2.0  # woken by the publish, not by the wait's timeout
-    # Registered in flight when it was taken (Redis's clock), not when the pop was sent.
-    score = client.zscore(keys.UNACKED_INDEX, msg.id)
-    assert score is not None and sent + 0.3 < score <= took + 0.05
-    assert drain.waiting == 0 and client.llen(broker.wake_key(queue)) == 0
-    ack_pipe = client.pipeline()
-    ack(ack_pipe, queue, [msg.id])
-    ack_pipe.execute()
-    # Nothing comes: the wait ends at its timeout and the pop behind it takes nothing.
-    assert drain.wait_pop(0.5, 8) == []

@@ -64,8 +64,9 @@ class FakeDrain:
             self.taken.append((how, len(taken)))
         return taken
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
         time.sleep(min(timeout, 0.01))
+        return bool(self.queued)  # a wake token comes with every message queued
 
     def wait_pop(
         self, timeout: float, count: int, offline: int | None = None, held: bool = True

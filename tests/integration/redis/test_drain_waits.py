@@ -1,0 +1,136 @@
+"""A drain loop's waits against a real Redis: an idle pop that rides behind its BLPOP, and
+a short wait (a batch's queue delay) that ends when a message comes, with no poll."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from conch.wire import broker, keys
+from conch.wire.messages import InferMessage
+from conch.worker.drain import Drain, ack
+
+
+def message(model: str = "m") -> InferMessage:
+    now = time.time()
+    return InferMessage(
+        id=broker.new_id(),
+        model=model,
+        version=1,
+        inputs=[("X", "FP32", (1,), b"\0\0\0\0")],
+        outputs=["Y"],
+        reply_to=None,
+        enqueued=now,
+        deadline=now + 5,
+    )
+
+
+def publish(client: redis.Redis, model: str, delay_s: float = 0.0) -> InferMessage:
+    """``message(model)`` published now, or ``delay_s`` from now by another thread."""
+    msg, publisher = message(model), broker.Publisher(client)
+
+    def go() -> None:
+        publisher.publish(model, msg.to_dict(), task_id=msg.id, priority=0, reply_to=None)
+
+    threading.Timer(delay_s, go).start() if delay_s else go()
+    return msg
+
+
+def fresh(redis_url: str, model: str) -> tuple[redis.Redis, str]:
+    client = redis.Redis.from_url(redis_url)
+    queue = broker.queue_name(model)
+    client.delete(broker.wake_key(queue), *broker.priority_keys(queue))
+    return client, queue
+
+
+def blocked_waits(client: redis.Redis, queue: str) -> list[int]:
+    """The ids of the short waits on ``queue`` that Redis holds in a BLPOP now."""
+    return [
+        int(c["id"])
+        for c in client.client_list()
+        if "b" in c.get("flags", "") and c.get("name") == f"conch-wait:{queue}"
+    ]
+
+
+@pytest.mark.parametrize("scripts", ["loaded", "flushed"])
+def test_an_idle_pop_takes_the_message_in_the_round_trip_that_wakes_it(
+    redis_url: str, scripts: str
+) -> None:
+    model = f"idle-{scripts}"
+    client, queue = fresh(redis_url, model)
+    drain = Drain(client, model)
+    if scripts == "flushed":  # Redis restarted meanwhile: the pop loads its script again
+        client.script_flush()
+    sent = time.time()
+    msg = publish(client, model, 0.4)
+    popped = drain.wait_pop(5.0, 8)
+    took = time.time()
+    assert [p.tag for p in popped] == [msg.id], "the wake came without its message"
+    assert took - sent < 2.0  # woken by the publish, not by the wait's timeout
+    # Registered in flight when it was taken (Redis's clock), not when the pop was sent.
+    score = client.zscore(keys.UNACKED_INDEX, msg.id)
+    assert score is not None and sent + 0.3 < score <= took + 0.05
+    assert drain.waiting == 0 and client.llen(broker.wake_key(queue)) == 0
+    pipe = client.pipeline()
+    ack(pipe, queue, [msg.id])
+    pipe.execute()
+    # Nothing comes: the wait ends at its timeout and the pop behind it takes nothing.
+    assert drain.wait_pop(0.5, 8) == []
+
+
+def test_a_short_wait_ends_when_a_message_is_published_not_at_a_poll(redis_url: str) -> None:
+    model = "short"
+    client, queue = fresh(redis_url, model)
+    drain = Drain(client, model)
+    assert drain.pop(8) == []
+    publish(client, model, 0.05)
+    t0 = time.monotonic()
+    assert drain.wait(0.15) is True  # shorter than Redis's clock ticks let a BLPOP time
+    assert 0.04 < time.monotonic() - t0 < 0.13
+    assert len(drain.pop(8)) == 1
+    # Nothing published: the wait takes its whole time, then says so.
+    t0 = time.monotonic()
+    assert drain.wait(0.06) is False
+    assert 0.055 < time.monotonic() - t0 < 0.09
+    assert len(blocked_waits(client, queue)) == 1
+    assert drain.pop(8) == [] and blocked_waits(client, queue) == []
+
+
+def test_a_lapsed_short_wait_takes_no_token_once_the_next_pop_ends_it(redis_url: str) -> None:
+    model = "lapsed"
+    client, queue = fresh(redis_url, model)
+    drain, other = Drain(client, model), Drain(client, model)
+    assert drain.wait(0.02) is False
+    assert len(blocked_waits(client, queue)) == 1  # its BLPOP, still pending in Redis
+    assert drain.pop(8) == []  # ... ended by the unblock riding with the pop
+    assert blocked_waits(client, queue) == []
+    msg = publish(client, model)
+    assert client.llen(broker.wake_key(queue)) == 1  # the token is there for an idle instance
+    assert other.wait(0.05) is True
+    assert [p.tag for p in other.pop(8)] == [msg.id]
+    # The drain whose BLPOP was ended waits again as before (it reads the nil reply first).
+    publish(client, model, 0.03)
+    assert drain.wait(0.15) is True and len(drain.pop(8)) == 1
+    # A lapse followed by a pop that rides with a batch's replies (Drain.queue_pop).
+    assert drain.wait(0.02) is False and len(blocked_waits(client, queue)) == 1
+    pipe = client.pipeline(transaction=False)
+    drain.queue_pop(pipe, 8)
+    assert drain.popped(pipe.execute()[-1], 8) == [] and blocked_waits(client, queue) == []
+    assert client.llen(broker.wake_key(queue)) == 0
+
+
+def test_a_short_wait_survives_a_lost_connection(redis_url: str) -> None:
+    model = "lost"
+    client, queue = fresh(redis_url, model)
+    drain = Drain(client, model)
+    assert drain.wait(0.02) is False
+    for blocked in blocked_waits(client, queue):
+        client.client_kill_filter(_id=blocked)
+    with pytest.raises(redis.ConnectionError):
+        drain.wait(0.05)  # the batch loop's Redis error handling retries
+    publish(client, model, 0.03)
+    assert drain.wait(0.15) is True  # on a new connection
+    assert len(drain.pop(8)) == 1
