@@ -574,6 +574,9 @@ class Dispatcher:
                 max_queue_size=max_queue_size,
                 bundling=bundling,
                 before=before,
+                # Alone in this process (no other request waits for a reply): nobody could
+                # join its flush, so it goes without a turn of the hub.
+                gather=len(self._pending) > 1,
             )
         except BaseException:
             self._pending.pop(msg.id, None)

@@ -342,6 +342,7 @@ class Publisher:
         max_queue_size: int = 0,
         bundling: Bundling | None = None,
         before: tuple[tuple, ...] = (),
+        gather: bool = True,
     ) -> bytes | None:
         """Queue one request and wake an idle worker: the message as queued (what
         ``withdraw`` takes; empty for a request that may have gone in a bundle, which
@@ -355,6 +356,8 @@ class Publisher:
         just before it, in the same round trip, once (not again when the publish is
         retried); a request with them is never bundled. They must be commands Redis
         cannot refuse: one that it does fails the call, though the message is queued.
+        ``gather``: a caller that leads a flush lets others join it first (a turn of the
+        hub); False when the caller knows nobody else in the process is mid-request.
         """
         queue = queue_name(model)
         if max_queue_size or before:
@@ -372,9 +375,10 @@ class Publisher:
             self._flushing = True
         timeline.stamp("publish.queued")
         if leader:
-            # Let callers that are ready to publish too (other greenlets or threads
-            # mid-request) join this flush before it goes: one round trip for all.
-            time.sleep(0)
+            if gather:
+                # Let callers that are ready to publish too (other greenlets or threads
+                # mid-request) join this flush before it goes: one round trip for all.
+                time.sleep(0)
             self._flush()
         entry.done.wait()
         if entry.error is not None:

@@ -180,3 +180,23 @@ def test_a_publish_sends_its_before_commands_first_in_its_round_trip(redis_url: 
     )
     assert raw and waiting(client) == 1
     assert client.lrange("before:a", 0, -1) == [b"x"]  # sent once, though published twice
+
+
+def test_a_request_alone_publishes_without_a_turn_for_others_to_join(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group commit's turn of the hub (``time.sleep(0)``) is for other requests of the
+    process to join the flush; a request with none beside it goes at once."""
+    client = redis.Redis.from_url(redis_url)
+    client.delete(broker.queue_name("m"))
+    d = Dispatcher(client)
+    turns: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(broker.time, "sleep", lambda s: turns.append(s) or real_sleep(s))
+    alone = d.submit(message())
+    assert turns == []
+    beside = d.submit(message())  # another request of the process waits: it may join
+    assert turns == [0]
+    alone.cancel()
+    beside.cancel()
+    client.delete(broker.queue_name("m"))
