@@ -35,6 +35,7 @@ import redis
 from conch.core import ensemble_graph
 from conch.core.errors import InvalidArgument, Unavailable
 from conch.core.model_config import output_types
+from conch.core.read_ahead import ReadAhead
 from conch.core.repository import Completer, ModelEntry, ModelRepository
 from conch.core.repository_keys import is_model_name
 from conch.settings import Settings
@@ -149,10 +150,10 @@ class ModelView:
             else _OnDemand(self.repository, config_max_age_s)
         )
         self._subscriber: control_bus.Subscriber | None = None
-        self._states: dict[str, dict[str, Any]] = {}
         self._loaded: set[str] = set()  # explicit model control: loaded through the API
-        self._states_at = float("-inf")
-        self._lock = threading.Lock()
+        self._states: ReadAhead[dict[str, dict[str, Any]]] = ReadAhead(
+            self._read_states, {}, STATES_MAX_AGE_S, name="conch-worker-states"
+        )
         self._output_types: dict[str, dict[str, str]] = {}
 
     # -- configs ---------------------------------------------------------------------
@@ -171,7 +172,7 @@ class ModelView:
         """Read the repository again: configs and versions changed, models came or went."""
         self._source.refresh()
         self._output_types = {}
-        self._states_at = float("-inf")
+        self._states.invalidate()
 
     def follow(self) -> None:
         """Keep this view current (poll and explicit modes) from the control channel:
@@ -225,18 +226,18 @@ class ModelView:
 
     # -- what the workers say --------------------------------------------------------
 
-    def states(self, max_age: float = STATES_MAX_AGE_S) -> dict[str, dict[str, Any]]:
-        """Worker-reported model states, at most ``max_age`` seconds old (one read of
-        Redis however many threads find them stale)."""
-        now = time.monotonic()
-        if now - self._states_at > max_age:
-            with self._lock:
-                if now - self._states_at > max_age:
-                    self._states = worker_reports.model_states(worker_reports.snapshot(self.client))
-                    if self.settings.model_control_mode.explicit:
-                        self._loaded = control_bus.loaded_models(self.client)
-                    self._states_at = time.monotonic()
-        return self._states
+    def states(self, max_age: float | None = None) -> dict[str, dict[str, Any]]:
+        """Worker-reported model states, at most ``max_age`` seconds old (default
+        ``STATES_MAX_AGE_S``, and then read again ahead of that age: ``ReadAhead``; one
+        read of Redis however many threads find them stale)."""
+        return self._states.get(max_age)
+
+    def _read_states(self) -> dict[str, dict[str, Any]]:
+        """The workers' reports, and with them the models loaded through the API."""
+        states = worker_reports.model_states(worker_reports.snapshot(self.client))
+        if self.settings.model_control_mode.explicit:
+            self._loaded = control_bus.loaded_models(self.client)
+        return states
 
     def is_loaded(self, name: str) -> bool:
         """Explicit mode: loaded at start (--load-model) or through the API."""

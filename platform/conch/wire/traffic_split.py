@@ -25,8 +25,6 @@ import logging
 import math
 import random
 import re
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +32,7 @@ from typing import Any
 import redis
 
 from conch.core.errors import InvalidArgument
+from conch.core.read_ahead import ReadAhead
 from conch.wire.keys import SHADOW_PREFIX, TRAFFIC_SPLITS
 
 log = logging.getLogger(__name__)
@@ -208,34 +207,35 @@ def read_all(client: redis.Redis) -> dict[str, Split]:
 
 
 class Splits:
-    """One process's copy of every model's split, read again once ``max_age_s`` old
-    (one read of Redis however many threads find it stale). A Redis that does not
+    """One process's copy of every model's split, at most ``max_age_s`` old and read again
+    ahead of that (``ReadAhead``), so a request never waits for it. A Redis that does not
     answer leaves the last copy in use: the request's own publish says the outage."""
 
     def __init__(self, client: redis.Redis, max_age_s: float = MAX_AGE_S) -> None:
         self.client = client
-        self.max_age_s = max_age_s
-        self._splits: dict[str, Split] = {}
-        self._read_at = float("-inf")
-        self._lock = threading.Lock()
+        self._copy: ReadAhead[dict[str, Split]] = ReadAhead(
+            self._read, {}, max_age_s, name="conch-traffic-splits"
+        )
+
+    @property
+    def max_age_s(self) -> float:
+        return self._copy.max_age_s
 
     def get(self, model: str) -> Split:
-        now = time.monotonic()
-        if now - self._read_at > self.max_age_s:
-            with self._lock:
-                if now - self._read_at > self.max_age_s:
-                    try:
-                        self._splits = read_all(self.client)
-                    except redis.RedisError as exc:
-                        log.debug("traffic splits not read again (%s): the last ones hold", exc)
-                    except Exception as exc:  # a split never fails the request it routes
-                        log.warning("traffic splits not read (%r): the last ones hold", exc)
-                    self._read_at = time.monotonic()
-        return self._splits.get(model, NO_SPLIT)
+        return self._copy.get().get(model, NO_SPLIT)
 
     def invalidate(self) -> None:
         """Read again on the next ``get`` (this process just changed a split)."""
-        self._read_at = float("-inf")
+        self._copy.invalidate()
+
+    def _read(self) -> dict[str, Split]:
+        try:
+            return read_all(self.client)
+        except redis.RedisError as exc:
+            log.debug("traffic splits not read again (%s): the last ones hold", exc)
+        except Exception as exc:  # a split never fails the request it routes
+            log.warning("traffic splits not read (%r): the last ones hold", exc)
+        return self._copy.current
 
 
 def shadow_key(model: str) -> str:
