@@ -35,11 +35,11 @@ from conch.wire.broker import (
     wake_key,
 )
 from conch.wire.keys import ATTEMPTS, DEADLETTER, UNACKED, UNACKED_INDEX
-from conch.wire.redis_link import CommandQueue, PendingReply, RedisLink
+from conch.wire.redis_link import CommandQueue, RedisLink
+from conch.worker.wake_wait import REDIS_TICK_S, WakeWait
 
 # Each priority sub-list's class, as the pop records it beside a tag it takes.
 _CLASSES = [step_class(step) for step in PRIORITY_STEPS]
-REDIS_TICK_S = 0.1  # a blocking command's timeout may overrun by this much
 
 
 # KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set and its class
@@ -161,59 +161,27 @@ class Drain:
         ]
         self._pop = client.register_script(_POP_LUA)
         self._link = RedisLink(client)
-        # A short wait's BLPOP, on a connection of its own (``wait``); ``_lapsed``: the last
-        # short wait ended at its own time with that BLPOP still pending in Redis.
-        self._short = PendingReply(client, f"conch-wait:{self.queue}")
-        self._lapsed = False
+        self._short = WakeWait(client, f"conch-wait:{self.queue}")  # waits of a few ticks
         self.waiting = 0
 
     def wait(self, timeout: float) -> bool:
         """Block until a wake token comes (True: a message may be waiting), or about
         ``timeout`` seconds pass (False: none was published meanwhile).
 
-        Redis checks blocking timeouts on its own clock tick (100 ms at the default
-        ``hz 10``), so a wait of a few ticks or less (a batch waiting out its queue delay)
-        is not a BLPOP's timeout but a BLPOP on a connection of its own, waited for here
-        as long as asked: it ends the moment a token comes, with no poll. When the time
-        passes first, that BLPOP stays pending in Redis, where it could take a token an
-        idle instance of the model should get, until the next command this drain sends
-        ends it (``CLIENT UNBLOCK``, riding with it) or Redis's own timeout does.
+        A wait of a few of Redis's clock ticks or less (a batch waiting out its queue
+        delay) is a ``WakeWait``'s; the unblock it may leave to send rides with the next
+        commands this drain sends.
         """
         if timeout > 2 * REDIS_TICK_S:
             block = round(timeout - REDIS_TICK_S, 3)
             woke = self._round_trip([("BLPOP", self.keys[0], block)], wait_s=block)[-1]
             timeline.stamp("worker.woke")
             return woke is not None
-        if timeout <= 0:
-            return False
-        short, until = self._short, time.monotonic() + timeout
-        while True:
-            if not short.pending:
-                self._lapsed = False
-                # Redis ends it itself a few ticks after the wait would, at the latest.
-                short.send(("BLPOP", self.keys[0], round(timeout + 3 * REDIS_TICK_S, 3)))
-            came, reply = short.receive(until - time.monotonic())
-            if not came:
-                self._lapsed = True
-                return False
-            if reply is not None:  # a token (or an error, which the pop will meet)
-                timeline.stamp("worker.woke")
-                return True
-            if time.monotonic() >= until:  # ended by Redis, or by an unblock: none came
-                return False
-
-    def _unblock(self) -> list[tuple]:
-        """The command that ends a short wait's BLPOP left pending, to ride with the next
-        ones sent (its reply, nil, is read by the next short wait); none when there is
-        none."""
-        if not (self._lapsed and self._short.pending):
-            return []
-        self._lapsed = False
-        return [("CLIENT", "UNBLOCK", self._short.client_id)]
+        return self._short.wait([self.keys[0]], timeout)
 
     def _round_trip(self, commands: list[tuple], wait_s: float = 0.0) -> list:
         """``commands`` sent after the unblock a lapsed short wait needs, if any."""
-        return self._link.pipeline([*self._unblock(), *commands], wait_s=wait_s)
+        return self._link.pipeline([*self._short.unblock(), *commands], wait_s=wait_s)
 
     def wait_pop(
         self, timeout: float, count: int, offline: int | None = None, held: bool = True
@@ -267,7 +235,7 @@ class Drain:
         ``popped`` reads its result. The script goes by SHA alone: redis-py's own
         pipelined scripts ask ``SCRIPT EXISTS`` first, a round trip of its own.
         """
-        for command in self._unblock():
+        for command in self._short.unblock():
             pipe.execute_command(*command)
         pipe.execute_command(
             "EVALSHA", self._pop.sha, len(self.keys), *self.keys, *self._args(count, offline, held)

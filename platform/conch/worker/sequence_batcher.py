@@ -50,15 +50,15 @@ from conch.wire.keys import WORKER_PREFIX
 from conch.wire.messages import REPLY_TTL_S, BadMessage, InferMessage, Reply
 from conch.wire.rate_limits import Stopped
 from conch.wire.sequence_state import pack_state, unpack_state
-from conch.worker.drain import REDIS_TICK_S, dead_letter
+from conch.worker.drain import dead_letter
 from conch.worker.loop_parts import LoopParts
+from conch.worker.wake_wait import REDIS_TICK_S, WakeWait
 
 log = logging.getLogger(__name__)
 
 SWEEP_S = 1.0  # how often a batcher looks for sequences held by workers that died
 MAX_WAIT_S = 1.0  # the longest an idle batcher blocks before it looks again
 SWEEP_BATCH = 1000  # live sequences one sweep reads
-DELAY_POLL_S = 0.0005  # how often heads are read again while a batch waits out its delay
 
 # KEYS: claims, then per claimed token nothing (built here). ARGV: n, me, worker id,
 # record prefix. Returns [token, state-or-false, steps, ...] for the sequences claimed.
@@ -190,6 +190,8 @@ class SequenceBatcher(threading.Thread):
         self.capacity = spec.slots
         self.worker_id = worker_id
         self.me = f"{worker_id}/{slot}"
+        # A queue delay's waits for more heads (CLIENT LIST names no spaces).
+        self._short = WakeWait(client, f"conch-wait:{self.model}:{self.me}".replace(" ", "_"))
         self.initial_state = initial_state
         self.state_moves = state_moves and bool(spec.states)
         self.on_batch = parts.on_batch
@@ -248,8 +250,10 @@ class SequenceBatcher(threading.Thread):
             self._wait()
             return
         deadline = min(r.msg.enqueued for r in rows) + self.spec.max_queue_delay_s
-        while not self._enough(len(rows)) and time.time() < deadline:
-            time.sleep(DELAY_POLL_S)  # the strategy's queue delay: let more heads come
+        # The strategy's queue delay: let more heads come, read again when one may have.
+        while not self._enough(len(rows)) and self._short.wait(
+            self._wake_keys(), deadline - time.time()
+        ):
             if len(self.held) < self.capacity:
                 self.claim(self.capacity - len(self.held))
             rows = self._heads()
@@ -379,14 +383,23 @@ class SequenceBatcher(threading.Thread):
             if ended:
                 del self.held[tok]
 
-    def _wait(self) -> None:
+    def _wake_keys(self) -> list[str]:
+        """The wake lists a new head may come by: this slot's (a held sequence's), and
+        while it has room the model's (a sequence offered to any slot)."""
         keys = [sequences.wake_key(self.model, self.me)]
         if len(self.held) < self.capacity:
             keys.append(sequences.wake_key(self.model))
+        return keys
+
+    def _wait(self) -> None:
         block = MAX_WAIT_S
         if self.held:
             block = min(block, max(self.spec.idle_s / 2, 2 * REDIS_TICK_S + 0.05))
-        self.client.blpop(keys, timeout=round(block, 3))
+        pipe = self.client.pipeline(transaction=False)
+        for command in self._short.unblock():  # a delay's wait left pending: end it first
+            pipe.execute_command(*command)
+        pipe.blpop(self._wake_keys(), timeout=round(block, 3))
+        pipe.execute()
 
     # -- one step -----------------------------------------------------------------------
     def _heads(self) -> list[_Row]:
@@ -394,10 +407,13 @@ class SequenceBatcher(threading.Thread):
             return []
         toks = list(self.held)
         pipe = self.client.pipeline(transaction=False)
+        ended = self._short.unblock()  # a delay's wait left pending: end it with these
+        for command in ended:
+            pipe.execute_command(*command)
         for tok in toks:
             pipe.lindex(sequences.mail_key(self.model, tok), 0)
         rows = []
-        for tok, raw in zip(toks, pipe.execute(), strict=True):
+        for tok, raw in zip(toks, pipe.execute()[len(ended) :], strict=True):
             if raw is None:
                 continue
             try:
