@@ -1306,6 +1306,15 @@ def _server_cpu(p: Point | None, keys: tuple[str, ...]) -> float | None:
     return sum(p.cpu_ms_per_request.get(k, 0.0) for k in keys)
 
 
+def _at_least(mine: Point | None, theirs: Point | None, goal: float) -> tuple[bool | None, str]:
+    """Whether ``mine`` made at least ``goal`` times ``theirs``'s infer/s, and the figures
+    (None, "not measured" when either is missing)."""
+    if not (mine and theirs and mine.infer_per_s and theirs.infer_per_s):
+        return None, "not measured"
+    ratio = mine.infer_per_s / theirs.infer_per_s
+    return ratio >= goal, f"{ratio:.2f}x ({mine.infer_per_s:,.0f} vs {theirs.infer_per_s:,.0f})"
+
+
 def goals(results: Results, args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(goal, measured, PASS/FAIL/SKIP) for issue 42 point 5, each on the models this run
     served to both conch and Triton: throughput and CPU at 16 and 64, p50 at 1, gRPC
@@ -1323,12 +1332,10 @@ def goals(results: Results, args: argparse.Namespace) -> list[tuple[str, str, st
         name = model if tmodel == model else f"{model} (Triton: {tmodel})"
         for c in (c for c in args.concurrency if c in GOAL_CONCURRENCY):
             p, t = results.get("conch", model, c), results.get("triton", tmodel, c)
-            ok, measured = None, "not measured"
-            if p and t and p.infer_per_s and t.infer_per_s:
-                ratio = p.infer_per_s / t.infer_per_s
-                ok = ratio >= GOAL_THROUGHPUT
-                measured = f"{ratio:.2f}x ({p.infer_per_s:,.0f} vs {t.infer_per_s:,.0f})"
-            add(f"{name} c={c}: conch >= {GOAL_THROUGHPUT}x Triton", ok, measured)
+            add(
+                f"{name} c={c}: conch >= {GOAL_THROUGHPUT}x Triton",
+                *_at_least(p, t, GOAL_THROUGHPUT),
+            )
             mine, theirs = _server_cpu(p, SERVER_CPU["conch"]), _server_cpu(t, TRITON_CPU)
             ok, measured = None, "not measured"
             if mine and theirs:
@@ -1336,12 +1343,10 @@ def goals(results: Results, args: argparse.Namespace) -> list[tuple[str, str, st
                 measured = f"{mine / theirs:.2f}x ({mine:.3f} vs {theirs:.3f} ms/request)"
             add(f"{name} c={c}: conch CPU <= {GOAL_CPU}x Triton's", ok, measured)
             g, tg = results.get("conch-grpc", model, c), results.get("triton-grpc", tmodel, c)
-            ok, measured = None, "not measured"
-            if g and tg and g.infer_per_s and tg.infer_per_s:
-                ratio = g.infer_per_s / tg.infer_per_s
-                ok = ratio >= GOAL_GRPC
-                measured = f"{ratio:.2f}x ({g.infer_per_s:,.0f} vs {tg.infer_per_s:,.0f})"
-            add(f"{name} c={c}: conch gRPC >= {GOAL_GRPC}x Triton gRPC", ok, measured)
+            add(
+                f"{name} c={c}: conch gRPC >= {GOAL_GRPC}x Triton gRPC",
+                *_at_least(g, tg, GOAL_GRPC),
+            )
         if 1 in args.concurrency:
             p, t = results.get("conch", model, 1), results.get("triton", tmodel, 1)
             ok, measured = None, "not measured"

@@ -16,24 +16,11 @@ from conch.wire.work_owed import work_owed
 from conch.worker.drain import Drain, ack
 
 from harness import fresh_db
+from integration.redis._messages import infer_message as message
 
 
 def waiting(client: redis.Redis) -> int:
     return work_owed(client, ["m"])["m"].waiting
-
-
-def message(deadline_s: float = 5.0) -> InferMessage:
-    now = time.time()
-    return InferMessage(
-        id=broker.new_id(),
-        model="m",
-        version=1,
-        inputs=[("X", "FP32", (1,), b"\0\0\0\0")],
-        outputs=["Y"],
-        reply_to=None,
-        enqueued=now,
-        deadline=now + deadline_s,
-    )
 
 
 def play_worker(client: redis.Redis, replies: int) -> threading.Thread:

@@ -13,24 +13,12 @@ from conch.wire import broker, keys
 from conch.wire.messages import InferMessage
 from conch.worker.drain import Drain, ack
 
-
-def message(model: str = "m") -> InferMessage:
-    now = time.time()
-    return InferMessage(
-        id=broker.new_id(),
-        model=model,
-        version=1,
-        inputs=[("X", "FP32", (1,), b"\0\0\0\0")],
-        outputs=["Y"],
-        reply_to=None,
-        enqueued=now,
-        deadline=now + 5,
-    )
+from integration.redis._messages import infer_message
 
 
 def publish(client: redis.Redis, model: str, delay_s: float = 0.0) -> InferMessage:
-    """``message(model)`` published now, or ``delay_s`` from now by another thread."""
-    msg, publisher = message(model), broker.Publisher(client)
+    """``infer_message(model)`` published now, or ``delay_s`` from now by another thread."""
+    msg, publisher = infer_message(model), broker.Publisher(client)
 
     def go() -> None:
         publisher.publish(model, msg.to_dict(), task_id=msg.id, priority=0, reply_to=None)

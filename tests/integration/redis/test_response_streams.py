@@ -4,6 +4,7 @@ gateway's reply list itself, and checks what the stream hands out."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ from conch.frontend.producer import Abandonment, Dispatcher, ResponseStream
 from conch.wire import broker, statistics, stream_log
 from conch.wire.messages import InferMessage, Reply
 from conch.wire.work_owed import work_owed
+
+from integration.redis._messages import infer_message
 
 _models = itertools.count()
 
@@ -37,19 +40,7 @@ def model(client: redis.Redis) -> Iterator[str]:
 def message(
     model: str, deadline_s: float = 5.0, *, watched: bool = False, keep_s: int = 0
 ) -> InferMessage:
-    now = time.time()
-    return InferMessage(
-        watched=watched,
-        keep_s=keep_s,
-        id=broker.new_id(),
-        model=model,
-        version=1,
-        inputs=[("X", "FP32", (1,), b"\0\0\0\0")],
-        outputs=["Y"],
-        reply_to=None,
-        enqueued=now,
-        deadline=now + deadline_s,
-    )
+    return dataclasses.replace(infer_message(model, deadline_s), watched=watched, keep_s=keep_s)
 
 
 def reply(
