@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import socket
 import ssl
 import time
@@ -127,6 +128,11 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         self._plane = extensions.get(routes.PLANE)
         if self._plane is not None and self._plane.settings.allow_metrics:
             self._metrics_port = self._plane.settings.metrics_port
+        # What the process holds once loaded (modules, the app, the repository's configs)
+        # lives as long as it does: out of the collector's sight, a full collection walks
+        # only what requests made since.
+        gc.collect()
+        gc.freeze()
 
     def handle(self, listener: Any, client: socket.socket, addr: Any) -> None:
         self._idle[client] = True
