@@ -189,9 +189,10 @@ T = TypeVar("T")
 def per_config(read: Callable[[ModelConfig], T]) -> Callable[[ModelConfig], T]:
     """``read``, remembered for each config object: what a request's path reads of its
     model's config (its inputs as validation checks them, its default queue policy) is
-    read once, not once a request. A config is never edited once an entry holds it: a
-    repository change brings new config objects, which are read again. Safe from any
-    thread: two that read one config at once store equal answers."""
+    read once, not once a request (bench/README.md, "Measurements the code cites").
+    conch never edits a config once an entry holds it: a repository change brings new
+    config objects, which are read again. Safe from any thread: two that read one
+    config at once store equal answers."""
     kept: dict[int, tuple[ModelConfig, T]] = {}
 
     def remembered(config: ModelConfig) -> T:
