@@ -48,7 +48,7 @@ class InputTensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    raw: bytes  # Triton binary bytes
+    raw: bytes | memoryview  # Triton binary bytes (an HTTP body's own, as a view of it)
 
 
 @dataclass

@@ -18,9 +18,10 @@ import importlib.util
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -164,6 +165,7 @@ __all__ = [
     "model_config_pb2",
     "new_config",
     "parse_config",
+    "per_config",
     "response_cache_problem",
 ]
 
@@ -176,3 +178,29 @@ def wire_type(data_type: int) -> str:
 def output_types(config: ModelConfig) -> dict[str, str]:
     """Each output's wire datatype, as the config declares it."""
     return {o.name: wire_type(o.data_type) for o in config.output}
+
+
+# How many configs a ``per_config`` remembers before it starts again.
+PER_CONFIG_KEPT = 1024
+
+T = TypeVar("T")
+
+
+def per_config(read: Callable[[ModelConfig], T]) -> Callable[[ModelConfig], T]:
+    """``read``, remembered for each config object: what a request's path reads of its
+    model's config (its inputs as validation checks them, its default queue policy) is
+    read once, not once a request (bench/README.md, "Measurements the code cites").
+    conch never edits a config once an entry holds it: a repository change brings new
+    config objects, which are read again. Safe from any thread: two that read one
+    config at once store equal answers."""
+    kept: dict[int, tuple[ModelConfig, T]] = {}
+
+    def remembered(config: ModelConfig) -> T:
+        known = kept.get(id(config))
+        if known is None or known[0] is not config:
+            if len(kept) >= PER_CONFIG_KEPT:
+                kept.clear()
+            known = kept[id(config)] = (config, read(config))
+        return known[1]
+
+    return remembered

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
@@ -184,13 +184,22 @@ def trace_id(traceparent: str) -> str:
     return traceparent[3:35] if sampled and traceparent[3:35] != "0" * 32 else ""
 
 
-@contextmanager
-def span(name: str, traceparent: str = "", **attributes: object) -> Iterator[trace.Span]:
+def span(
+    name: str, traceparent: str = "", **attributes: object
+) -> AbstractContextManager[trace.Span]:
     """A span named ``name``, continuing ``traceparent`` when it names one, else the
     current span (the gateway's request span; an ensemble's or BLS call's steps nest)."""
     if not _EXPORTING:  # no tracing set up: no OpenTelemetry work on the request's path
-        yield trace.INVALID_SPAN
-        return
+        return _NO_SPAN
+    return _span(name, traceparent, attributes)
+
+
+# What ``span`` is while this process makes no spans: one shared block that does nothing.
+_NO_SPAN = nullcontext(trace.INVALID_SPAN)
+
+
+@contextmanager
+def _span(name: str, traceparent: str, attributes: dict[str, object]) -> Iterator[trace.Span]:
     parent = context_of(traceparent)
     kind = SpanKind.SERVER if parent is not None else SpanKind.INTERNAL
     with tracer().start_as_current_span(

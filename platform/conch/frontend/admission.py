@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from conch.core.model_config import per_config
 from conch.wire import broker
 
 if TYPE_CHECKING:
@@ -36,6 +37,12 @@ class Admission:
 
 def admit(config: ModelConfig, priority: int | None, timeout_us: int | None) -> Admission:
     """Apply the model's queue policy to one request's parameters."""
+    if priority or timeout_us:
+        return _admit(config, priority, timeout_us)
+    return _plain(config)  # the common case: neither a priority nor a timeout
+
+
+def _admit(config: ModelConfig, priority: int | None, timeout_us: int | None) -> Admission:
     if not config.HasField("dynamic_batching"):
         return Admission(0, 0, 0.0, False)
     db = config.dynamic_batching
@@ -60,6 +67,9 @@ def admit(config: ModelConfig, priority: int | None, timeout_us: int | None) -> 
         took,
         (timeout + db.max_queue_delay_microseconds) / 1e6,
     )
+
+
+_plain = per_config(lambda config: _admit(config, None, None))
 
 
 def longest_hold_s(config: ModelConfig) -> float:

@@ -5,7 +5,7 @@
 before it decodes the request: a call to an unknown model says so whatever its body
 holds, as Triton answers.
 
-Both calls go one way up to the queue (``Inference._routed``): a span, every 4xx raised
+Both calls go one way up to the queue (``Inference._route``), in a span: every 4xx raised
 before anything is queued (``prepare``), the request's log tags, and its route (a
 sequence model's mailbox, or its model's queue). ``infer`` then looks the request up in
 the response cache (``response_cache.consult``) and waits for one answer;
@@ -17,8 +17,8 @@ decoupled model in Triton's words.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
@@ -145,13 +145,14 @@ class StreamOptions(CallOptions, total=False):
     keep: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class Routed:
     """A request checked and built (``call``), with where it goes: its sequence's
-    mailbox (``route``), or its model's queue (None)."""
+    mailbox (``route``), or its model's queue (None); and the ids its log lines carry."""
 
     call: calls.Call
     route: Callable[[InferMessage], None] | None
+    tag: RequestTag
 
 
 @dataclass(eq=False)
@@ -190,24 +191,26 @@ class Inference:
         if to.decoupled:
             raise refuse_decoupled("this endpoint")
         abandonment = options.get("abandonment")
-        with self._routed(to, request, options, "infer") as routed:
+        with self._span(to, request, options) as span:
+            routed = self._route(to, request, options, span, "infer")
             call = routed.call
-            self.traffic.shadow(to, request, call)  # a copy to the split's shadow, if any
-            try:
-                visit = response_cache.consult(
-                    self.cache, to.entry.config, to.entry.name, to.version, call.msg
-                )
-                if visit is not None and visit.found is not None:
-                    version, results = visit.found
-                else:
-                    version, results = self._run(to, request, routed, abandonment)
-                    log.debug("infer: answered by version %s", version)
-                    if visit is not None:
-                        visit.keep(version, results)
-            except ConchError as exc:
-                log.debug("infer: failed (%s): %s", exc.code, exc.message)
-                raise
-            return self.outcome(to.entry, request, version, results)
+            with about(routed.tag):
+                self.traffic.shadow(to, request, call)  # a copy to the split's shadow, if any
+                try:
+                    visit = response_cache.consult(
+                        self.cache, to.entry.config, to.entry.name, to.version, call.msg
+                    )
+                    if visit is not None and visit.found is not None:
+                        version, results = visit.found
+                    else:
+                        version, results = self._run(to, request, routed, abandonment)
+                        log.debug("infer: answered by version %s", version)
+                        if visit is not None:
+                            visit.keep(version, results)
+                except ConchError as exc:
+                    log.debug("infer: failed (%s): %s", exc.code, exc.message)
+                    raise
+                return self.outcome(to.entry, request, version, results)
 
     def infer_stream(
         self, to: calls.Target, request: InferRequest, **options: Unpack[StreamOptions]
@@ -234,40 +237,57 @@ class Inference:
             )
         abandonment = options.get("abandonment")
         keep = options.get("keep", False)
-        with self._routed(to, request, options, "infer stream") as routed:
+        with self._span(to, request, options) as span:
+            routed = self._route(to, request, options, span, "infer stream")
             call = routed.call
             call.msg.watched = True
             call.msg.keep_s = self.settings.stream_keep_s if keep else 0
-            replies = self.dispatcher.stream(
-                call.msg,
-                max_queue_size=call.max_queue_size,
-                version=call.version,
-                route=routed.route,
-                grace_s=self.settings.stream_grace_s,
-            )
+            with about(routed.tag):
+                replies = self.dispatcher.stream(
+                    call.msg,
+                    max_queue_size=call.max_queue_size,
+                    version=call.version,
+                    route=routed.route,
+                    grace_s=self.settings.stream_grace_s,
+                )
         if abandonment is not None:
             abandonment.watch(replies)
         return InferStream(self, to, request, call, replies, abandonment)
 
-    @contextmanager
-    def _routed(
-        self, to: calls.Target, request: InferRequest, options: CallOptions, what: str
-    ) -> Iterator[Routed]:
+    @staticmethod
+    def _span(
+        to: calls.Target, request: InferRequest, options: CallOptions
+    ) -> AbstractContextManager[tracing.Span]:
+        """An online request's ``infer`` span, continuing the client's ``traceparent``;
+        its way up to the queue (``_route``) and its wait for the answer run inside it."""
+        return tracing.span(
+            "infer", options.get("traceparent", ""), model=to.entry.name, request_id=request.id
+        )
+
+    def _route(
+        self,
+        to: calls.Target,
+        request: InferRequest,
+        options: CallOptions,
+        span: tracing.Span,
+        what: str,
+    ) -> Routed:
         """The one way of an online request up to its queue, for ``infer`` and
-        ``infer_stream``: inside its ``infer`` span, the request checked and built
-        (``prepare``), tagged with its message and trace ids for the logs, and routed."""
+        ``infer_stream``, inside its ``span``: the request checked and built
+        (``prepare``), and routed; its ``tag`` names its message and trace ids for the
+        log lines about it from there on."""
         deadline = options.get("deadline", 0.0)
         caller = calls.Caller(deadline=deadline) if deadline else calls.CLIENT
-        traceparent = options.get("traceparent", "")
-        with tracing.span("infer", traceparent, model=to.entry.name, request_id=request.id) as span:
-            with about(RequestTag(request.id)):
-                call = self.prepare(to, request, calls.Lane.ONLINE, caller)
-            msg = call.msg
-            span.set_attribute("conch.id", msg.id)
-            with about(RequestTag(request.id, msg.id, tracing.trace_id(msg.traceparent))):
+        with about(RequestTag(request.id)):
+            call = self.prepare(to, request, calls.Lane.ONLINE, caller)
+        msg = call.msg
+        span.set_attribute("conch.id", msg.id)
+        tag = RequestTag(request.id, msg.id, tracing.trace_id(msg.traceparent))
+        if log.isEnabledFor(logging.DEBUG):
+            with about(tag):
                 log.debug("%s: model '%s' version %s", what, to.entry.name, call.version)
-                spec = self.sequences.spec(to.entry.config) if msg.sequence is not None else None
-                yield Routed(call, None if spec is None else self.sequences.route(spec))
+        spec = self.sequences.spec(to.entry.config) if msg.sequence is not None else None
+        return Routed(call, None if spec is None else self.sequences.route(spec), tag)
 
     def prepare(
         self,
@@ -334,7 +354,7 @@ class Inference:
             return None
         shape = msg.inputs[0].shape if msg.inputs else ()
         rows = max(1, shape[0]) if shape else 1
-        nbytes = sum(len(raw) for *_, raw in msg.inputs)
+        nbytes = sum([len(t.raw) for t in msg.inputs])
         return broker.Bundling(rows, config.max_batch_size, nbytes)
 
     def _run_ensemble(

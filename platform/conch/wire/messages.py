@@ -280,9 +280,16 @@ def read_tensor(t: Any) -> WireTensor:
     name, datatype, shape, raw = t
     if datatype not in WIRE_TYPES:
         raise BadMessage(f"datatype {datatype!r} is not allowed")
-    shape = tuple(_int(d) for d in _list(shape, MAX_RANK))
-    if any(d < 0 for d in shape):
-        raise BadMessage("negative dimension")
+    if (
+        type(shape) is list
+        and len(shape) <= MAX_RANK
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        shape = tuple(shape)  # what msgpack gives for a good shape, checked at once
+    else:
+        shape = tuple(_int(d) for d in _list(shape, MAX_RANK))
+        if any(d < 0 for d in shape):
+            raise BadMessage("negative dimension")
     if not isinstance(raw, bytes):
         raise BadMessage("tensor data is not bytes")
     return WireTensor(_str(name), datatype, shape, raw)

@@ -90,7 +90,7 @@ def decode_call(
     plane: DataPlane,
     model: str,
     version: str,
-    body: bytes,
+    body: bytes | memoryview,
     header: Header,
     *,
     endpoint: str = "HTTP end point",
@@ -123,7 +123,7 @@ def serve_infer(
     call: InferCall,
     *,
     length: int,
-    read: Callable[[int], bytes],
+    read: Callable[[int], bytes | memoryview],
     header: Header,
     client: Any = None,
 ) -> Answer:

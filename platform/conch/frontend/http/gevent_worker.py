@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import socket
 import ssl
 import time
@@ -107,6 +108,8 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         self._plane: DataPlane | None = None
         self._metrics_port = -1
         self._date = _Date()
+        # Read once: each read of gunicorn's config is a lookup and a validation.
+        self._keepalive = self.cfg.keepalive
         # The longest head read here: one gunicorn's limits on the request line and on
         # each header line could not refuse (those limits are 0 when off).
         limits = (self.cfg.limit_request_line, self.cfg.limit_request_field_size)
@@ -125,6 +128,11 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         self._plane = extensions.get(routes.PLANE)
         if self._plane is not None and self._plane.settings.allow_metrics:
             self._metrics_port = self._plane.settings.metrics_port
+        # What the process holds once loaded (modules, the app, the repository's configs)
+        # lives as long as it does: out of the collector's sight, a full collection walks
+        # only what requests made since.
+        gc.collect()
+        gc.freeze()
 
     def handle(self, listener: Any, client: socket.socket, addr: Any) -> None:
         self._idle[client] = True
@@ -158,7 +166,7 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
                 end = buf.find(b"\r\n\r\n")
                 if end < 0:
                     # Between requests the keep-alive timeout applies, as in gunicorn.
-                    client.settimeout(self.cfg.keepalive)
+                    client.settimeout(self._keepalive)
                     while end < 0 and len(buf) <= infer_head.MAX_HEAD_BYTES:
                         try:
                             data = client.recv(_READ)
@@ -196,26 +204,29 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         self, head: infer_head.InferHead, client: socket.socket, buf: bytes, start: int
     ) -> bytes | None:
         """Read one plain infer call's body and answer it; the bytes after it, or None
-        to close."""
+        to close. The body is read once, into its own buffer when it did not come with
+        the head, and handed on as a view: its tensors are never copied here."""
         assert self._plane is not None
         length, limit = head.length, self._plane.settings.max_input_bytes
         close = head.close
+        body: bytes | memoryview
         if length > limit:  # answered without reading the body: the connection must go
             body, rest, close = b"", b"", True
         else:
             need = start + length
             if len(buf) >= need:
-                body, rest = buf[start:need], buf[need:]
+                body, rest = memoryview(buf)[start:need], buf[need:]
             else:
-                parts, have = [buf[start:]], len(buf) - start
+                whole = bytearray(length)
+                view = memoryview(whole)
+                have = len(buf) - start
+                view[:have] = memoryview(buf)[start:]
                 while have < length:
-                    data = client.recv(max(_READ, length - have))
-                    if not data:
+                    got = client.recv_into(view[have:])
+                    if not got:
                         return None
-                    parts.append(data)
-                    have += len(data)
-                tail = b"".join(parts)
-                body, rest = tail[:length], tail[length:]
+                    have += got
+                body, rest = view, b""
         if self._infer(client, head.call, head.http, close, length, lambda _n: body, head.header):
             return None
         return rest
@@ -287,7 +298,7 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         version: tuple[int, int],
         close: bool,
         length: int,
-        read: Callable[[int], bytes],
+        read: Callable[[int], bytes | memoryview],
         header: Header,
     ) -> bool:
         """Answer one infer call, however it was read, and write the response in one
@@ -299,7 +310,7 @@ class GatewayWorker(TritonParseErrors, GeventWorker):
         self.nr += 1
         if self.nr >= self.max_requests:
             self.alive = False
-        close = close or not self.alive or not self.cfg.keepalive
+        close = close or not self.alive or not self._keepalive
         fields = "".join([f"{k}: {v}\r\n" for k, v in out])
         head = (
             f"HTTP/{version[0]}.{version[1]} {status_line(status)}\r\n"

@@ -129,15 +129,17 @@ class InferWatcher:
         if not _peekable(sock):
             return 0
         token = next(self._tokens)
-        with self._lock:
-            self._calls[token] = _Call(sock, abandonment, time.monotonic())
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="infer-hangup", daemon=True).start()
+        # One dict operation, atomic under the GIL: the watch thread copies the dict.
+        self._calls[token] = _Call(sock, abandonment, time.monotonic())
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._pid = os.getpid()
+                    threading.Thread(target=self._run, name="infer-hangup", daemon=True).start()
         return token
 
     def done(self, token: int) -> None:
-        if token:
+        if token:  # under the lock: the watch thread duplicates sockets still registered
             with self._lock:
                 self._calls.pop(token, None)
 

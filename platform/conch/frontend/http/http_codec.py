@@ -76,7 +76,9 @@ def _int_or_zero(text: str) -> int:
         return 0
 
 
-def _decompress(body: bytes, encoding: str | None, max_body_bytes: int) -> bytes:
+def _decompress(
+    body: bytes | memoryview, encoding: str | None, max_body_bytes: int
+) -> bytes | memoryview:
     """Inflate a gzip/deflate body, never producing more than ``max_body_bytes``.
 
     Decompression is bounded with ``max_length`` so a small "zip bomb" costs at most
@@ -112,7 +114,7 @@ def _decompress(body: bytes, encoding: str | None, max_body_bytes: int) -> bytes
 
 
 def decode_request(
-    body: bytes,
+    body: bytes | memoryview,
     header_length: str | None,
     content_encoding: str | None,
     *,
@@ -154,7 +156,7 @@ def decode_request(
     view = memoryview(body)
     offset = json_len
 
-    def binary(name: str, nbytes: int) -> bytes:
+    def binary(name: str, nbytes: int) -> memoryview:
         nonlocal offset
         end = offset + nbytes
         if end > size:
@@ -162,7 +164,7 @@ def decode_request(
                 f"unexpected size for input '{name}': binary_data_size is {nbytes} but "
                 f"only {size - offset} bytes of binary data remain"
             )
-        raw = bytes(view[offset:end])
+        raw = view[offset:end]  # the body's bytes, as they are: packed into the message
         offset = end
         return raw
 
@@ -174,7 +176,7 @@ def decode_request(
     return request
 
 
-def raw_request(data: bytes, config: ModelConfig, model_name: str) -> InferRequest:
+def raw_request(data: bytes | memoryview, config: ModelConfig, model_name: str) -> InferRequest:
     """A raw binary request: ``data`` is the whole of the model's one input.
 
     Triton's rules (its core's request normalization): the model has exactly one input,
@@ -305,7 +307,7 @@ def encode_response(
 
     headers: dict[str, str] = {}
     if any_binary:
-        body = header + b"".join(raws)
+        body = b"".join([header, *raws])  # each output's bytes copied once, as they came
         headers["Content-Type"] = "application/octet-stream"
         # The length of the uncompressed JSON, as Triton sends it even when compressing.
         headers[HEADER_LENGTH] = str(len(header))

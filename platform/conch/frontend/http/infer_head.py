@@ -27,7 +27,7 @@ _HEADER_BLOCK = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\
 _DEFER = frozenset(("transfer-encoding", "expect", "upgrade", "http2-settings", "te"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made once a call, where frozen costs several times more
 class InferHead:
     call: InferCall  # the path's model and version, for ``fast_path.serve_infer``
     http: tuple[int, int]
