@@ -216,7 +216,10 @@ class Reply:
     # then None.
     responses: list[list[WireTensor]] | None = None
 
-    def pack(self) -> bytes:
+    def pack(self, packer: msgpack.Packer | None = None) -> bytes:
+        """The reply's msgpack bytes. ``packer`` (``reply_packer``): one a caller packing
+        many replies in one thread makes once (``conch.worker.replies``). Tensors go as
+        the tuples they are, which msgpack writes as the arrays ``unpack`` reads."""
         body: dict[str, Any] = {
             "id": self.id,
             "t": self.timing,
@@ -232,10 +235,12 @@ class Reply:
         if self.error is not None:
             body["err"] = [self.error.code, self.error.status, self.error.message]
         elif self.responses is not None:
-            body["rs"] = [[list(t) for t in outputs] for outputs in self.responses]
+            body["rs"] = self.responses
         else:
-            body["out"] = [list(t) for t in self.outputs or ()]
-        return msgpack.packb(body, use_bin_type=True)
+            body["out"] = self.outputs or ()
+        if packer is None:
+            return msgpack.packb(body, use_bin_type=True)
+        return packer.pack(body)
 
     @classmethod
     def unpack(cls, data: bytes) -> Reply:
@@ -276,6 +281,11 @@ class Reply:
             attempt=attempt,
             responses=responses,
         )
+
+
+def reply_packer() -> msgpack.Packer:
+    """A packer for ``Reply.pack``, for one thread's batch of replies (not thread-safe)."""
+    return msgpack.Packer(use_bin_type=True)
 
 
 def unpack(data: bytes) -> Any:

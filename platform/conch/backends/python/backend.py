@@ -636,14 +636,16 @@ class PythonBackend(Backend):
                     "output tensors, not a pb_utils.Tensor"
                 )
             returned[tensor.name()] = tensor._array
-        missing = [name for name in req.outputs if name not in returned]
-        if missing:
+        try:
+            asked = {name: returned[name] for name in req.outputs}
+        except KeyError:
+            missing = [name for name in req.outputs if name not in returned]
             return Internal(
                 f"model '{self.spec.name}' did not return output(s) {missing} that the request "
                 f"asked for (it returned {sorted(returned)})"
             )
         try:
-            return self.reshaped({name: returned[name] for name in req.outputs}, inputs=False)
+            return self.reshaped(asked, inputs=False)
         except ConchError as exc:
             return exc
 
