@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import json
 import os
@@ -393,6 +394,7 @@ def measure_worker(
     wall = tally.ended[0] - drain.started[0]
     cpu = tally.ended[1] - drain.started[1]
     note = f"mean batch formed {tally.rows / max(1, tally.executions):.1f} rows"
+    note += f", on {type(backend).__name__}"
     kind = "bundled" if bundled else "worker"
     row = Row(kind, batch, size // 1024, n, wall, cpu, redis_cpu, note)
     return row, top_functions(batcher.profile) if profile else ""
@@ -759,33 +761,25 @@ def run(args: argparse.Namespace) -> list[Row]:
                         key=lambda r: r.wall_s,
                     )
                     say(f"floor, {size // 1024} KiB, batch {batch}: {report(floor)}")
-                    worker, _ = measure_worker(
-                        client, pid, entries[model_name(batch)], size, args.n, python=args.python
+                    # The worker rows at this size and batch, on Echo or (--python) model.py.
+                    drained = functools.partial(
+                        measure_worker,
+                        client,
+                        pid,
+                        entries[model_name(batch)],
+                        size,
+                        args.n,
+                        python=args.python,
                     )
+                    worker, _ = drained()
                     say(f"worker, {size // 1024} KiB, batch {batch}: {report(worker)}")
                     rows += [floor, worker]
                     if batch > 1:  # a model without dynamic batching gets no bundles
-                        bundled, _ = measure_worker(
-                            client,
-                            pid,
-                            entries[model_name(batch)],
-                            size,
-                            args.n,
-                            bundled=True,
-                            python=args.python,
-                        )
+                        bundled, _ = drained(bundled=True)
                         say(f"bundled, {size // 1024} KiB, batch {batch}: {report(bundled)}")
                         rows.append(bundled)
                     if args.profile and batch == 64:
-                        _, top = measure_worker(
-                            client,
-                            pid,
-                            entries[model_name(batch)],
-                            size,
-                            args.n,
-                            profile=True,
-                            python=args.python,
-                        )
+                        _, top = drained(profile=True)
                         print(f"\nworker, batch 64, {size // 1024} KiB, cProfile:\n{top}")
             rows += measure_gateway(group, private.url, pid, repo, args)
             hops = measure_hops(group, private.url, args.n)
