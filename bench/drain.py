@@ -4,6 +4,7 @@
     .venv/bin/python bench/drain.py                  # N = 4096 requests per row
     .venv/bin/python bench/drain.py --quick          # N = 512
     .venv/bin/python bench/drain.py --n 20000 --concurrency 1,16,64 --profile
+    .venv/bin/python bench/drain.py --quick --python # the worker rows on the Python backend
 
 Everything runs over one private redis-server on a Unix socket, as ``conch serve`` starts
 it. Three kinds of row, measured in the same run:
@@ -15,7 +16,8 @@ it. Three kinds of row, measured in the same run:
   the gateway's own code (``validate_request``, ``calls.build``, ``Publisher.publish``),
   then drained by the real ``Batcher``, with its real ``Drain`` and ``ReplySink``, in
   this process. Its backend (``Echo``) returns its inputs as outputs and computes
-  nothing. Timed from the first pop to the last batch's replies pushed; CPU is this
+  nothing; with ``--python`` the real Python backend runs a ``model.py`` that does the
+  same through ``pb_utils``, as a Python model's requests and responses go. Timed from the first pop to the last batch's replies pushed; CPU is this
   process's own (``time.process_time``), whose other threads are idle meanwhile.
 - **bundled**: the worker row again, at batch 8 and 64, over a queue of bundles of a
   batch's requests each (``Publisher.publish_bundle``): what a gateway's bundles save a
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import json
 import os
@@ -73,6 +76,7 @@ sys.path.insert(0, str(BENCH))
 import procs  # noqa: E402
 
 from conch.backends import Backend, BackendRequest  # noqa: E402
+from conch.backends.python.backend import PythonBackend  # noqa: E402
 from conch.core import validation  # noqa: E402
 from conch.core.inference import InferRequest, InputTensor, RequestedOutput  # noqa: E402
 from conch.core.model_spec import InstanceSpec  # noqa: E402
@@ -112,10 +116,27 @@ def model_name(batch: int) -> str:
     return f"drain_b{batch}"
 
 
+# With --python, the worker rows run this model.py on the real Python backend: each
+# request's input is its output, through pb_utils as a model sees it.
+ECHO_MODEL = f"""\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("{OUTPUT}", pb_utils.get_input_tensor_by_name(r, "{INPUT}").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
 def write_repository(root: Path) -> None:
     """One Python-backend model per batch size, one FP32 input and output of any length.
 
-    The gateway reads them; no worker ever loads them (``model.py`` is never run).
+    The gateway reads them; only the worker rows with ``--python`` run their ``model.py``.
     """
     for batch in BATCHES:
         name = model_name(batch)
@@ -123,11 +144,7 @@ def write_repository(root: Path) -> None:
         batching = "dynamic_batching { }\n" if batch > 1 else ""
         max_batch_size = batch if batch > 1 else 64
         (root / name / "1").mkdir(parents=True, exist_ok=True)
-        (root / name / "1" / "model.py").write_text(
-            "class TritonPythonModel:\n"
-            "    def execute(self, requests):\n"
-            "        raise NotImplementedError('bench/drain.py answers this queue itself')\n"
-        )
+        (root / name / "1" / "model.py").write_text(ECHO_MODEL)
         (root / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n{batching}'
             f'input [ {{ name: "{INPUT}" data_type: TYPE_FP32 dims: [ -1 ] }} ]\n'
@@ -334,10 +351,12 @@ def measure_worker(
     *,
     profile: bool = False,
     bundled: bool = False,
+    python: bool = False,
 ) -> tuple[Row, str]:
     """Fill ``entry``'s queue with ``n`` requests (``bundled``: a batch's worth to each
-    message), then drain it with one batcher; the row, and with ``profile`` the batcher
-    loop's top functions (a run of its own, untimed)."""
+    message), then drain it with one batcher, on ``Echo`` or (``python``) the real Python
+    backend running ``ECHO_MODEL``; the row, and with ``profile`` the batcher loop's top
+    functions (a run of its own, untimed)."""
     client.flushall()
     batch = int(entry.name.removeprefix("drain_b"))
     fill(client, entry, size, n, bundle=batch if bundled else 1)
@@ -345,10 +364,13 @@ def measure_worker(
     drain = TimedDrain(client, entry.name)
     tally = Tally(n)
     cls = ProfiledBatcher if profile else Batcher
+    instance = InstanceSpec(f"{entry.name}_0", "CPU")
+    backend = PythonBackend(spec, instance) if python else Echo(spec, instance)
+    backend.load()
     parts = QueueParts(
         client=client,
         model=entry.name,
-        backends={1: Echo(spec, InstanceSpec(f"{entry.name}_0", "CPU"))},
+        backends={1: backend},
         name=f"drain-{entry.name}",
         inflight=InFlight(),
         drain=drain,
@@ -363,6 +385,7 @@ def measure_worker(
     redis_cpu = procs.on_cpu_seconds([redis_pid]) - r0
     batcher.stop()
     batcher.join(10)
+    backend.unload()
     if not finished or drain.started is None or tally.ended is None:
         raise RuntimeError(f"{entry.name}: {tally.answered} of {n} requests answered in time")
     if tally.failed:
@@ -371,6 +394,7 @@ def measure_worker(
     wall = tally.ended[0] - drain.started[0]
     cpu = tally.ended[1] - drain.started[1]
     note = f"mean batch formed {tally.rows / max(1, tally.executions):.1f} rows"
+    note += f", on {type(backend).__name__}"
     kind = "bundled" if bundled else "worker"
     row = Row(kind, batch, size // 1024, n, wall, cpu, redis_cpu, note)
     return row, top_functions(batcher.profile) if profile else ""
@@ -707,6 +731,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the gateway rows' concurrent connections, comma-separated (default 1,64)",
     )
     p.add_argument("--profile", action="store_true", help="cProfile the worker at batch 64")
+    p.add_argument(
+        "--python",
+        action="store_true",
+        help="the worker rows run an echo model.py on the real Python backend, not Echo",
+    )
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"default {DEFAULT_JSON}")
     p.add_argument("--stand-in", nargs=2, metavar=("URL", "MODEL"), help=argparse.SUPPRESS)
     p.add_argument("--hop-gateway", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
@@ -747,21 +776,25 @@ def run(args: argparse.Namespace) -> list[Row]:
                         key=lambda r: r.wall_s,
                     )
                     say(f"floor, {size // 1024} KiB, batch {batch}: {report(floor)}")
-                    worker, _ = measure_worker(
-                        client, pid, entries[model_name(batch)], size, args.n
+                    # The worker rows at this size and batch, on Echo or (--python) model.py.
+                    drained = functools.partial(
+                        measure_worker,
+                        client,
+                        pid,
+                        entries[model_name(batch)],
+                        size,
+                        args.n,
+                        python=args.python,
                     )
+                    worker, _ = drained()
                     say(f"worker, {size // 1024} KiB, batch {batch}: {report(worker)}")
                     rows += [floor, worker]
                     if batch > 1:  # a model without dynamic batching gets no bundles
-                        bundled, _ = measure_worker(
-                            client, pid, entries[model_name(batch)], size, args.n, bundled=True
-                        )
+                        bundled, _ = drained(bundled=True)
                         say(f"bundled, {size // 1024} KiB, batch {batch}: {report(bundled)}")
                         rows.append(bundled)
                     if args.profile and batch == 64:
-                        _, top = measure_worker(
-                            client, pid, entries[model_name(batch)], size, args.n, profile=True
-                        )
+                        _, top = drained(profile=True)
                         print(f"\nworker, batch 64, {size // 1024} KiB, cProfile:\n{top}")
             rows += measure_gateway(group, private.url, pid, repo, args)
             hops = measure_hops(group, private.url, args.n)

@@ -100,6 +100,9 @@ class Backend(ABC):
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
         self.spec = spec
         self.instance = instance
+        # ``reshaped``'s entries with a reshape, inputs' and outputs', read from the config
+        # at the first request (a backend may still complete its config while it loads).
+        self._reshapes: dict[bool, dict[str, Any]] = {}
 
     @classmethod
     def auto_complete(
@@ -127,11 +130,15 @@ class Backend(ABC):
         ``reshape`` converted, behind the batch dimension of a batching model. Triton
         does this in its core for every backend, so each of conch's backends does it
         too, and a model never sees its config's ``dims`` where it declares a reshape."""
-        config = self.spec.config
-        entries = {e.name: e for e in (config.input if inputs else config.output)}
-        if not any(e.HasField("reshape") for e in entries.values()):
+        entries = self._reshapes.get(inputs)
+        if entries is None:
+            config = self.spec.config
+            declared = config.input if inputs else config.output
+            entries = {e.name: e for e in declared if e.HasField("reshape")}
+            self._reshapes[inputs] = entries
+        if not entries:
             return tensors
-        batched = config.max_batch_size > 0
+        batched = self.spec.config.max_batch_size > 0
         convert = to_model_shape if inputs else to_config_shape
         return {
             name: convert(self.spec.name, entries[name], arr, batched) if name in entries else arr

@@ -137,42 +137,56 @@ class InferMessage:
 
     @classmethod
     def from_dict(cls, m: Any) -> InferMessage:
+        """A payload read back, every field checked. A worker reads one per request, so
+        each field takes the exact type msgpack gives it at the cost of a ``type`` test;
+        anything else goes through the full check, which says what is wrong."""
         if not isinstance(m, dict):
             raise BadMessage("message is not a map")
         try:
-            inputs = [read_tensor(t) for t in _list(m["inputs"], MAX_TENSORS)]
-            outputs = [_str(o) for o in _list(m["outputs"], MAX_TENSORS)]
-            reply_to = m.get("reply_to")
-            params = m.get("params") or {}
-            if not isinstance(params, dict):
-                raise BadMessage("params is not a map")
-            return cls(
-                id=_str(m["id"]),
-                model=_str(m["model"]),
-                version=_int(m["version"]),
-                inputs=inputs,
-                outputs=outputs,
-                reply_to=None if reply_to is None else _reply_key(reply_to),
-                enqueued=_float(m["enqueued"]),
-                deadline=_float(m.get("deadline", 0.0)),
-                priority=_int(m.get("priority", 0)),
-                params=params,
-                queue_deadline=_float(m.get("qd", 0.0)),
-                delay_on_timeout=bool(m.get("dot", False)),
-                delayed=bool(m.get("delayed", False)),
-                client_id=_str(m.get("cid", "")),
-                timeout_us=_int(m.get("tmo", 0)),
-                priority_level=_int(m.get("lvl", 0)),
-                chain=[_model_name(c) for c in _list(m.get("chain") or [], MAX_CHAIN)],
-                job_ttl=_int(m.get("job", 0)),
-                sequence=_sequence(m.get("seq")),
-                traceparent=_traceparent(m.get("tp", "")),
-                watched=m.get("w", False) is True,
-                keep_s=_keep(m.get("keep", 0)),
-                collect=m.get("col", False) is True,
-            )
+            ident, model, version = m["id"], m["model"], m["version"]
+            raw_inputs, raw_outputs, enqueued = m["inputs"], m["outputs"], m["enqueued"]
         except KeyError as exc:
             raise BadMessage(f"message lacks field {exc}") from None
+        get = m.get
+        if type(raw_inputs) is not list or len(raw_inputs) > MAX_TENSORS:
+            raw_inputs = _list(raw_inputs, MAX_TENSORS)
+        inputs = [read_tensor(t) for t in raw_inputs]
+        if type(raw_outputs) is not list or len(raw_outputs) > MAX_TENSORS:
+            raw_outputs = _list(raw_outputs, MAX_TENSORS)
+        outputs = raw_outputs if all(type(o) is str for o in raw_outputs) else _strs(raw_outputs)
+        reply_to = get("reply_to")
+        params = get("params") or {}
+        if not isinstance(params, dict):
+            raise BadMessage("params is not a map")
+        deadline, priority = get("deadline", 0.0), get("priority", 0)
+        cid, timeout_us = get("cid", ""), get("tmo", 0)
+        qd, level, job, keep = get("qd", 0.0), get("lvl", 0), get("job", 0), get("keep", 0)
+        chain, seq, tp = get("chain"), get("seq"), get("tp", "")
+        return cls(
+            id=ident if type(ident) is str else _str(ident),
+            model=model if type(model) is str else _str(model),
+            version=version if type(version) is int else _int(version),
+            inputs=inputs,
+            outputs=outputs,
+            reply_to=None if reply_to is None else _reply_key(reply_to),
+            enqueued=enqueued if type(enqueued) is float else _float(enqueued),
+            deadline=deadline if type(deadline) is float else _float(deadline),
+            priority=priority if type(priority) is int else _int(priority),
+            params=params,
+            queue_deadline=qd if type(qd) is float else _float(qd),
+            delay_on_timeout=bool(get("dot", False)),
+            delayed=bool(get("delayed", False)),
+            client_id=cid if type(cid) is str else _str(cid),
+            timeout_us=timeout_us if type(timeout_us) is int else _int(timeout_us),
+            priority_level=level if type(level) is int else _int(level),
+            chain=[_model_name(c) for c in _list(chain, MAX_CHAIN)] if chain else [],
+            job_ttl=job if type(job) is int else _int(job),
+            sequence=None if seq is None else _sequence(seq),
+            traceparent=_traceparent(tp) if tp else "",
+            watched=get("w", False) is True,
+            keep_s=0 if keep == 0 and type(keep) is int else _keep(keep),
+            collect=get("col", False) is True,
+        )
 
 
 @dataclass
@@ -202,7 +216,10 @@ class Reply:
     # then None.
     responses: list[list[WireTensor]] | None = None
 
-    def pack(self) -> bytes:
+    def pack(self, packer: msgpack.Packer | None = None) -> bytes:
+        """The reply's msgpack bytes. ``packer`` (``reply_packer``): one a caller packing
+        many replies in one thread makes once (``conch.worker.replies``). Tensors go as
+        the tuples they are, which msgpack writes as the arrays ``unpack`` reads."""
         body: dict[str, Any] = {
             "id": self.id,
             "t": self.timing,
@@ -218,10 +235,12 @@ class Reply:
         if self.error is not None:
             body["err"] = [self.error.code, self.error.status, self.error.message]
         elif self.responses is not None:
-            body["rs"] = [[list(t) for t in outputs] for outputs in self.responses]
+            body["rs"] = self.responses
         else:
-            body["out"] = [list(t) for t in self.outputs or ()]
-        return msgpack.packb(body, use_bin_type=True)
+            body["out"] = self.outputs or ()
+        if packer is None:
+            return msgpack.packb(body, use_bin_type=True)
+        return packer.pack(body)
 
     @classmethod
     def unpack(cls, data: bytes) -> Reply:
@@ -264,6 +283,11 @@ class Reply:
         )
 
 
+def reply_packer() -> msgpack.Packer:
+    """A packer for ``Reply.pack``, for one thread's batch of replies (not thread-safe)."""
+    return msgpack.Packer(use_bin_type=True)
+
+
 def unpack(data: bytes) -> Any:
     """Broker bytes as msgpack values, decoded as untrusted (``BadMessage`` if not)."""
     try:
@@ -280,19 +304,25 @@ def read_tensor(t: Any) -> WireTensor:
     name, datatype, shape, raw = t
     if datatype not in WIRE_TYPES:
         raise BadMessage(f"datatype {datatype!r} is not allowed")
-    if (
-        type(shape) is list
-        and len(shape) <= MAX_RANK
-        and all(type(d) is int and d >= 0 for d in shape)
-    ):
-        shape = tuple(shape)  # what msgpack gives for a good shape, checked at once
+    if type(shape) is list and len(shape) <= MAX_RANK:
+        for d in shape:  # the common case: every dimension a plain int, none negative
+            if type(d) is not int or d < 0:
+                shape = _shape(shape)
+                break
+        else:
+            shape = tuple(shape)
     else:
-        shape = tuple(_int(d) for d in _list(shape, MAX_RANK))
-        if any(d < 0 for d in shape):
-            raise BadMessage("negative dimension")
+        shape = _shape(shape)
     if not isinstance(raw, bytes):
         raise BadMessage("tensor data is not bytes")
-    return WireTensor(_str(name), datatype, shape, raw)
+    return WireTensor(name if type(name) is str else _str(name), datatype, shape, raw)
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    shape = tuple(_int(d) for d in _list(v, MAX_RANK))
+    if any(d < 0 for d in shape):
+        raise BadMessage("negative dimension")
+    return shape
 
 
 def _model_name(v: Any) -> str:
@@ -325,6 +355,10 @@ def _list(v: Any, limit: int) -> list:
     if not isinstance(v, list | tuple) or len(v) > limit:
         raise BadMessage("expected a bounded list")
     return list(v)
+
+
+def _strs(v: list) -> list[str]:
+    return [_str(o) for o in v]
 
 
 def _str(v: Any) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import redis
 
 from conch.wire import job_store, stream_log
-from conch.wire.messages import REPLY_TTL_S, InferMessage, Reply
+from conch.wire.messages import REPLY_TTL_S, InferMessage, Reply, reply_packer
 from conch.wire.redis_link import CommandQueue
 
 
@@ -33,11 +33,12 @@ class ReplySink:
         self, pipe: CommandQueue, answers: Iterable[tuple[InferMessage, Reply]]
     ) -> None:
         by_list: dict[str, list[bytes]] = {}
+        packer = reply_packer()  # one for the batch's replies
         for msg, reply in answers:
             if msg.job_ttl:
                 job_store.store(pipe, msg.id, self.model, reply, msg.job_ttl)
             elif msg.reply_to:
-                by_list.setdefault(msg.reply_to, []).append(reply.pack())
+                by_list.setdefault(msg.reply_to, []).append(reply.pack(packer))
         for key, packed in by_list.items():  # one push per gateway process, not per request
             pipe.rpush(key, *packed)
             pipe.expire(key, REPLY_TTL_S)

@@ -24,7 +24,7 @@ import redis
 from conch.backends import Backend, BackendRequest, TensorBackend
 from conch.backends.base import execute_answered
 from conch.core import tensors, timeline, tracing
-from conch.core.errors import ConchError, Internal, InvalidArgument, NotFound, Unsupported
+from conch.core.errors import ConchError, Internal, NotFound, Unsupported
 from conch.core.model_config import output_types
 from conch.wire import cancellation, outage, statistics
 from conch.wire.messages import Reply
@@ -172,13 +172,12 @@ class Runner:
 
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
-        for item in items:
-            request = _request(item, self.parts.client)
-            if isinstance(request, ConchError):
-                replies[item.key] = Reply(item.msg.id, error=request)
+        for item, inputs in zip(items, stacking.request_inputs(items), strict=True):
+            if isinstance(inputs, ConchError):
+                replies[item.key] = Reply(item.msg.id, error=inputs)
                 refused.add(item.key)
                 continue
-            requests.append(request)
+            requests.append(_request(item, inputs, self.parts.client))
             runnable.append(item)
         if not runnable:
             return None
@@ -219,8 +218,9 @@ class Runner:
         run = statistics.Execution(version, batch_size=sum(i.rows for i in items))
         requests: list[BackendRequest] = []
         runnable: list[Item] = []
-        for item in items:
-            request = _request(item, self.parts.client)
+        client = self.parts.client
+        for item, inputs in zip(items, stacking.request_inputs(items), strict=True):
+            request = inputs if isinstance(inputs, ConchError) else _request(item, inputs, client)
             if item.msg.job_ttl and not item.msg.collect:  # one result, not a stream of them
                 request = Unsupported(
                     f"model '{self.parts.model}' is decoupled: an async job on it must collect its "
@@ -398,16 +398,11 @@ class Runner:
             return results
 
 
-def _request(item: Item, client: redis.Redis) -> BackendRequest | ConchError:
-    """``item``'s request as backends take it, or the error its inputs make; its
-    ``cancelled`` reads the mark its frontend leaves if the caller goes away."""
+def _request(item: Item, inputs: dict[str, Any], client: redis.Redis) -> BackendRequest:
+    """``item``'s request as backends take it, with its ``inputs`` as arrays
+    (``stacking.request_inputs``); its ``cancelled`` reads the mark its frontend leaves if
+    the caller goes away."""
     msg = item.msg
-    try:
-        inputs = {name: tensors.to_numpy(dt, shape, raw) for name, dt, shape, raw in msg.inputs}
-    except ConchError as exc:
-        return exc
-    except Exception as exc:
-        return InvalidArgument(f"bad input tensor: {exc}")
     return BackendRequest(
         inputs,
         msg.outputs,

@@ -10,18 +10,22 @@ bytes. Per request, nothing is made beyond what its reply carries.
 datatypes and inner shapes, or carry BYTES (whose rows have no fixed size); the runner
 then takes the per-request path (``BackendRequest``, ``TensorBackend.execute``), which
 groups such requests. The Python backend always takes that path: it gets one request
-object per request, as Triton's does.
+object per request, as Triton's does. There ``request_inputs`` still reads the batch as
+a batch: each input's bytes are joined once for all the requests, and each request's
+array is a view of its part.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from conch.core import tensors
-from conch.core.datatypes import WIRE_TO_NUMPY
-from conch.core.errors import ConchError
+from conch.core.datatypes import ITEMSIZE, WIRE_TO_NUMPY
+from conch.core.errors import ConchError, InvalidArgument
 from conch.wire.messages import WireTensor
 from conch.worker.admission import Item
 
@@ -125,4 +129,53 @@ def split(
             WireTensor(name, datatype, (n, *inner), part)
             for n, part in zip(rows, parts, strict=True)
         ]
+    return out
+
+
+# Where one request's fixed-size input goes once its buffer is joined: the request's
+# arrays, and the input's name and shape (its offset follows from the parts before it).
+_Place = tuple[dict[str, Any], str, tuple[int, ...]]
+_DTYPES = {dt: np.dtype(np_type) for dt, np_type in WIRE_TO_NUMPY.items()}
+
+
+def request_inputs(items: list[Item]) -> list[dict[str, np.ndarray] | ConchError]:
+    """Each request's inputs as arrays by name (in the order it sent them), or the error
+    its inputs make, for a backend that takes one request at a time.
+
+    The fixed-size inputs of one name and datatype are joined into one buffer for the
+    whole batch (one copy) and each request's array is a view of its part, writable: a
+    model may change its inputs in place, as Triton lets it, with no copy of its own
+    (``pb_utils.Tensor.as_numpy`` copies only a read-only array). BYTES inputs, and
+    bytes that do not fit their shape, go through ``tensors.to_numpy`` one by one.
+    """
+    out: list[dict[str, np.ndarray] | ConchError] = []
+    joined: dict[tuple[str, str], tuple[list[bytes], list[_Place]]] = {}
+    for item in items:
+        arrays: dict[str, Any] = {}
+        try:
+            for name, dt, shape, raw in item.msg.inputs:
+                size = ITEMSIZE.get(dt)
+                if size is None or len(raw) != math.prod(shape) * size:
+                    arrays[name] = tensors.to_numpy(dt, shape, raw)  # BYTES, or why not
+                    continue
+                arrays[name] = None  # its view, once the buffer is joined
+                group = joined.get((name, dt))
+                if group is None:
+                    group = joined[name, dt] = ([], [])
+                group[0].append(raw)
+                group[1].append((arrays, name, shape))
+        except ConchError as exc:  # its parts joined already are left unread
+            out.append(exc)
+            continue
+        except Exception as exc:
+            out.append(InvalidArgument(f"bad input tensor: {exc}"))
+            continue
+        out.append(arrays)
+    for (_name, dt), (parts, places) in joined.items():
+        buffer = bytearray().join(parts)
+        dtype = _DTYPES[dt]
+        offset = 0
+        for (arrays, name, shape), raw in zip(places, parts, strict=True):
+            arrays[name] = np.ndarray(shape, dtype, buffer, offset)
+            offset += len(raw)
     return out

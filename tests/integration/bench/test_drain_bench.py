@@ -48,3 +48,17 @@ def test_the_drain_bench_measures_its_three_rows(tmp_path: Path) -> None:
     # the two that batch, and a gateway row.
     assert len(rows) == len(table) == 2 * (3 + 3 + 2 + 1)
     assert all(r["wall_us"] > 0 and r["cpu_us"] > 0 for r in rows)
+
+
+def test_the_worker_rows_run_on_the_python_backend_with_python(tmp_path: Path) -> None:
+    out = tmp_path / "drain.json"
+    argv = [sys.executable, str(SCRIPT), "--n", "40", "--python", "--concurrency", "1"]
+    proc = subprocess.run(
+        [*argv, "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    # Each reply was checked to be its request's input: the echo model.py answered them.
+    workers = [r for r in rows if r["kind"] in ("worker", "bundled")]
+    assert len(workers) == 2 * (3 + 2) and all(r["cpu_us"] > 0 for r in workers)
+    assert all(r["note"].endswith("on PythonBackend") for r in workers)

@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from conch.core.errors import Internal
-from conch.wire.messages import MAX_COLLECTED, BadMessage, InferMessage, Reply
+from conch.wire.messages import MAX_COLLECTED, BadMessage, InferMessage, Reply, reply_packer
 from conch.wire.stream_log import HEAD, Position, is_stream_id
 
 
@@ -77,3 +77,18 @@ def test_a_collected_reply_holds_every_response_and_is_bounded() -> None:
     with pytest.raises(BadMessage):
         Reply.unpack(msgpack.packb(too_many))
     assert InferMessage.from_dict(_message(collect=True)).collect is True
+
+
+def test_replies_packed_with_one_packer_are_each_packed_whole() -> None:
+    packer = reply_packer()
+    view = memoryview(b"\0\0\0\0\1\0\0\0").cast("B")[4:]  # a stacked batch's rows
+    replies = [
+        Reply("r1", outputs=[("Y", "FP32", (1,), view)], timing={"queue": 1}, batch_size=2),
+        Reply("r2", error=Internal("boom")),
+        Reply("r3", responses=[[("Y", "FP32", (1,), b"\0\0\0\0")], []], final=False, seq=2),
+    ]
+    for reply in replies:
+        assert reply.pack(packer) == reply.pack()
+    with pytest.raises(TypeError):
+        Reply("r4", outputs=[("Y", "FP32", (1,), object())]).pack(packer)
+    assert Reply.unpack(replies[0].pack(packer)).outputs == [("Y", "FP32", (1,), b"\1\0\0\0")]

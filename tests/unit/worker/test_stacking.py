@@ -219,3 +219,37 @@ def test_split_cuts_each_output_by_rows_once():
         ("BYTES", (1, 1), b"\0\0\0\0"),
     ]
     assert isinstance(parts["N"], InvalidArgument)  # float -> INT32 is refused, and 2 rows of 3
+
+
+# -- request_inputs: a per-request backend's arrays, read as a batch ----------------------
+
+
+def test_each_requests_inputs_are_writable_views_of_one_buffer_in_its_order() -> None:
+    words = WireTensor("S", "BYTES", (2,), b"\2\0\0\0hi\1\0\0\0x")
+    batch = [item(0, words, fp32(0, 2)), item(1, fp32(1, 1), words), item(2, fp32(2, 0))]
+    got = stacking.request_inputs(batch)
+    assert [list(arrays) for arrays in got] == [["S", "X"], ["X", "S"], ["X"]]
+    for k, arrays in enumerate(got):
+        x = arrays["X"]
+        expected = np.frombuffer(batch[k].msg.inputs[0 if k else 1].raw, np.float32)
+        assert x.flags.writeable and x.dtype == np.float32
+        np.testing.assert_array_equal(x.reshape(-1), expected)
+    assert got[0]["X"].base is got[1]["X"].base  # one buffer for the batch's X
+    assert got[2]["X"].shape == (0, 3)  # an empty tensor is an empty view
+    assert got[0]["S"].tolist() == [b"hi", b"x"]
+    got[0]["X"][:] = -1  # a model that writes its input touches only its own
+    np.testing.assert_array_equal(got[1]["X"], np.arange(3, dtype=np.float32)[None] + 100)
+
+
+def test_a_request_whose_bytes_do_not_fit_gets_its_error_and_the_others_their_arrays() -> None:
+    short = WireTensor("X", "FP32", (2, 3), b"\0" * 20)
+    got = stacking.request_inputs([item(0, fp32(0, 1)), item(1, short), item(2, fp32(2, 1))])
+    assert isinstance(got[1], InvalidArgument) and "expected 24 bytes" in got[1].message
+    assert got[0]["X"][0, 0] == 0 and got[2]["X"][0, 0] == 200
+
+
+def test_inputs_of_other_datatypes_keep_their_own_buffers() -> None:
+    half = WireTensor("X", "BF16", (1, 2), np.array([[1, 2]], np.uint16).tobytes())
+    got = stacking.request_inputs([item(0, fp32(0, 1)), item(1, half)])
+    assert got[0]["X"].dtype == np.float32
+    assert got[1]["X"].dtype == np.uint16 and got[1]["X"].tolist() == [[1, 2]]

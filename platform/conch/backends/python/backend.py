@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -398,17 +399,21 @@ class PythonBackend(Backend):
                 )
             ] * len(requests)
         batch = [self._request(r) for r in requests]
-        kept: list[list[pb.InferenceResponse]] = [[] for _ in requests]
-        senders = [
-            self._give_sender(req, pbr, kept[i])
-            for i, (req, pbr) in enumerate(zip(requests, batch, strict=True))
-        ]
+        decoupled = self.decoupled
+        # A decoupled model's requests stream through their senders, made at once; any
+        # other's sender is made only if the model asks for it (most return responses).
+        kept: dict[int, list[pb.InferenceResponse]] = {}
+        for i, (req, request) in enumerate(zip(requests, batch, strict=True)):
+            if decoupled:
+                request._sender = self._streaming_sender(req)
+            else:
+                request._sender_factory = functools.partial(self._keeping_sender, req, kept, i)
         # BLS calls made by this execute inherit the batch's deadline and call chain.
         try:
             with self._calls(call_context.batch_context(self.spec.name, requests)):
                 returned = self.model.execute(batch)
-                if self.decoupled and inspect.isawaitable(returned):
-                    self._in_background(returned, requests, senders)
+                if decoupled and inspect.isawaitable(returned):
+                    self._in_background(returned, requests, batch)
                     returned = None
                 else:
                     returned = self._await(returned)
@@ -416,65 +421,67 @@ class PythonBackend(Backend):
             log.warning("%s: execute raised", self._where(), exc_info=True)
             # Triton's python backend's words, which clients and Triton's tests match.
             return self._failed(
-                senders,
+                batch,
                 "Failed to process the request(s) for model instance "
                 f"'{self.instance.name}', message: {_describe(exc)}",
             )
-        if self.decoupled:
+        if decoupled:
             if returned is not None:
                 return self._failed(
-                    senders,
+                    batch,
                     f"Python model '{self.spec.name}' is using the decoupled mode and the "
                     "execute function must return None.",
                 )
             return [None] * len(requests)
-        return self._results(requests, returned, senders, kept)
+        return self._results(requests, returned, batch, kept)
 
-    def _give_sender(
-        self, req: BackendRequest, request: pb.InferenceRequest, kept: list[pb.InferenceResponse]
+    def _about(self, req: BackendRequest) -> str:
+        return f"{self._where()} request '{req.request_id}'"
+
+    def _keeping_sender(
+        self, req: BackendRequest, kept: dict[int, list[pb.InferenceResponse]], i: int
     ) -> pb.InferenceResponseSender:
-        """``request``'s response sender: a decoupled model's sends each response to
-        ``req.responder`` at once; another model's keeps its one response in ``kept``, for
-        ``execute``'s results (``_results``)."""
-        about = f"{self._where()} request '{req.request_id}'"
-        if not self.decoupled:
+        """The sender of request ``i`` of a model that is not decoupled: it keeps the one
+        response in ``kept[i]``, for ``execute``'s results (``_results``)."""
+        box = kept[i] = []
 
-            def keep(response: pb.InferenceResponse | None, final: bool) -> bool:
-                if response is not None:
-                    kept.append(response)
-                return final
+        def keep(response: pb.InferenceResponse | None, final: bool) -> bool:
+            if response is not None:
+                box.append(response)
+            return final
 
-            sender = pb.InferenceResponseSender(
-                keep, decoupled=False, about=about, cancelled=req.cancelled
-            )
-        else:
-            responder = req.responder
+        return pb.InferenceResponseSender(
+            keep, decoupled=False, about=self._about(req), cancelled=req.cancelled
+        )
 
-            def deliver(response: pb.InferenceResponse | None, final: bool) -> bool:
-                if responder is None:
-                    raise pb.TritonModelException(
-                        f"{about}: this request has no responder (a decoupled model's "
-                        "requests get one from a conch worker's batcher)"
-                    )
-                result = None if response is None else self._streamed(req, response)
-                ends = final or isinstance(result, ConchError)
-                responder.send(result, ends)
-                return ends
+    def _streaming_sender(self, req: BackendRequest) -> pb.InferenceResponseSender:
+        """A decoupled model's sender: each response goes to ``req.responder`` at once."""
+        about = self._about(req)
+        responder = req.responder
 
-            sender = pb.InferenceResponseSender(
-                deliver,
-                decoupled=True,
-                about=about,
-                cancelled=None if responder is None else responder.is_cancelled,
-            )
-        request._sender = sender
-        return sender
+        def deliver(response: pb.InferenceResponse | None, final: bool) -> bool:
+            if responder is None:
+                raise pb.TritonModelException(
+                    f"{about}: this request has no responder (a decoupled model's "
+                    "requests get one from a conch worker's batcher)"
+                )
+            result = None if response is None else self._streamed(req, response)
+            ends = final or isinstance(result, ConchError)
+            responder.send(result, ends)
+            return ends
+
+        return pb.InferenceResponseSender(
+            deliver,
+            decoupled=True,
+            about=about,
+            cancelled=None if responder is None else responder.is_cancelled,
+        )
 
     def _in_background(
         self,
         coroutine: Any,
         requests: list[BackendRequest],
-        senders: list[pb.InferenceResponseSender],
+        batch: list[pb.InferenceRequest],
     ) -> None:
         """A decoupled model's ``async def`` execute, left running on its loop's thread; if
         it raises, the requests it left open end with the error (Triton only logs it)."""
@@ -488,8 +495,9 @@ class PythonBackend(Backend):
                     "Failed to process the request(s) for model instance "
                     f"'{self.instance.name}', message: {_describe(exc) if exc else 'cancelled'}"
                 )
-                for req, sender in zip(requests, senders, strict=True):
-                    if sender._close() and req.responder is not None:
+                for req, request in zip(requests, batch, strict=True):
+                    sender = request._sender
+                    if sender is not None and sender._close() and req.responder is not None:
                         req.responder.send(Internal(message), True)
                 return
             if f.result() is not None:
@@ -501,37 +509,43 @@ class PythonBackend(Backend):
 
         future.add_done_callback(done)
 
-    def _failed(
-        self, senders: list[pb.InferenceResponseSender], message: str
-    ) -> list[BackendResult | None]:
+    def _failed(self, batch: list[pb.InferenceRequest], message: str) -> list[BackendResult | None]:
         """``execute`` failed: every sender closes, and each request it left open gets the
         error (a decoupled model's finished ones get None: they are answered)."""
         error = Internal(message)
-        return [error if s._close() or not self.decoupled else None for s in senders]
+        out: list[BackendResult | None] = []
+        for request in batch:
+            sender = request._retire(answered=False)
+            was_open = sender._close() if sender is not None else True
+            out.append(error if was_open or not self.decoupled else None)
+        return out
 
     def _results(
         self,
         requests: list[BackendRequest],
         returned: Any,
-        senders: list[pb.InferenceResponseSender],
-        kept: list[list[pb.InferenceResponse]],
+        batch: list[pb.InferenceRequest],
+        kept: dict[int, list[pb.InferenceResponse]],
     ) -> list[BackendResult | None]:
         """A model that is not decoupled: each request's response, returned by ``execute``
         or sent with its sender (Triton's: None in the list, or None for the list)."""
         problem = self._check(returned, len(requests))
         if problem is not None:
-            return self._failed(senders, f"model '{self.spec.name}': {problem}")
+            return self._failed(batch, f"model '{self.spec.name}': {problem}")
         responses = [None] * len(requests) if returned is None else list(returned)
         out: list[BackendResult | None] = []
-        for i, (req, resp, sender) in enumerate(zip(requests, responses, senders, strict=True)):
+        for i, (req, resp, request) in enumerate(zip(requests, responses, batch, strict=True)):
             if resp is not None:
-                try:
-                    sender._count(resp, True)  # Triton's check: not sent already
-                except pb.TritonModelException as exc:
-                    return self._failed(senders, f"model '{self.spec.name}': {exc}")
+                sender = request._retire(answered=True)
+                if sender is not None:
+                    try:
+                        sender._count(resp, True)  # Triton's check: not sent already
+                    except pb.TritonModelException as exc:
+                        return self._failed(batch, f"model '{self.spec.name}': {exc}")
                 out.append(self._result(req, resp))
                 continue
-            if not sender._done or not kept[i]:
+            sender = request._retire(answered=False)
+            if sender is None or not sender._done or not kept.get(i):
                 out.append(
                     Internal(
                         f"model '{self.spec.name}': no response for request {i}: execute must "
@@ -540,7 +554,8 @@ class PythonBackend(Backend):
                         "before it returns (a model that answers later must be decoupled)"
                     )
                 )
-                sender._close()
+                if sender is not None:
+                    sender._close()
                 continue
             out.append(self._result(req, kept[i][0]))
         return out
@@ -550,28 +565,33 @@ class PythonBackend(Backend):
         ``correlation_id()`` and ``flags()``, as in Triton, and leave ``parameters()``; an
         input whose config declares a ``reshape`` comes in that shape (``_result`` turns
         such outputs back into their ``dims``)."""
-        params = req.parameters or {}
-        sequence, start, end = sequence_params(params)
-        flags = (pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if start else 0) | (
-            pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if end else 0
-        )
-        if not SEQUENCE_PARAMETERS.isdisjoint(params):
-            params = {k: v for k, v in params.items() if k not in SEQUENCE_PARAMETERS}
-        return pb.InferenceRequest(
-            model_name=self.spec.name,
-            requested_output_names=list(req.outputs),
-            inputs=[
-                pb.Tensor._bfloat16(name, arr)
-                if name in self._bf16_inputs
-                else pb.Tensor(name, arr)
-                for name, arr in self.reshaped(req.inputs, inputs=True).items()
-            ],
-            request_id=req.request_id,
-            correlation_id=sequence.value if sequence is not None else 0,
-            model_version=self.spec.version,
-            flags=flags,
-            timeout=req.timeout_us,
-            parameters=_json_parameters(params),
+        params = req.parameters
+        correlation_id: int | str = 0
+        flags = 0
+        if params:
+            sequence, start, end = sequence_params(params)
+            flags = (pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if start else 0) | (
+                pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if end else 0
+            )
+            if sequence is not None:
+                correlation_id = sequence.value
+            if not SEQUENCE_PARAMETERS.isdisjoint(params):
+                params = {k: v for k, v in params.items() if k not in SEQUENCE_PARAMETERS}
+        received = pb.Tensor._received
+        bf16 = self._bf16_inputs
+        inputs = self.reshaped(req.inputs, inputs=True)
+        return pb.InferenceRequest._received(
+            self.spec.name,
+            self.spec.version,
+            list(req.outputs),
+            [received(name, arr, name in bf16) for name, arr in inputs.items()]
+            if bf16
+            else [received(name, arr) for name, arr in inputs.items()],
+            req.request_id,
+            correlation_id,
+            flags,
+            req.timeout_us,
+            _json_parameters(params) if params else "{}",
         )
 
     @staticmethod
@@ -616,14 +636,16 @@ class PythonBackend(Backend):
                     "output tensors, not a pb_utils.Tensor"
                 )
             returned[tensor.name()] = tensor._array
-        missing = [name for name in req.outputs if name not in returned]
-        if missing:
+        try:
+            asked = {name: returned[name] for name in req.outputs}
+        except KeyError:
+            missing = [name for name in req.outputs if name not in returned]
             return Internal(
                 f"model '{self.spec.name}' did not return output(s) {missing} that the request "
                 f"asked for (it returned {sorted(returned)})"
             )
         try:
-            return self.reshaped({name: returned[name] for name in req.outputs}, inputs=False)
+            return self.reshaped(asked, inputs=False)
         except ConchError as exc:
             return exc
 

@@ -52,6 +52,7 @@ import asyncio
 import contextvars
 import ctypes
 import enum
+import functools
 import json
 import logging
 import threading
@@ -478,6 +479,16 @@ class Tensor:
         self._bf16 = False
 
     @classmethod
+    def _received(cls, name: str, array: np.ndarray, bf16: bool = False) -> Tensor:
+        """A request's input as the backend hands it to ``execute``: a name and an array
+        the worker made, taken as they are (no checks: they were checked on the way in)."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._bf16 = bf16
+        return tensor
+
+    @classmethod
     def _bfloat16(cls, name: str, bits: np.ndarray) -> Tensor:
         """A BF16 tensor of these ``uint16`` bit patterns."""
         tensor = cls(name, bits)
@@ -712,6 +723,21 @@ class InferenceResponseSender:
         return self._closed
 
 
+# Guards making a request's sender on first use (the model's threads may ask at once).
+_SENDERS = threading.Lock()
+
+
+def _retired_sender(
+    factory: Callable[[], InferenceResponseSender], answered: bool
+) -> InferenceResponseSender:
+    """A sender made after its request's ``execute`` returned: closed, as it would be."""
+    sender = factory()
+    sender._closed = True
+    if answered:
+        sender._sent = max(sender._sent, 1)
+    return sender
+
+
 class InferenceRequest:
     """A request: the ones ``execute`` receives, or (for BLS) one a model builds itself.
 
@@ -751,6 +777,41 @@ class InferenceRequest:
         self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._sender: InferenceResponseSender | None = None  # set by the python backend
+        # Or the python backend's maker of it, run when the model first asks for it.
+        self._sender_factory: Callable[[], InferenceResponseSender] | None = None
+
+    @classmethod
+    def _received(
+        cls,
+        model_name: str,
+        model_version: int,
+        requested_output_names: list[str],
+        inputs: list[Tensor],
+        request_id: str,
+        correlation_id: int | str,
+        flags: int,
+        timeout: int,
+        parameters: str,
+    ) -> InferenceRequest:
+        """A request ``execute`` receives, built by the backend from what the worker
+        checked already: the same object as ``__init__`` makes, without its checks of a
+        model's arguments."""
+        request = cls.__new__(cls)
+        request._model_name = model_name
+        request._requested_output_names = requested_output_names
+        request._inputs = inputs
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._model_version = model_version
+        request._flags = flags
+        request._timeout = timeout
+        request._preferred_memory = None
+        request._trace = None
+        request._parameters = parameters
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._sender = None
+        request._sender_factory = None
+        return request
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -785,17 +846,39 @@ class InferenceRequest:
         return self._trace
 
     def is_cancelled(self) -> bool:
-        return self._sender is not None and self._sender.is_cancelled()
+        sender = self._response_sender()
+        return sender is not None and sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         """The sender of this request's responses (``InferenceResponseSender``): only for
         the requests ``execute`` receives, not for one a model builds itself."""
-        if self._sender is None:
+        sender = self._response_sender()
+        if sender is None:
             raise TritonModelException(
                 "Unable to get the response sender: this request was not given to execute "
                 "by a conch worker (a request a model builds for BLS has none)"
             )
-        return self._sender
+        return sender
+
+    def _response_sender(self) -> InferenceResponseSender | None:
+        """The request's sender, made the first time anyone asks (from any thread)."""
+        sender = self._sender
+        if sender is None and self._sender_factory is not None:
+            with _SENDERS:
+                if self._sender is None:
+                    self._sender = self._sender_factory()
+                sender = self._sender
+        return sender
+
+    def _retire(self, answered: bool) -> InferenceResponseSender | None:
+        """``execute`` returned: the sender the model made, or None if it made none. A
+        sender made from then on comes closed, as one that sent the request's response
+        (``answered``) or that closed when ``execute`` ended without it."""
+        with _SENDERS:
+            factory = self._sender_factory
+            if self._sender is None and factory is not None:
+                self._sender_factory = functools.partial(_retired_sender, factory, answered)
+            return self._sender
 
     def set_release_flags(self, flags: int) -> None:
         if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
