@@ -80,11 +80,8 @@ CHAIN = (
     Point("gateway.validated", "the request checked against the model's config"),
     Point("publish.queued", "the message built (calls.build), given to the Publisher"),
     Point("publish.sent", "the group commit's yield to the hub, the envelope, written"),
-    Point(
-        "worker.woke",
-        "Redis runs the publish script; the worker's BLPOP and the pop behind it return",
-    ),
-    Point("worker.popped", "the pop's reply read (it rode behind the BLPOP, Drain.wait_pop)"),
+    Point("worker.woke", "Redis's publish script and wake token; the worker's BLPOP returns"),
+    Point("worker.popped", "a second round trip: the pop script takes the message"),
     Point("worker.admitted", "the envelope and msgpack decoded, the request admitted"),
     Point("worker.executing", "inputs as numpy arrays, the backend's request"),
     Point("worker.executed", "the Python backend runs the model's execute"),

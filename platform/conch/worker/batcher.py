@@ -182,24 +182,15 @@ class Batcher(threading.Thread):
         self.execute(batch, cut=cut)
 
     def _idle(self) -> None:
-        """Nothing to run: block until work comes. The pop rides behind the wait in one
-        round trip (``Drain.wait_pop``), its messages taken as the next batch's start.
-        With a sequencer it does not: the pop takes its tickets under the sequencer's
-        lock, which a wait must not hold.
+        """Nothing to run: block until work may have come. Offline work held back
+        (OfflineShare) wakes nobody, so the wait ends when it may run.
 
-        Offline work held back (``OfflineShare``) wakes nobody, so the wait ends when it
-        may run; the pop sent with the wait still held it back, so when that pop took
-        nothing another one, sized now, follows at once."""
+        The pop waits for the next turn of the loop, a round trip of its own: one sent
+        behind the BLPOP would run the moment Redis serves the BLPOP, and take a message
+        even while this worker cannot run it (stopped, or stalled), where it would sit in
+        flight instead of queued for a worker that can."""
         held = self.offline_share.held_for()
-        timeout = self.idle_poll if held is None else min(self.idle_poll, held)
-        if self.parts.sequencer is not None:
-            self.parts.drain.wait(timeout)
-            return
-        count = self._count()
-        popped = self.parts.drain.wait_pop(timeout, count, *self._offline_limit(count))
-        if not popped and held is not None and self.offline_share.held_for() is None:
-            popped = self.parts.drain.pop(count, *self._offline_limit(count))
-        self._prefetched = popped
+        self.parts.drain.wait(self.idle_poll if held is None else min(self.idle_poll, held))
 
     def _forming(self, items: list[Item], rows: int) -> bool:
         """Whether the batch held waits for more. As Triton's queue is, ``items`` is kept

@@ -45,8 +45,8 @@ _CLASSES = [step_class(step) for step in PRIORITY_STEPS]
 # KEYS: wake, unacked, unacked_index, attempts, the queue's in-flight set and its class
 # hash, its bundle hash, its held hash, then the priority sub-lists in order (the last:
 # offline work, batch jobs' messages).
-# ARGV: max count of requests (a bundle counts its requests: broker.bundled_key), now
-# ('': Redis's own clock, for a pop sent ahead of when it runs: Drain.wait_pop), routing key, wake cap, max count from the last sub-list (-1: any), whether the offline
+# ARGV: max count of requests (a bundle counts its requests: broker.bundled_key), now,
+# routing key, wake cap, max count from the last sub-list (-1: any), whether the offline
 # messages left there are held back (1: not counted as waiting, nor given wake tokens; 0:
 # merely not taken by this pop), whether each message taken is marked held with its step
 # (1: the queue is bounded, broker.held_key), then each sub-list's class
@@ -60,11 +60,6 @@ local held = ARGV[6] == '1'
 local out = {}
 local waiting = 0
 local rk = cjson.encode(ARGV[3])
-local now = ARGV[2]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-end
 local bundles = redis.call('HLEN', KEYS[7]) > 0
 local hold = ARGV[7] == '1'
 local function register(raw, class, step)
@@ -80,7 +75,7 @@ local function register(raw, class, step)
     end
   end
   if type(tag) ~= 'string' then tag = 'conch-untagged-' .. redis.call('INCR', 'conch.untagged') end
-  redis.call('ZADD', KEYS[3], now, tag)
+  redis.call('ZADD', KEYS[3], ARGV[2], tag)
   redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',"",' .. rk .. ']')
   redis.call('SADD', KEYS[5], tag)
   redis.call('HSET', KEYS[6], tag, class)
@@ -183,29 +178,6 @@ class Drain:
         """``commands`` sent after the unblock a lapsed short wait needs, if any."""
         return self._link.pipeline([*self._short.unblock(), *commands], wait_s=wait_s)
 
-    def wait_pop(
-        self, timeout: float, count: int, offline: int | None = None, held: bool = True
-    ) -> list[Popped]:
-        """``wait``, then ``pop``: in one round trip when the wait blocks in Redis.
-
-        The pop is written behind the BLPOP on the same connection, and Redis runs a
-        client's commands in order, so it runs the moment the BLPOP returns (a wake token
-        came, or its timeout passed), with no second round trip between the wake and the
-        message. Its clock is Redis's: the time it was sent is up to ``timeout`` old.
-        """
-        if timeout <= 2 * REDIS_TICK_S:
-            self.wait(timeout)
-            return self.pop(count, offline, held)
-        block = round(timeout - REDIS_TICK_S, 3)
-        args = self._args(count, offline, held, now="")
-        pop = ("EVALSHA", self._pop.sha, len(self.keys), *self.keys, *args)
-        _woke, got = self._round_trip([("BLPOP", self.keys[0], block), pop], wait_s=block)[-2:]
-        timeline.stamp("worker.woke")
-        popped = self.popped(got, count, offline, held)
-        if popped:
-            timeline.stamp("worker.popped")
-        return popped
-
     def pop(self, count: int, offline: int | None = None, held: bool = True) -> list[Popped]:
         """Messages of up to ``count`` requests (a bundle counts its requests, and the last
         one taken may overshoot), registered in flight, at most ``offline`` of them
@@ -251,12 +223,10 @@ class Drain:
             raise result
         return self._unpack(result)
 
-    def _args(
-        self, count: int, offline: int | None = None, held: bool = True, now: float | str = 0.0
-    ) -> list:
+    def _args(self, count: int, offline: int | None = None, held: bool = True) -> list:
         offline_arg = -1 if offline is None else max(0, offline)
         flags = [offline_arg, int(held), int(self.hold)]
-        return [count, now if now != 0.0 else time.time(), self.queue, WAKE_CAP, *flags, *_CLASSES]
+        return [count, time.time(), self.queue, WAKE_CAP, *flags, *_CLASSES]
 
     def release(self, tags: Iterable[str]) -> None:
         """The batch of these popped messages runs now: they leave the queue's bound."""

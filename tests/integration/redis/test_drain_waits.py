@@ -1,5 +1,5 @@
-"""A drain loop's waits against a real Redis: an idle pop that rides behind its BLPOP, and
-a short wait (a batch's queue delay) that ends when a message comes, with no poll."""
+"""A drain loop's short waits against a real Redis: a batch's queue delay ends when a
+message comes, with no poll, and leaves no BLPOP behind to take another's token."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 import pytest
 import redis
 
-from conch.wire import broker, keys
+from conch.wire import broker
 from conch.wire.messages import InferMessage
-from conch.worker.drain import Drain, ack
+from conch.worker.drain import Drain
 
 from integration.redis._messages import infer_message
 
@@ -41,32 +41,6 @@ def blocked_waits(client: redis.Redis, queue: str) -> list[int]:
         for c in client.client_list()
         if "b" in c.get("flags", "") and c.get("name") == f"conch-wait:{queue}"
     ]
-
-
-@pytest.mark.parametrize("scripts", ["loaded", "flushed"])
-def test_an_idle_pop_takes_the_message_in_the_round_trip_that_wakes_it(
-    redis_url: str, scripts: str
-) -> None:
-    model = f"idle-{scripts}"
-    client, queue = fresh(redis_url, model)
-    drain = Drain(client, model)
-    if scripts == "flushed":  # Redis restarted meanwhile: the pop loads its script again
-        client.script_flush()
-    sent = time.time()
-    msg = publish(client, model, 0.4)
-    popped = drain.wait_pop(5.0, 8)
-    took = time.time()
-    assert [p.tag for p in popped] == [msg.id], "the wake came without its message"
-    assert took - sent < 2.0  # woken by the publish, not by the wait's timeout
-    # Registered in flight when it was taken (Redis's clock), not when the pop was sent.
-    score = client.zscore(keys.UNACKED_INDEX, msg.id)
-    assert score is not None and sent + 0.3 < score <= took + 0.05
-    assert drain.waiting == 0 and client.llen(broker.wake_key(queue)) == 0
-    pipe = client.pipeline()
-    ack(pipe, queue, [msg.id])
-    pipe.execute()
-    # Nothing comes: the wait ends at its timeout and the pop behind it takes nothing.
-    assert drain.wait_pop(0.5, 8) == []
 
 
 def test_a_short_wait_ends_when_a_message_is_published_not_at_a_poll(redis_url: str) -> None:

@@ -68,12 +68,6 @@ class FakeDrain:
         time.sleep(min(timeout, 0.01))
         return bool(self.queued)  # a wake token comes with every message queued
 
-    def wait_pop(
-        self, timeout: float, count: int, offline: int | None = None, held: bool = True
-    ) -> list[Popped]:
-        self.wait(timeout)
-        return self.pop(count, offline, held)
-
     def queue_pop(
         self, pipe: Any, count: int, offline: int | None = None, held: bool = True
     ) -> None:
