@@ -444,7 +444,7 @@ class Connection:
                     if close is not None:
                         close()
             else:
-                self._send(call, answer)
+                self._send(call, answer, last=True)
             status, message = Status.OK, ""
         except _Gone:
             return
@@ -452,9 +452,10 @@ class Connection:
             status, message = failure(exc, context)
             if status == Status.UNKNOWN:
                 log.exception("gRPC %s failed", method.name)
-        with self.lock:
-            self._end_call(call, status, message, spawn=False)
-        self.ready.set()
+        if not call.finished:  # else its trailers went with its answer, or it was ended
+            with self.lock:
+                self._end_call(call, status, message, spawn=False)
+            self.ready.set()
         context.end()
 
     def _requests(self, call: Call) -> Iterator[Any]:
@@ -493,10 +494,12 @@ class Connection:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.h2.acknowledge_received_data(held, call.stream)
 
-    def _send(self, call: Call, response: Any) -> None:
-        """One response message: the headers first, then its DATA as the window allows.
-        A window that stays shut for ``stall_s`` ends the call (RST_STREAM CANCEL): a peer
-        that never opens it does not hold the message, nor the call's thread, for good."""
+    def _send(self, call: Call, response: Any, *, last: bool = False) -> None:
+        """One response message: the headers first, then its DATA as the window allows;
+        when ``last`` (a unary call's answer), the trailers (OK) too, so that the writer
+        sends the whole answer in one write, woken once. A window that stays shut for
+        ``stall_s`` ends the call (RST_STREAM CANCEL): a peer that never opens it does not
+        hold the message, nor the call's thread, for good."""
         data = framing.frame(response.SerializeToString(), call.context.encoding)
         stream = call.stream
         with self.lock:
@@ -519,6 +522,8 @@ class Connection:
                         continue
                     self.h2.send_data(stream, view[sent : sent + room])
                     sent, shut_until = sent + room, 0.0
+                if last:
+                    self._end_call(call, Status.OK, "", spawn=False)
             except h2.exceptions.ProtocolError:  # the stream was reset, or the connection
                 raise _Gone from None
             self.pings.data_sent()
@@ -607,8 +612,7 @@ class Connection:
                         out, self._extra = out + self._extra, b""
                     closing = self.closing
                 if out:
-                    for start in range(0, len(out), SEND_CHUNK):
-                        self.sock.sendall(out[start : start + SEND_CHUNK])
+                    self._put(out)
                 elif closing:
                     return
         except TimeoutError:
@@ -624,6 +628,15 @@ class Connection:
         finally:
             self.written.set()
             self._stop_reading()
+
+    def _put(self, out: bytes) -> None:
+        """``out`` written to the socket: one ``send`` nearly always (``sendall`` would
+        ask the socket its buffer's size first, each time), each taking what the socket
+        takes of at most SEND_CHUNK, and waiting at most ``stall_s`` for room (the
+        socket's timeout: TimeoutError)."""
+        view, sent = memoryview(out), 0
+        while sent < len(out):
+            sent += self.sock.send(view[sent : sent + SEND_CHUNK])
 
     # -- the ticker: keepalive, maximum age ------------------------------------------------
 
