@@ -11,6 +11,7 @@ HTTP/2 or sockets, so that each rule is tested alone (tests/unit/frontend/grpc).
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 import zlib
@@ -100,6 +101,7 @@ def status_trailers(status: int, message: str = "") -> list[tuple[bytes, bytes]]
 # -- encodings --------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=64)  # a client sends the same value on every call
 def accepted_encodings(value: bytes | None) -> frozenset[str]:
     """The encodings a ``grpc-accept-encoding`` header names that this server has."""
     if not value:

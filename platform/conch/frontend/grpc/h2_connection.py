@@ -13,7 +13,8 @@ anything is imported, so ``threading`` and ``socket`` here are gevent's):
 - one **writer** sends whatever h2 has ready, so a peer that reads slowly holds only its
   own connection's writer, and one that takes nothing for ``stall_s`` is dropped;
 - a thread per **call** runs its servicer method, as grpcio's thread per RPC does, and
-  blocks where the service blocks (the data plane's wait for a reply). A response waits
+  blocks where the service blocks (the data plane's wait for a reply); the thread is one
+  that waits for work (``h2_threads``), not one started for the call. A response waits
   while the peer's flow-control window is shut, releasing the lock;
 - a **ticker** sends keepalive pings, closes a connection whose pings go unanswered, and
   ends a connection past its maximum age (GOAWAY, then the grace, then the close).
@@ -36,7 +37,6 @@ threads bounds them; the rest wait, each holding only its stream (unary calls: s
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import logging
 import os
@@ -46,6 +46,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,7 @@ from h2.settings import SettingCodes
 from hyperframe.frame import GoAwayFrame
 
 from conch.frontend.grpc import grpc_framing as framing
+from conch.frontend.grpc import h2_threads
 from conch.frontend.grpc.call_context import CallAborted, CallContext, failure
 from conch.frontend.grpc.grpc_framing import GrpcError, Status
 from conch.frontend.grpc.h2_methods import Method
@@ -152,11 +154,6 @@ class Call:
         self.over: threading.Event | None = None
 
 
-def _spawn(function: Callable[..., Any], *args: Any) -> None:
-    """``function(*args)`` on a thread of its own (a greenlet, in a patched process)."""
-    _thread.start_new_thread(function, args)
-
-
 class Connection:
     """One client connection (see the module docstring); ``serve`` runs it to its end."""
 
@@ -166,7 +163,7 @@ class Connection:
         methods: dict[bytes, Method],
         limits: Limits,
         peer: str = "",
-        slots: threading.Semaphore | None = None,
+        slots: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.sock = sock
         self.methods = methods
@@ -217,8 +214,8 @@ class Connection:
                 )
                 self.h2.increment_flow_control_window(CONNECTION_WINDOW - _DEFAULT_WINDOW)
             self.ready.set()
-            _spawn(self._write)
-            _spawn(self._ticker)
+            h2_threads.spawn(self._write)
+            h2_threads.spawn(self._ticker)
             while not self.closing:
                 try:
                     data = self.sock.recv(RECV_BYTES)
@@ -362,7 +359,7 @@ class Connection:
         call = self.calls.pop(event.stream_id, None)
         if call is not None and not call.finished:
             self._cancelled(call)
-            _spawn(call.context.end)
+            h2_threads.spawn(call.context.end)
         self._wake_senders()
 
     def _on_window(self, _event: object) -> None:
@@ -409,8 +406,8 @@ class Connection:
     def _start(self, call: Call) -> None:
         if call.context.deadline is not None:
             call.over = threading.Event()
-            _spawn(self._watch_deadline, call)
-        _spawn(self._run, call)
+            h2_threads.spawn(self._watch_deadline, call)
+        h2_threads.spawn(self._run, call)
 
     def _run(self, call: Call) -> None:
         """The call's thread. A unary call takes a slot first, as grpcio's server takes a
@@ -447,7 +444,7 @@ class Connection:
                     if close is not None:
                         close()
             else:
-                self._send(call, answer)
+                self._send(call, answer, last=True)
             status, message = Status.OK, ""
         except _Gone:
             return
@@ -455,9 +452,10 @@ class Connection:
             status, message = failure(exc, context)
             if status == Status.UNKNOWN:
                 log.exception("gRPC %s failed", method.name)
-        with self.lock:
-            self._end_call(call, status, message, spawn=False)
-        self.ready.set()
+        if not call.finished:  # else its trailers went with its answer, or it was ended
+            with self.lock:
+                self._end_call(call, status, message, spawn=False)
+            self.ready.set()
         context.end()
 
     def _requests(self, call: Call) -> Iterator[Any]:
@@ -496,10 +494,12 @@ class Connection:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.h2.acknowledge_received_data(held, call.stream)
 
-    def _send(self, call: Call, response: Any) -> None:
-        """One response message: the headers first, then its DATA as the window allows.
-        A window that stays shut for ``stall_s`` ends the call (RST_STREAM CANCEL): a peer
-        that never opens it does not hold the message, nor the call's thread, for good."""
+    def _send(self, call: Call, response: Any, *, last: bool = False) -> None:
+        """One response message: the headers first, then its DATA as the window allows;
+        when ``last`` (a unary call's answer), the trailers (OK) too, so that the writer
+        sends the whole answer in one write, woken once. A window that stays shut for
+        ``stall_s`` ends the call (RST_STREAM CANCEL): a peer that never opens it does not
+        hold the message, nor the call's thread, for good."""
         data = framing.frame(response.SerializeToString(), call.context.encoding)
         stream = call.stream
         with self.lock:
@@ -522,6 +522,8 @@ class Connection:
                         continue
                     self.h2.send_data(stream, view[sent : sent + room])
                     sent, shut_until = sent + room, 0.0
+                if last:
+                    self._end_call(call, Status.OK, "", spawn=False)
             except h2.exceptions.ProtocolError:  # the stream was reset, or the connection
                 raise _Gone from None
             self.pings.data_sent()
@@ -548,7 +550,7 @@ class Connection:
             self.h2.reset_stream(call.stream, ErrorCodes.CANCEL)
         self.calls.pop(call.stream, None)
         self._cancelled(call)
-        _spawn(call.context.end)
+        h2_threads.spawn(call.context.end)
         self.ready.set()
         raise _Gone
 
@@ -570,7 +572,7 @@ class Connection:
         self.calls.pop(call.stream, None)
         self._cancelled(call)
         if spawn:
-            _spawn(call.context.end)
+            h2_threads.spawn(call.context.end)
 
     def _cancelled(self, call: Call) -> None:
         """Under the lock: the call is over; whatever waits on its inbox or window wakes."""
@@ -610,8 +612,7 @@ class Connection:
                         out, self._extra = out + self._extra, b""
                     closing = self.closing
                 if out:
-                    for start in range(0, len(out), SEND_CHUNK):
-                        self.sock.sendall(out[start : start + SEND_CHUNK])
+                    self._put(out)
                 elif closing:
                     return
         except TimeoutError:
@@ -627,6 +628,15 @@ class Connection:
         finally:
             self.written.set()
             self._stop_reading()
+
+    def _put(self, out: bytes) -> None:
+        """``out`` written to the socket: one ``send`` nearly always (``sendall`` would
+        ask the socket its buffer's size first, each time), each taking what the socket
+        takes of at most SEND_CHUNK, and waiting at most ``stall_s`` for room (the
+        socket's timeout: TimeoutError)."""
+        view, sent = memoryview(out), 0
+        while sent < len(out):
+            sent += self.sock.send(view[sent : sent + SEND_CHUNK])
 
     # -- the ticker: keepalive, maximum age ------------------------------------------------
 
@@ -718,7 +728,7 @@ class Connection:
             for call in calls:
                 self._cancelled(call)
         for call in calls:
-            _spawn(call.context.end)
+            h2_threads.spawn(call.context.end)
         self.ready.set()
         self.tick.set()
         self.written.wait(self.limits.stall_s)

@@ -29,6 +29,7 @@ from conch.frontend.grpc import transport
 from conch.frontend.grpc.h2_connection import Connection, Limits
 from conch.frontend.grpc.h2_methods import Method, method_table
 from conch.frontend.grpc.h2_pings import PingLimits
+from conch.frontend.grpc.h2_threads import Slots
 from conch.frontend.grpc.health import HealthService
 from conch.frontend.grpc.service import InferenceService
 from conch.settings import Settings
@@ -74,7 +75,7 @@ class H2Server:
         self.limits = limits
         self.tls = tls
         # --grpc-infer-thread-count: calls running at once over all connections.
-        self.slots = None if calls_at_once is None else threading.BoundedSemaphore(calls_at_once)
+        self.slots = None if calls_at_once is None else Slots(calls_at_once)
         self.connections: set[Connection] = set()
         self.stopping = False
         self._idle = threading.Event()  # stopping, and the last connection has closed
